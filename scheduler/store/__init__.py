@@ -1,0 +1,19 @@
+"""PostgreSQL: connections, migrations and the named queries every database client uses.
+
+SQL lives in ``.sql`` files (``migrations/`` for the schema, ``queries/`` for the statements);
+the Python here only binds parameters and maps rows. Times for leases and due checks come from
+the database's ``now()``, never from a process clock.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg.rows import dict_row
+
+from scheduler.store.sql import query
+
+__all__ = ["connect", "query"]
+
+
+def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[dict[str, object]]:
+    return psycopg.connect(url, autocommit=autocommit, row_factory=dict_row, application_name="scheduler")

@@ -1,0 +1,119 @@
+"""`scheduler dev`: the local stack reports itself truthfully and fails with one clear line."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from scheduler.kafka.transport import TopicAdmin
+
+pytestmark = pytest.mark.integration
+
+SCHEDULER = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "scheduler")
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SCHEDULER, *args], env=env, capture_output=True, text=True, check=False, timeout=300
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def other_stack(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The environment of a second, never-started stack in its own folder and on its own ports."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")} | {
+        "SCHEDULER_STACK_DIR": str(tmp_path / "stack"),
+        "SCHEDULER_PG_PORT": str(free_port()),
+        "SCHEDULER_KAFKA_PORT": str(free_port()),
+        "SCHEDULER_KAFKA_CONTROLLER_PORT": str(free_port()),
+    }
+    yield env
+    run("dev", "down", env=env)
+
+
+def test_status_and_env_describe_the_running_stack(stack: object) -> None:
+    if os.environ.get("SCHEDULER_DATABASE_URL"):
+        pytest.skip("the suite runs against an external stack, not the project's own")
+    status = run("dev", "status")
+    assert status.returncode == 0
+    lines = status.stdout.splitlines()
+    assert [line.split()[:2] for line in lines] == [["postgres", "running"], ["kafka", "running"]]
+    exports = dict(
+        line.removeprefix("export ").split("=", 1) for line in run("dev", "env").stdout.splitlines()
+    )
+    assert set(exports) == {"SCHEDULER_DATABASE_URL", "SCHEDULER_KAFKA_BOOTSTRAP"}
+    assert exports["SCHEDULER_KAFKA_BOOTSTRAP"].startswith("127.0.0.1:")
+    # An independent client reaches the broker the env lines name.
+    TopicAdmin(exports["SCHEDULER_KAFKA_BOOTSTRAP"]).topics()
+
+
+def test_a_port_in_use_is_one_clear_line_and_nothing_starts(other_stack: dict[str, str]) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", int(other_stack["SCHEDULER_PG_PORT"])))
+        busy.listen()
+        done = run("dev", "up", env=other_stack)
+    assert done.returncode != 0
+    assert done.stderr.count("\n") == 1
+    assert "already in use" in done.stderr and "SCHEDULER_PG_PORT" in done.stderr
+    assert not (Path(other_stack["SCHEDULER_STACK_DIR"]) / "postgres" / "data").exists()
+
+
+def test_missing_java_is_one_clear_line(other_stack: dict[str, str], tmp_path: Path) -> None:
+    env = other_stack | {"JAVA_HOME": str(tmp_path / "no-jdk")}
+    done = run("dev", "up", env=env)
+    assert done.returncode != 0
+    assert done.stderr.count("\n") == 1
+    assert "Java 17+ is required" in done.stderr
+
+
+def test_java_too_old_is_one_clear_line(other_stack: dict[str, str], tmp_path: Path) -> None:
+    # A launcher that reports Java 11, to see the version check refuse it.
+    fake = tmp_path / "jdk11" / "bin" / "java"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\necho 'openjdk version \"11.0.21\" 2023-10-17' >&2\n")
+    fake.chmod(0o755)
+    done = run("dev", "up", env=other_stack | {"JAVA_HOME": str(fake.parent.parent)})
+    assert done.returncode != 0
+    assert done.stderr.count("\n") == 1
+    assert "needs Java 17+" in done.stderr and "Java 11" in done.stderr
+
+
+def test_maven_failure_carries_mavens_reason(other_stack: dict[str, str], tmp_path: Path) -> None:
+    pom = tmp_path / "pom.xml"
+    pom.write_text(
+        """<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>
+        <groupId>t</groupId><artifactId>t</artifactId><version>1</version><packaging>pom</packaging>
+        <dependencies><dependency><groupId>org.apache.kafka</groupId>
+        <artifactId>kafka_2.13</artifactId><version>0.0.0-no-such-version</version></dependency>
+        </dependencies></project>"""
+    )
+    done = run("dev", "up", env=other_stack | {"SCHEDULER_KAFKA_POM": str(pom)})
+    assert done.returncode != 0
+    assert done.stderr.count("\n") == 1
+    assert "Maven could not resolve Kafka" in done.stderr
+    assert "0.0.0-no-such-version" in done.stderr
+
+
+def test_stale_pid_file_is_reported_and_cleared(other_stack: dict[str, str]) -> None:
+    kafka_dir = Path(other_stack["SCHEDULER_STACK_DIR"]) / "kafka"
+    kafka_dir.mkdir(parents=True)
+    # A pid that cannot be ours: the process is long gone.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (kafka_dir / "kafka.pid").write_text(f"{dead.pid}\n")
+    status = run("dev", "status", env=other_stack)
+    assert "kafka     stopped" in status.stdout
+    assert f"stale pid file {kafka_dir / 'kafka.pid'} (pid {dead.pid})" in status.stdout
+    assert run("dev", "down", env=other_stack).returncode == 0
+    assert not (kafka_dir / "kafka.pid").exists()

@@ -1,0 +1,49 @@
+"""Settings: defaults that reach the local stack, and one clear line for a bad value."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.config import ConfigError, load_settings
+
+
+def test_defaults_point_at_the_local_stack() -> None:
+    settings = load_settings({})
+    assert settings.database_url == "postgresql://scheduler@127.0.0.1:54329/scheduler"
+    assert settings.kafka_bootstrap == "127.0.0.1:19092"
+    assert settings.topic_prefix == "sched"
+    assert settings.schema_registry_url is None
+    assert settings.core_topics == (
+        "sched.schedules",
+        "sched.schedules.rejected",
+        "sched.results",
+        "sched.retry",
+        "sched.dlq",
+    )
+    assert settings.jobs_topic("billing") == "sched.jobs.billing"
+
+
+def test_ports_move_the_default_urls() -> None:
+    settings = load_settings({"SCHEDULER_PG_PORT": "6000", "SCHEDULER_KAFKA_PORT": "6001"})
+    assert settings.database_url.endswith("127.0.0.1:6000/scheduler")
+    assert settings.kafka_bootstrap == "127.0.0.1:6001"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SCHEDULER_PG_PORT": "abc"}, "SCHEDULER_PG_PORT='abc' is not an integer"),
+        ({"SCHEDULER_KAFKA_PORT": "70000"}, "SCHEDULER_KAFKA_PORT=70000 is out of range"),
+        ({"SCHEDULER_KAFKA_PORT": "54329"}, "must differ"),
+        ({"SCHEDULER_DATABASE_URL": "mysql://x"}, "must be a postgresql:// URL"),
+        ({"SCHEDULER_KAFKA_BOOTSTRAP": "localhost"}, "must be host:port"),
+        ({"SCHEDULER_TOPIC_PREFIX": "bad prefix"}, "SCHEDULER_TOPIC_PREFIX='bad prefix'"),
+        ({"SCHEDULER_SCHEMA_REGISTRY_URL": "registry:8081"}, "must be an http(s) URL"),
+        ({"SCHEDULER_CATCHUP_WINDOW": "-1"}, "out of range"),
+    ],
+)
+def test_a_bad_value_names_its_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
