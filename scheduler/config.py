@@ -42,6 +42,7 @@ class Settings:
     # Pipeline tuning.
     scan_batch_size: int = 500
     relay_batch_size: int = 1000
+    relay_claim_s: float = 60.0
     max_scan_sleep_s: float = 1.0
     catchup_window_s: float = 60.0
     http_allowlist: tuple[str, ...] = ()
@@ -156,6 +157,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         kafka_controller_port=controller_port,
         scan_batch_size=_int(env, "SCHEDULER_SCAN_BATCH_SIZE", 500, 1, 100_000),
         relay_batch_size=_int(env, "SCHEDULER_RELAY_BATCH_SIZE", 1000, 1, 100_000),
+        relay_claim_s=_float(env, "SCHEDULER_RELAY_CLAIM_SECONDS", 60.0, 2.0, 3600.0),
         max_scan_sleep_s=_float(env, "SCHEDULER_MAX_SCAN_SLEEP", 1.0, 0.01, 60.0),
         catchup_window_s=_float(env, "SCHEDULER_CATCHUP_WINDOW", 60.0, 0.0, 86_400.0),
         http_allowlist=allowlist,

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import click
 
+from scheduler.cli.apps import apps
 from scheduler.cli.cron import cron
 from scheduler.cli.dev import dev
 from scheduler.cli.init import init
+from scheduler.cli.run import run
+from scheduler.cli.runs import runs
+from scheduler.cli.schedules import schedules
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,6 +23,10 @@ def main() -> None:
     """A distributed job scheduler on Kafka and PostgreSQL."""
 
 
+main.add_command(apps)
 main.add_command(cron)
 main.add_command(dev)
 main.add_command(init)
+main.add_command(schedules)
+main.add_command(runs)
+main.add_command(run)

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
-from typing import NoReturn
+import getpass
+import json
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+from uuid import UUID
 
 import click
+import psycopg
 
 from scheduler.config import ConfigError, Settings, load_settings
+from scheduler.kafka.transport import KafkaUnavailable
+from scheduler.schedule.service import InvalidTransition, ScheduleNotFound
+from scheduler.schedule.spec import InvalidSchedule
+from scheduler.store import connect
+from scheduler.store.schedules import VersionConflict
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -19,3 +32,55 @@ def settings_or_exit() -> Settings:
         return load_settings()
     except ConfigError as exc:
         fail(str(exc), code=2)
+
+
+def to_jsonable(value: Any) -> Any:
+    """Rows as JSON: times ISO 8601 with their offset, ids as strings."""
+    if isinstance(value, dict):
+        return {k: to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    return value
+
+
+def echo_json(value: Any) -> None:
+    click.echo(json.dumps(to_jsonable(value), ensure_ascii=False))
+
+
+def actor() -> str:
+    """Who the audit log names for a CLI change."""
+    return f"cli:{getpass.getuser()}@{socket.gethostname()}"
+
+
+def parse_instant(text: str, what: str) -> datetime:
+    """An ISO 8601 instant; `Z` accepted, a naive time taken as UTC."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is not an ISO 8601 time (e.g. 2027-01-01T09:00:00Z)", param_hint=what
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+@contextmanager
+def database(settings: Settings) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    """A connection, with the usual failures turned into one line each."""
+    try:
+        with connect(settings.database_url) as conn:
+            yield conn
+    except psycopg.OperationalError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        fail(f"cannot reach PostgreSQL at {settings.database_url}: {reason} (is `scheduler dev up` running?)")
+    except psycopg.errors.UndefinedTable:
+        fail("the database has no scheduler schema: run `scheduler init` first")
+    except InvalidSchedule as exc:
+        fail(str(exc), code=2)
+    except (ScheduleNotFound, VersionConflict, InvalidTransition) as exc:
+        fail(str(exc))
+    except KafkaUnavailable as exc:
+        fail(f"cannot reach Kafka at {settings.kafka_bootstrap}: {exc}")

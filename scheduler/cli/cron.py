@@ -1,10 +1,72 @@
-"""Placeholder: `scheduler cron next` is being written."""
+"""``scheduler cron``: preview when a cron expression fires, in UTC and in its time zone.
+
+The same domain code the scanner uses computes the times, so what a user previews here is what
+the scheduler will do, daylight-saving rules and ``H`` spreading included.
+"""
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
+from itertools import islice
+
 import click
+
+from scheduler.cli.common import fail
+from scheduler.domain.cron import CronSchedule, InvalidCronExpression, UnknownTimeZone
+
+
+class _OneLineErrors(click.Command):
+    """Option errors too ("--count 0") end in one line on stderr rather than click's usage block."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as error:
+            fail(error.format_message(), code=2)
 
 
 @click.group()
 def cron() -> None:
     """Cron expressions: preview fire times."""
+
+
+@cron.command("next", cls=_OneLineErrors)
+@click.argument("expression", metavar="EXPR")
+@click.option("--tz", "tz", default="UTC", show_default=True, help="IANA time zone, e.g. Europe/Berlin.")
+@click.option(
+    "--after", help="Start after this ISO 8601 time (Z or an offset; no offset means UTC). [default: now]"
+)
+@click.option(
+    "--count", type=click.IntRange(1, 1000), default=5, show_default=True, help="How many fire times."
+)
+@click.option("--schedule-id", help="The schedule id that H fields are hashed with.")
+@click.option("--json", "as_json", is_flag=True, help="Print only a JSON list of {utc, local}.")
+def next_fire_times(
+    expression: str, tz: str, after: str | None, count: int, schedule_id: str | None, as_json: bool
+) -> None:
+    """Print the next fire times of EXPR (5 fields, minute first; or 6, second first)."""
+    start = datetime.now(UTC).replace(microsecond=0) if after is None else _parse_after(after)
+    try:
+        schedule = CronSchedule.of(expression, tz, schedule_id)
+    except (InvalidCronExpression, UnknownTimeZone) as error:
+        fail(str(error), code=2)
+    times = [(fire, fire.astimezone(schedule.zone)) for fire in islice(schedule.fire_times(start), count)]
+
+    if as_json:
+        click.echo(json.dumps([{"utc": utc.isoformat(), "local": local.isoformat()} for utc, local in times]))
+        return
+    click.echo(f"{'UTC':<27}LOCAL ({schedule.zone.key})")
+    for utc, local in times:
+        click.echo(f"{utc.isoformat():<27}{local.isoformat()}  {local:%a} {local.tzname()}")
+    if len(times) < count:
+        click.echo("(no further fire times within 50 years)")
+
+
+def _parse_after(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        fail(f"--after {text!r} is not an ISO 8601 time such as 2027-03-28T00:00:00Z", code=2)
+    # A time without an offset is read as UTC, not as this machine's local time.
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)

@@ -62,6 +62,8 @@ create table runs (
     result            jsonb,
     error             text,
     skip_reason       text,
+    -- buffer_one overlap: created while the previous run is open, dispatched when that one ends.
+    buffered          boolean not null default false,
     created_at        timestamptz not null default now(),
     version           integer not null default 1,
     -- A fire can never be created twice, whatever number of scanners race for it.

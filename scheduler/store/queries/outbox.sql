@@ -15,3 +15,32 @@ update outbox o
            for update skip locked) due
  where o.id = due.id
 returning o.id, o.topic, o.key, o.value, o.headers, o.run_id, o.attempt, o.publish_count;
+
+-- name: complete_outbox
+-- After Kafka acknowledged: remove the rows this relay still holds and mark their runs dispatched.
+-- A row whose claim lapsed and was taken by another relay is left to that relay (it republishes,
+-- and publish_count records the duplicate).
+with published as (
+    delete from outbox
+     where id = any(%(ids)s::bigint[])
+       and claimed_by = %(relay)s::text
+    returning run_id, attempt, publish_count
+), dispatched as (
+    update runs r
+       set state = 'dispatched',
+           dispatched_at = coalesce(%(now)s::timestamptz, now()),
+           version = r.version + 1
+      from published p
+     where r.id = p.run_id and r.attempt = p.attempt and r.state = 'pending'
+    returning r.id
+)
+select (select count(*) from published) as published,
+       (select coalesce(sum(publish_count - 1), 0) from published)::int as republished,
+       (select count(*) from dispatched) as dispatched;
+
+-- name: release_outbox
+-- Kafka refused the batch: hand the rows back at once instead of waiting for the claim to lapse.
+update outbox
+   set claimed_until = null, claimed_by = null
+ where id = any(%(ids)s::bigint[])
+   and claimed_by = %(relay)s::text;

@@ -1,0 +1,483 @@
+"""Cron expressions and time zones: when a cron schedule fires, as UTC instants.
+
+The scanner asks this module for a schedule's next fire time after the one it just fired, and the
+API asks it to validate what a user typed. The dialect is DESIGN section 4: five fields (minute
+first) or six (seconds first, as in Quartz and Spring), names, ranges, steps, ``L``, ``W``, ``#``,
+``?``, the ``@`` aliases, and Jenkins' ``H`` spread by a stable hash of the schedule id. croniter
+matches wall-clock times; this module owns everything croniter gets wrong for us: the
+seconds-first order, ``H`` and the aliases (croniter hashes ``@daily`` when given an id, and does
+so with a CRC correlated across fields), equal ranges such as ``5-5`` (croniter reads them as the
+whole field), Quartz's ``5L``, ``LW`` and ``L-n``, Vixie's day-of-month/day-of-week rule, and above
+all daylight saving time. Wall times are walked naively with croniter and mapped to instants here,
+with Vixie cron's two rules for fixed-time schedules and real-time semantics for wildcard ones.
+"""
+
+from __future__ import annotations
+
+import calendar
+import hashlib
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterBadDateError, CroniterError, croniter
+
+__all__ = [
+    "CronExpression",
+    "CronSchedule",
+    "InvalidCronExpression",
+    "NoFireTime",
+    "UnknownTimeZone",
+    "fire_times",
+    "next_fire_after",
+    "time_zone",
+]
+
+
+class InvalidCronExpression(ValueError):
+    """A cron expression that is not in the dialect, or that matches no date at all."""
+
+    def __init__(self, expression: str, reason: str) -> None:
+        super().__init__(f"invalid cron expression {expression!r}: {reason}")
+        self.expression = expression
+        self.reason = reason
+
+
+class UnknownTimeZone(ValueError):
+    """A time zone name that is not in the IANA database."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown time zone {name!r}: expected an IANA name such as Europe/Berlin or UTC")
+        self.name = name
+
+
+class NoFireTime(LookupError):
+    """The expression matches no time within croniter's search horizon (50 years) after a moment."""
+
+
+_FIELD_NAMES = ("second", "minute", "hour", "day-of-month", "month", "day-of-week")
+_SECOND, _MINUTE, _HOUR, _DAY_OF_MONTH, _MONTH, _DAY_OF_WEEK = range(6)
+
+_FIELD_SYNTAX = (
+    "0-59",
+    "0-59",
+    "0-23",
+    "1-31, L, L-n, nW, LW or ?",
+    "1-12 or JAN-DEC",
+    "0-7 or SUN-SAT (0 and 7 are Sunday), nL, n#k or ?",
+)
+_FIELD_RANGES = ((0, 59), (0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
+# Jenkins spreads H in day-of-month over 1-28 so that every month has the chosen day.
+_HASH_RANGES = ((0, 59), (0, 59), (0, 23), (1, 28), (1, 12), (0, 6))
+
+_ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+
+_WEEKDAY_NUMBERS = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
+
+_HASH_ITEM = re.compile(r"^h(?:\((\d+)-(\d+)\))?(?:/(\d+))?$", re.IGNORECASE | re.ASCII)
+_RANDOM_ITEM = re.compile(r"^r(?:\(|/|$)", re.IGNORECASE | re.ASCII)
+_EQUAL_RANGE_ITEM = re.compile(r"^([^-/]+)-([^-/]+)(?:/\d+)?$", re.ASCII)
+_LAST_WEEKDAY_OF_MONTH_ITEM = re.compile(r"^([0-7]|sun|mon|tue|wed|thu|fri|sat)l$", re.IGNORECASE | re.ASCII)
+_LAST_DAY_OFFSET_FIELD = re.compile(r"^l-(\d+)$", re.IGNORECASE | re.ASCII)
+_LAST_WORKDAY_FIELD = re.compile(r"^(?:lw|wl)$", re.IGNORECASE | re.ASCII)
+
+# A fixed reference for validation, so that "does this ever fire" never depends on today's date.
+_VALIDATION_START = datetime(2000, 1, 1)
+_ONE_SECOND = timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class _LastDayRule:
+    """Quartz's ``L-n`` (n days before the month's last) and ``LW`` (its last weekday), which
+    croniter lacks: croniter proposes a superset of days and this rule keeps the right one."""
+
+    days_before_last: int
+    weekday: bool
+
+    @property
+    def candidate_days(self) -> str:
+        if self.weekday:
+            return "26-31"
+        return f"{max(1, 28 - self.days_before_last)}-{31 - self.days_before_last}"
+
+    def matches(self, day: date) -> bool:
+        last = calendar.monthrange(day.year, day.month)[1]
+        if self.weekday:
+            target = date(day.year, day.month, last)
+            while target.weekday() >= 5:
+                target -= timedelta(days=1)
+            return day == target
+        return day.day == last - self.days_before_last
+
+
+@dataclass(frozen=True)
+class CronExpression:
+    """A validated cron expression, bound to the schedule id its ``H`` fields were hashed with.
+
+    ``fields`` holds the six fields, seconds first, with aliases expanded and ``H`` replaced by its
+    values; ``fixed_time`` says which of DESIGN section 4's daylight-saving rules apply.
+    """
+
+    text: str
+    fields: tuple[str, str, str, str, str, str]
+    fixed_time: bool
+    schedule_id: str | None
+    _croniter_text: str
+    _last_day: _LastDayRule | None
+
+    @classmethod
+    def parse(cls, text: str, schedule_id: str | uuid.UUID | None = None) -> CronExpression:
+        """Validate ``text`` (raising :class:`InvalidCronExpression`) and resolve its ``H`` fields."""
+        source = " ".join(text.split())
+        if not source:
+            raise InvalidCronExpression(text, "the expression is empty")
+        hash_seed = None if schedule_id is None else _hash_seed(schedule_id)
+        if source.startswith("@"):
+            alias = _ALIASES.get(source.lower())
+            if alias is None:
+                raise InvalidCronExpression(text, f"unknown alias; use one of {', '.join(_ALIASES)}")
+            written = ["0", *alias.split()]
+        else:
+            written = source.split(" ")
+            if len(written) == 5:
+                written = ["0", *written]
+            elif len(written) != 6:
+                raise InvalidCronExpression(
+                    text,
+                    f"expected 5 fields (minute first) or 6 fields (second first), got {len(written)}",
+                )
+
+        fields = [_resolve_field(text, index, field, hash_seed) for index, field in enumerate(written)]
+        shown = (fields[0], fields[1], fields[2], fields[3], fields[4], fields[5])
+        last_day = _last_day_rule(text, fields)
+        if last_day is not None:
+            fields[_DAY_OF_MONTH] = last_day.candidate_days
+        resolved = (fields[0], fields[1], fields[2], fields[3], fields[4], fields[5])
+        croniter_text = _croniter_order(resolved)
+        try:
+            croniter.expand(croniter_text)
+        except CroniterError as error:
+            raise InvalidCronExpression(text, _diagnose(written, resolved, error)) from None
+
+        # Vixie's rule: a schedule is fixed-time unless its second, minute or hour field, as
+        # written, begins with "*" (so "*/15" is wildcard, "H/15" and "0-59" are fixed).
+        fixed_time = not any(written[index].startswith("*") for index in (_SECOND, _MINUTE, _HOUR))
+        expression = cls(
+            text=source,
+            fields=shown,
+            fixed_time=fixed_time,
+            schedule_id=hash_seed,
+            _croniter_text=croniter_text,
+            _last_day=last_day,
+        )
+        try:
+            _WallClock(expression).next_after(_VALIDATION_START)
+        except CroniterBadDateError:
+            raise InvalidCronExpression(text, "it matches no date (such as 30 February)") from None
+        return expression
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def time_zone(name: str) -> ZoneInfo:
+    """The IANA zone called ``name``, or :class:`UnknownTimeZone`."""
+    if not name or name != name.strip():
+        raise UnknownTimeZone(name)
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise UnknownTimeZone(name) from None
+
+
+@dataclass(frozen=True)
+class CronSchedule:
+    """A cron expression in a time zone: the fire times of one cron schedule, as UTC instants."""
+
+    expression: CronExpression
+    zone: ZoneInfo
+
+    @classmethod
+    def of(
+        cls,
+        expression: CronExpression | str,
+        tz: ZoneInfo | str,
+        schedule_id: str | uuid.UUID | None = None,
+    ) -> CronSchedule:
+        """Validate and bind; raises :class:`InvalidCronExpression` or :class:`UnknownTimeZone`."""
+        if isinstance(expression, str):
+            expression = CronExpression.parse(expression, schedule_id)
+        elif schedule_id is not None and expression.schedule_id != _hash_seed(schedule_id):
+            raise ValueError("the expression was parsed for a different schedule id")
+        zone = tz if isinstance(tz, ZoneInfo) else time_zone(tz)
+        return cls(expression, zone)
+
+    def next_fire_after(self, after: datetime) -> datetime:
+        """The first fire time strictly after ``after`` (timezone-aware), as a UTC datetime.
+
+        Raises :class:`NoFireTime` when the expression matches nothing in the next 50 years.
+        """
+        return self._next(_WallClock(self.expression), _utc(after))
+
+    def fire_times(self, after: datetime) -> Iterator[datetime]:
+        """Fire times strictly after ``after``, strictly increasing, for as long as there are any."""
+        clock = _WallClock(self.expression)
+        current = _utc(after)
+        while True:
+            try:
+                current = self._next(clock, current)
+            except NoFireTime:
+                return
+            yield current
+
+    def _next(self, clock: _WallClock, after: datetime) -> datetime:
+        try:
+            if self.expression.fixed_time:
+                return self._next_fixed_time(clock, after)
+            return self._next_real_time(clock, after)
+        except CroniterBadDateError:
+            raise NoFireTime(
+                f"{self.expression.text!r} does not fire within 50 years after {after}"
+            ) from None
+
+    def _next_fixed_time(self, clock: _WallClock, after: datetime) -> datetime:
+        # Vixie's rules: every matching wall time fires once, at its first occurrence; one that a
+        # spring-forward gap skips fires at the first instant after the gap. Mapping wall times to
+        # instants this way never goes backwards, so walking wall times in order is enough.
+        local = after.astimezone(self.zone)
+        wall = _naive(local)
+        first, second = _occurrences(wall, self.zone)
+        if local.fold == 1 and first < second:
+            # `after` is in the second pass of a repeated hour, whose wall times fired in the first.
+            wall = _naive((_transition(self.zone, first, second) - _ONE_SECOND).astimezone(self.zone))
+        while True:
+            candidate = clock.next_after(wall)
+            first, second = _occurrences(candidate, self.zone)
+            fire = first if first <= second else _transition(self.zone, second, first)
+            if fire > after:
+                return fire
+            wall = candidate
+
+    def _next_real_time(self, clock: _WallClock, after: datetime) -> datetime:
+        # Wildcard schedules fire at every instant whose local time matches: nothing for wall times
+        # a gap skips, twice for wall times a fall-back repeats. The only ordering subtlety is a
+        # repeated hour: all of its first pass comes before any of its second pass.
+        local = after.astimezone(self.zone)
+        wall = _naive(local)
+        first, second = _occurrences(wall, self.zone)
+        if first < second:
+            transition = _transition(self.zone, first, second)
+            last_repeated = _naive((transition - _ONE_SECOND).astimezone(self.zone))
+            if local.fold == 0:
+                candidate = clock.next_after(wall)
+                if candidate <= last_repeated:
+                    return _occurrences(candidate, self.zone)[0]
+                second_pass_start = _naive(transition.astimezone(self.zone))
+                candidate = clock.next_after(second_pass_start - _ONE_SECOND)
+            else:
+                candidate = clock.next_after(wall)
+            if candidate <= last_repeated:
+                return _occurrences(candidate, self.zone)[1]
+            wall = last_repeated
+        while True:
+            candidate = clock.next_after(wall)
+            first, second = _occurrences(candidate, self.zone)
+            if first <= second:
+                return first
+            # A wall time in a gap: no instant has it, so carry on from the end of the gap.
+            wall = _naive(_transition(self.zone, second, first).astimezone(self.zone)) - _ONE_SECOND
+
+
+def next_fire_after(
+    expression: CronExpression | str,
+    tz: ZoneInfo | str,
+    after: datetime,
+    schedule_id: str | uuid.UUID | None = None,
+) -> datetime:
+    """The first fire time of ``expression`` in zone ``tz`` strictly after ``after``, in UTC."""
+    return CronSchedule.of(expression, tz, schedule_id).next_fire_after(after)
+
+
+def fire_times(
+    expression: CronExpression | str,
+    tz: ZoneInfo | str,
+    after: datetime,
+    schedule_id: str | uuid.UUID | None = None,
+) -> Iterator[datetime]:
+    """Fire times of ``expression`` in zone ``tz`` strictly after ``after``, in UTC, increasing."""
+    return CronSchedule.of(expression, tz, schedule_id).fire_times(after)
+
+
+class _WallClock:
+    """croniter over naive wall times, at whole seconds, plus the ``L-n``/``LW`` day filter."""
+
+    def __init__(self, expression: CronExpression) -> None:
+        self._last_day = expression._last_day
+        self._croniter = croniter(
+            expression._croniter_text,
+            _VALIDATION_START,
+            ret_type=datetime,
+            # Vixie and Kubernetes (robfig/cron) AND the two day fields when either begins with
+            # "*" (as in "*/2"); croniter alone would OR them.
+            implement_cron_bug=True,
+        )
+
+    def next_after(self, wall: datetime) -> datetime:
+        candidate = self._croniter.get_next(datetime, start_time=wall)
+        while self._last_day is not None and not self._last_day.matches(candidate.date()):
+            end_of_day = candidate.replace(hour=23, minute=59, second=59)
+            candidate = self._croniter.get_next(datetime, start_time=end_of_day)
+        return candidate
+
+
+def _utc(moment: datetime) -> datetime:
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError(f"expected a timezone-aware datetime, got {moment!r}")
+    return moment.astimezone(UTC)
+
+
+def _naive(local: datetime) -> datetime:
+    return local.replace(tzinfo=None, microsecond=0, fold=0)
+
+
+def _occurrences(wall: datetime, zone: ZoneInfo) -> tuple[datetime, datetime]:
+    """The instants of a wall time under its two readings (PEP 495 fold 0 and 1).
+
+    Equal: the wall time exists once. first < second: it is repeated by a fall-back. first >
+    second: it lies in a spring-forward gap and exists not at all.
+    """
+    return (
+        wall.replace(tzinfo=zone, fold=0).astimezone(UTC),
+        wall.replace(tzinfo=zone, fold=1).astimezone(UTC),
+    )
+
+
+def _transition(zone: ZoneInfo, earlier: datetime, later: datetime) -> datetime:
+    """The first instant in (earlier, later] already at ``later``'s UTC offset.
+
+    Transitions fall on whole seconds and are hours apart at most in the span searched, so a
+    bisection over seconds finds the one in between.
+    """
+    target = later.astimezone(zone).utcoffset()
+    low, high = int(earlier.timestamp()), int(later.timestamp())
+    while high - low > 1:
+        middle = (low + high) // 2
+        if datetime.fromtimestamp(middle, zone).utcoffset() == target:
+            high = middle
+        else:
+            low = middle
+    return datetime.fromtimestamp(high, UTC)
+
+
+def _hash_seed(schedule_id: str | uuid.UUID) -> str:
+    # A UUID hashes the same however it is spelled (case, braces, urn: prefix).
+    try:
+        return str(uuid.UUID(str(schedule_id)))
+    except ValueError:
+        return str(schedule_id)
+
+
+def _hashed(seed: str, index: int, size: int) -> int:
+    # sha256, not hash(): the value must be the same in every process and every release.
+    digest = hashlib.sha256(f"{seed}\x00{_FIELD_NAMES[index]}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % size
+
+
+def _resolve_field(text: str, index: int, field: str, hash_seed: str | None) -> str:
+    """Rewrite one field into what croniter reads as the dialect means it."""
+    items = []
+    for item in field.split(","):
+        if _RANDOM_ITEM.match(item):
+            raise InvalidCronExpression(
+                text, f"{_FIELD_NAMES[index]} field {field!r}: 'R' (random) is not supported; use 'H'"
+            )
+        hashed = _HASH_ITEM.match(item)
+        if hashed:
+            items.append(_resolve_hash(text, index, field, hashed, hash_seed))
+            continue
+        equal_range = _EQUAL_RANGE_ITEM.match(item)
+        if equal_range and equal_range[1].lower() == equal_range[2].lower():
+            # croniter widens "5-5" and "5-5/10" to the whole field; cron means just 5.
+            items.append(equal_range[1])
+            continue
+        last_weekday = _LAST_WEEKDAY_OF_MONTH_ITEM.match(item) if index == _DAY_OF_WEEK else None
+        if last_weekday:
+            # Quartz writes the last Friday "5L" or "FRIL"; croniter only knows "L5".
+            day = last_weekday[1].lower()
+            items.append(f"L{_WEEKDAY_NUMBERS.get(day, int(day) % 7 if day.isdigit() else 0)}")
+            continue
+        items.append(item)
+    return ",".join(items)
+
+
+def _resolve_hash(text: str, index: int, field: str, hashed: re.Match[str], hash_seed: str | None) -> str:
+    name = _FIELD_NAMES[index]
+    if hash_seed is None:
+        raise InvalidCronExpression(text, f"{name} field {field!r}: 'H' needs a schedule id to hash")
+    low, high = _HASH_RANGES[index]
+    if hashed[1] is not None:
+        low, high = int(hashed[1]), int(hashed[2])
+        field_low, field_high = _FIELD_RANGES[index]
+        if not field_low <= low <= high <= field_high:
+            raise InvalidCronExpression(
+                text, f"{name} field {field!r}: H(a-b) needs {field_low} <= a <= b <= {field_high}"
+            )
+    step = int(hashed[3]) if hashed[3] is not None else None
+    if step is None:
+        return str(low + _hashed(hash_seed, index, high - low + 1))
+    if step == 0:
+        raise InvalidCronExpression(text, f"{name} field {field!r}: a step must be at least 1")
+    start = low + _hashed(hash_seed, index, min(step, high - low + 1))
+    # Explicit values: croniter's own step and range handling is what we are working around.
+    return ",".join(str(value) for value in range(start, high + 1, step))
+
+
+def _last_day_rule(text: str, fields: list[str]) -> _LastDayRule | None:
+    day_of_month = fields[_DAY_OF_MONTH]
+    offset = _LAST_DAY_OFFSET_FIELD.match(day_of_month)
+    weekday = _LAST_WORKDAY_FIELD.match(day_of_month)
+    if not offset and not weekday:
+        return None
+    if fields[_DAY_OF_WEEK] not in ("*", "?"):
+        raise InvalidCronExpression(
+            text, f"day-of-month field {day_of_month!r} needs '*' or '?' in the day-of-week field"
+        )
+    if offset:
+        days_before_last = int(offset[1])
+        if days_before_last > 30:
+            raise InvalidCronExpression(text, f"day-of-month field {day_of_month!r}: L-n needs n <= 30")
+        return _LastDayRule(days_before_last=days_before_last, weekday=False)
+    return _LastDayRule(days_before_last=0, weekday=True)
+
+
+def _croniter_order(fields: tuple[str, str, str, str, str, str]) -> str:
+    # croniter's six-field form puts seconds last.
+    return " ".join((*fields[1:], fields[0]))
+
+
+def _diagnose(written: list[str], resolved: tuple[str, ...], error: CroniterError) -> str:
+    """One clear sentence: the first field that is wrong on its own, else croniter's complaint."""
+    for index in range(6):
+        probe = ["0", "0", "0", "*", "*", "*"]
+        probe[index] = resolved[index]
+        try:
+            croniter.expand(_croniter_order((probe[0], probe[1], probe[2], probe[3], probe[4], probe[5])))
+        except CroniterError:
+            return (
+                f"{_FIELD_NAMES[index]} field {written[index]!r} is not valid "
+                f"(expected {_FIELD_SYNTAX[index]}; with lists, ranges, steps and H)"
+            )
+    message = str(error).strip().splitlines()[0] if str(error).strip() else "it is not valid"
+    message = re.sub(r"^\[[^\]]*\]\s*", "", message)
+    return message.split("  ")[0].rstrip(".")

@@ -1,0 +1,339 @@
+"""The Avro codec: every value the scheduler puts on Kafka or takes from it passes through here.
+
+Schemas live in ``schemas/*.avsc`` (the current version of each record) and ``schemas/history/``
+(``<Name>.v<N>.avsc``, frozen earlier versions). They are parsed once into a :class:`SchemaCatalog`
+that finds a schema by name or by fingerprint. :class:`AvroCodec` writes Avro single-object encoding
+(``C3 01``, the 8-byte little-endian CRC-64-AVRO fingerprint of the schema's Parsing Canonical Form,
+the binary body), or the Confluent framing (``00``, 4-byte big-endian schema id, body) when given a
+schema id. It reads both, resolving the writer's schema (named by fingerprint, or looked up by id
+through a pluggable ``schema_for_id``) against the current reader schema, so consumers read what
+older producers wrote. Bytes that cannot be decoded raise a :class:`MessageDecodeError` whose text is
+fit for a rejection reason, and nothing else: consumers decide between rejecting and dead-lettering
+without guessing which exceptions a malformed message can cause.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, Self, TypeVar, cast
+
+from fastavro import schemaless_reader, schemaless_writer
+from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+
+SCHEMAS_DIR_ENV = "SCHEDULER_SCHEMAS_DIR"
+NAMESPACE = "dev.scheduler.v1"
+
+SINGLE_OBJECT_MAGIC = b"\xc3\x01"
+CONFLUENT_MAGIC = b"\x00"
+_SINGLE_OBJECT_HEADER_SIZE = len(SINGLE_OBJECT_MAGIC) + 8
+_CONFLUENT_HEADER_SIZE = len(CONFLUENT_MAGIC) + 4
+
+_HISTORY_FILE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)\.v(?P<version>[1-9][0-9]*)\.avsc")
+
+ParsedSchema = dict[str, Any]
+"""A schema as returned by ``fastavro.parse_schema``."""
+
+SchemaLookup = Callable[[int], ParsedSchema]
+"""Returns the parsed writer schema registered under a Confluent schema id.
+
+Raises ``LookupError`` for an id the registry does not have; any other exception (the registry is
+unreachable) propagates unchanged, because the message itself may be fine. The codec remembers each
+answer (registry ids are immutable), so the callable is asked once per id.
+"""
+
+
+class MessageDecodeError(ValueError):
+    """The bytes are not a message this scheduler can read; ``str()`` is a one-line reason."""
+
+
+class UndecodableMessageError(MessageDecodeError):
+    """Unknown framing, a truncated or corrupt body, trailing bytes, or an unresolvable writer schema."""
+
+
+class UnknownSchemaError(MessageDecodeError):
+    """The framing names a schema (fingerprint or registry id) that is not known."""
+
+
+class UnexpectedSchemaError(MessageDecodeError):
+    """The message is well framed but is another record than the one expected on this topic."""
+
+
+class SchemaRegistryRequiredError(MessageDecodeError):
+    """A Confluent-framed message arrived but no schema registry lookup is configured."""
+
+
+class MessageEncodeError(ValueError):
+    """A record does not fit its schema (missing or unknown field, wrong type)."""
+
+
+class SchemaCatalogError(RuntimeError):
+    """The schema files are inconsistent; raised when loading them, so at start-up."""
+
+
+class AvroMessage(Protocol):
+    """What :class:`AvroCodec` needs of a typed message (see :mod:`scheduler.kafka.messages`)."""
+
+    SCHEMA: ClassVar[str]
+
+    def to_avro(self) -> dict[str, Any]: ...
+
+    @classmethod
+    def from_avro(cls, record: Mapping[str, Any]) -> Self: ...
+
+
+M = TypeVar("M", bound=AvroMessage)
+
+
+@dataclass(frozen=True, slots=True)
+class AvroSchema:
+    """One version of one record schema, parsed, with its single-object header precomputed."""
+
+    name: str
+    """The record's short name, which is also its file name: ``JobMessage``."""
+    full_name: str
+    version: int
+    parsed: ParsedSchema
+    canonical_form: str
+    fingerprint: bytes
+    """CRC-64-AVRO of the Parsing Canonical Form, in the little-endian byte order of the wire."""
+    header: bytes
+    """``C3 01`` and the fingerprint: the first ten bytes of every message this version writes."""
+    definition: str
+    """The schema file's text, docs included: what to register in a schema registry."""
+    path: Path
+
+
+def default_schemas_dir() -> Path:
+    """``$SCHEDULER_SCHEMAS_DIR``, or the repository's ``schemas`` folder."""
+    override = os.environ.get(SCHEMAS_DIR_ENV)
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parents[2] / "schemas"
+
+
+def _load(path: Path, name: str, version: int) -> AvroSchema:
+    text = path.read_text(encoding="utf-8")
+    try:
+        # A fresh named_schemas per file: each file is self-contained, as a Java or Go user takes it.
+        parsed = parse_schema(json.loads(text), named_schemas={})
+    except Exception as exc:  # json and fastavro raise several types for a bad file
+        raise SchemaCatalogError(f"{path}: not a valid Avro schema: {exc}") from exc
+    full_name = parsed.get("name") if isinstance(parsed, dict) else None
+    if not isinstance(parsed, dict) or parsed.get("type") != "record" or full_name != f"{NAMESPACE}.{name}":
+        raise SchemaCatalogError(f"{path}: must define the record {NAMESPACE}.{name}, found {full_name!r}")
+    canonical = to_parsing_canonical_form(parsed)
+    crc = bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO"))
+    return AvroSchema(
+        name=name,
+        full_name=full_name,
+        version=version,
+        parsed=parsed,
+        canonical_form=canonical,
+        fingerprint=crc,
+        header=SINGLE_OBJECT_MAGIC + crc,
+        definition=text,
+        path=path,
+    )
+
+
+class SchemaCatalog:
+    """Every known version of every schema, by name and by fingerprint; immutable once loaded."""
+
+    def __init__(self, schemas: list[AvroSchema]) -> None:
+        self._versions: dict[str, tuple[AvroSchema, ...]] = {}
+        self._by_fingerprint: dict[bytes, AvroSchema] = {}
+        for schema in sorted(schemas, key=lambda s: (s.name, s.version)):
+            self._versions[schema.name] = (*self._versions.get(schema.name, ()), schema)
+            clash = self._by_fingerprint.setdefault(schema.fingerprint, schema)
+            if clash is not schema:
+                raise SchemaCatalogError(
+                    f"{schema.path} and {clash.path} have the same canonical form; a change to docs "
+                    "or defaults alone needs no new version"
+                )
+        for name, versions in self._versions.items():
+            if [s.version for s in versions] != list(range(1, len(versions) + 1)):
+                raise SchemaCatalogError(
+                    f"versions of {name} are not 1..n: {[str(s.path) for s in versions]}"
+                )
+
+    @classmethod
+    def load(cls, directory: Path | None = None) -> SchemaCatalog:
+        """Parse ``<dir>/*.avsc`` (current versions) and ``<dir>/history/<Name>.v<N>.avsc``.
+
+        The current version of a schema is numbered one above its newest history file.
+        """
+        directory = default_schemas_dir() if directory is None else directory
+        current = sorted(directory.glob("*.avsc"))
+        if not current:
+            raise SchemaCatalogError(f"no *.avsc files in {directory} (set {SCHEMAS_DIR_ENV}?)")
+        history: dict[str, list[tuple[int, Path]]] = {}
+        for path in sorted((directory / "history").glob("*.avsc")):
+            match = _HISTORY_FILE.fullmatch(path.name)
+            if match is None:
+                raise SchemaCatalogError(f"{path}: history files are named <Name>.v<N>.avsc")
+            history.setdefault(match["name"], []).append((int(match["version"]), path))
+        schemas: list[AvroSchema] = []
+        for path in current:
+            old = history.pop(path.stem, [])
+            schemas.extend(_load(old_path, path.stem, version) for version, old_path in old)
+            schemas.append(_load(path, path.stem, max((v for v, _ in old), default=0) + 1))
+        if history:
+            raise SchemaCatalogError(f"history without a current schema: {sorted(history)}")
+        return cls(schemas)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._versions)
+
+    def current(self, name: str) -> AvroSchema:
+        """The newest version: what encoders write and decoders read into."""
+        return self.versions(name)[-1]
+
+    def versions(self, name: str) -> tuple[AvroSchema, ...]:
+        """Every version of ``name``, oldest first."""
+        try:
+            return self._versions[name]
+        except KeyError:
+            raise KeyError(f"no schema named {name!r}; known: {', '.join(self._versions)}") from None
+
+    def find_fingerprint(self, fingerprint: bytes) -> AvroSchema | None:
+        """The schema version with this fingerprint (8 bytes, wire order), if known."""
+        return self._by_fingerprint.get(fingerprint)
+
+    def by_fingerprint(self, fingerprint: bytes) -> AvroSchema:
+        """The schema version with this fingerprint (8 bytes, wire order)."""
+        try:
+            return self._by_fingerprint[fingerprint]
+        except KeyError:
+            raise UnknownSchemaError(
+                f"unknown schema fingerprint {fingerprint.hex()}: written with a schema version this "
+                "scheduler does not know (a newer producer?)"
+            ) from None
+
+
+@cache
+def default_catalog() -> SchemaCatalog:
+    """The catalog of :func:`default_schemas_dir`, loaded on first use and shared by the process."""
+    return SchemaCatalog.load()
+
+
+class AvroCodec:
+    """Encodes and decodes messages; holds only parsed schemas, so one instance serves every thread."""
+
+    def __init__(
+        self, catalog: SchemaCatalog | None = None, *, schema_for_id: SchemaLookup | None = None
+    ) -> None:
+        self.catalog = default_catalog() if catalog is None else catalog
+        self._schema_for_id = schema_for_id
+        self._registry_schemas: dict[int, ParsedSchema] = {}
+
+    def encode(self, message: AvroMessage, *, confluent_schema_id: int | None = None) -> bytes:
+        """The message in single-object encoding, or in Confluent framing under ``confluent_schema_id``.
+
+        A Confluent schema id must be the registry's id of this codec's current schema for the message.
+        """
+        try:
+            record = message.to_avro()
+        except ValueError as exc:
+            raise MessageEncodeError(f"cannot encode {message.SCHEMA}: {exc}") from exc
+        return self.encode_record(message.SCHEMA, record, confluent_schema_id=confluent_schema_id)
+
+    def decode(self, message_type: type[M], data: bytes) -> M:
+        """The message of type ``message_type`` in ``data``, written with any known schema version."""
+        return message_type.from_avro(self.decode_record(message_type.SCHEMA, data))
+
+    def encode_record(
+        self, schema_name: str, record: Mapping[str, Any], *, confluent_schema_id: int | None = None
+    ) -> bytes:
+        """Like :meth:`encode` for a plain dict (fields with defaults may be left out)."""
+        schema = self.catalog.current(schema_name)
+        stream = io.BytesIO()
+        if confluent_schema_id is None:
+            stream.write(schema.header)
+        else:
+            if not 0 <= confluent_schema_id < 2**32:
+                raise MessageEncodeError(f"Confluent schema id {confluent_schema_id} is not a 32-bit id")
+            stream.write(CONFLUENT_MAGIC + confluent_schema_id.to_bytes(4, "big"))
+        try:
+            # strict_allow_default: a misspelt or missing field is an error, not a silently dropped value.
+            schemaless_writer(stream, schema.parsed, record, strict_allow_default=True)
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+            raise MessageEncodeError(f"cannot encode {schema_name}: {exc}") from exc
+        return stream.getvalue()
+
+    def decode_record(self, schema_name: str, data: bytes) -> dict[str, Any]:
+        """The record in ``data`` as a dict shaped by the current schema of ``schema_name``."""
+        reader = self.catalog.current(schema_name)
+        writer, offset = self._writer_schema(reader, data)
+        stream = io.BytesIO(data)
+        stream.seek(offset)
+        try:
+            # Without a reader schema fastavro skips resolution, the common case of an up-to-date writer.
+            record = schemaless_reader(stream, writer, None if writer is reader.parsed else reader.parsed)
+        except Exception as exc:
+            # Arbitrary bytes break the reader in many ways (EOFError, UnicodeDecodeError, IndexError for a
+            # union branch, ValueError for a uuid, resolution errors): each means the same to a consumer.
+            raise UndecodableMessageError(
+                f"corrupt or truncated {schema_name} body ({type(exc).__name__}: {exc})"
+            ) from exc
+        trailing = len(data) - stream.tell()
+        if trailing:
+            raise UndecodableMessageError(f"{trailing} unexpected bytes after the {schema_name} record")
+        # A record schema (the catalog admits no other) always reads as a dict.
+        return cast(dict[str, Any], record)
+
+    def _writer_schema(self, reader: AvroSchema, data: bytes) -> tuple[ParsedSchema, int]:
+        """The writer's parsed schema named by the framing, and where the body starts."""
+        if data[:2] == SINGLE_OBJECT_MAGIC:
+            if len(data) < _SINGLE_OBJECT_HEADER_SIZE:
+                raise UndecodableMessageError(f"truncated single-object header ({len(data)} bytes)")
+            known = self.catalog.by_fingerprint(data[2:_SINGLE_OBJECT_HEADER_SIZE])
+            if known.full_name != reader.full_name:
+                raise UnexpectedSchemaError(f"expected a {reader.name}, got a {known.name}")
+            return known.parsed, _SINGLE_OBJECT_HEADER_SIZE
+        if data[:1] == CONFLUENT_MAGIC:
+            if len(data) < _CONFLUENT_HEADER_SIZE:
+                raise UndecodableMessageError(f"truncated Confluent header ({len(data)} bytes)")
+            schema_id = int.from_bytes(data[1:_CONFLUENT_HEADER_SIZE], "big")
+            if self._schema_for_id is None:
+                raise SchemaRegistryRequiredError(
+                    f"Confluent-framed message (schema id {schema_id}) but no schema registry is configured"
+                )
+            writer = self._registry_schemas.get(schema_id)
+            if writer is None:
+                writer = self._registry_schema(schema_id, self._schema_for_id)
+            writer_name = writer.get("name")
+            if writer_name != reader.full_name:
+                raise UnexpectedSchemaError(
+                    f"expected a {reader.name}, got schema id {schema_id} for {writer_name or 'a non-record'}"
+                )
+            return writer, _CONFLUENT_HEADER_SIZE
+        if not data:
+            raise UndecodableMessageError(f"empty message where a {reader.name} was expected")
+        raise UndecodableMessageError(
+            f"unknown framing (first byte 0x{data[0]:02x}): "
+            "neither Avro single-object encoding (c3 01) nor Confluent (00)"
+        )
+
+    def _registry_schema(self, schema_id: int, schema_for_id: SchemaLookup) -> ParsedSchema:
+        try:
+            parsed = schema_for_id(schema_id)
+        except LookupError:
+            raise UnknownSchemaError(f"schema id {schema_id} is not in the schema registry") from None
+        if not isinstance(parsed, dict):
+            raise UnexpectedSchemaError(f"schema id {schema_id} is not a record schema")
+        # A registered copy of a schema we know decodes with our own parse of it, so that the current
+        # version skips schema resolution exactly as in single-object encoding.
+        known = self.catalog.find_fingerprint(
+            bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
+        )
+        writer = parsed if known is None else known.parsed
+        self._registry_schemas[schema_id] = writer
+        return writer

@@ -1,0 +1,74 @@
+"""Job messages for the outbox: what the scanner (and trigger-now) writes for each run attempt.
+
+The message is encoded here, once, at the moment the run is created, so the relay publishes bytes
+without decoding or touching the domain. The lease a worker must finish within (``deadline``)
+covers the dispatch lag plus the attempt's timeout, and is stored on the run as well.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from scheduler.config import Settings
+from scheduler.kafka.avro import AvroCodec
+from scheduler.kafka.messages import JobMessage, RetryPolicy, idempotency_key_for
+from scheduler.store.scan import Message
+
+# Time a message may wait in the outbox and on the topic before its attempt's clock starts.
+DISPATCH_SLACK = timedelta(seconds=60)
+
+
+def traceparent() -> str:
+    """A new W3C trace context: the trace of one run attempt starts when it is scheduled."""
+    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+
+
+def lease_expiry(now: datetime, timeout_ms: int) -> datetime:
+    return now + DISPATCH_SLACK + timedelta(milliseconds=timeout_ms)
+
+
+class JobDispatcher:
+    """Builds the outbox message of a run attempt from the schedule row it belongs to."""
+
+    def __init__(self, settings: Settings, codec: AvroCodec | None = None) -> None:
+        self.settings = settings
+        self.codec = codec or AvroCodec()
+
+    def message(
+        self,
+        *,
+        run_id: UUID,
+        schedule: dict[str, Any],
+        scheduled_for: datetime,
+        attempt: int,
+        deadline: datetime,
+        payload: Any,
+    ) -> Message:
+        job = JobMessage(
+            run_id=run_id,
+            schedule_id=schedule["id"],
+            app=schedule["app"],
+            attempt=attempt,
+            idempotency_key=idempotency_key_for(run_id),
+            scheduled_for=scheduled_for,
+            handler=schedule["handler"],
+            payload=json.dumps(payload, separators=(",", ":"), ensure_ascii=False),
+            timeout_ms=schedule["timeout_ms"],
+            deadline=deadline,
+            retry=RetryPolicy(
+                max_attempts=schedule["max_attempts"],
+                backoff_base_ms=schedule["backoff_base_ms"],
+                backoff_max_ms=schedule["backoff_max_ms"],
+            ),
+        )
+        return Message(
+            topic=self.settings.jobs_topic(schedule["app"]),
+            # Keyed by schedule: the runs of one schedule stay in order on one partition.
+            key=str(schedule["id"]).encode(),
+            value=self.codec.encode(job),
+            headers={"traceparent": traceparent()},
+        )

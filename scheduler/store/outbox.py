@@ -1,0 +1,67 @@
+"""The transactional outbox as the relay sees it: claim a batch, then complete or release it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from scheduler.store.sql import query
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    id: int
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: dict[str, str]
+    run_id: UUID | None
+    attempt: int | None
+    publish_count: int
+
+    @classmethod
+    def from_row(cls, row: Row) -> OutboxRow:
+        return cls(
+            id=row["id"],
+            topic=row["topic"],
+            key=None if row["key"] is None else bytes(row["key"]),
+            value=bytes(row["value"]),
+            headers=row["headers"] or {},
+            run_id=row["run_id"],
+            attempt=row["attempt"],
+            publish_count=row["publish_count"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    published: int
+    republished: int
+    dispatched: int
+
+
+def claim(
+    conn: psycopg.Connection[Row], relay: str, limit: int, claim_seconds: float, now: datetime | None = None
+) -> list[OutboxRow]:
+    rows = conn.execute(
+        query("claim_outbox"), {"relay": relay, "limit": limit, "claim_seconds": claim_seconds, "now": now}
+    ).fetchall()
+    return [OutboxRow.from_row(row) for row in rows]
+
+
+def complete(
+    conn: psycopg.Connection[Row], relay: str, ids: list[int], now: datetime | None = None
+) -> Completion:
+    row = conn.execute(query("complete_outbox"), {"relay": relay, "ids": ids, "now": now}).fetchone()
+    assert row is not None
+    return Completion(row["published"], row["republished"], row["dispatched"])
+
+
+def release(conn: psycopg.Connection[Row], relay: str, ids: list[int]) -> None:
+    conn.execute(query("release_outbox"), {"relay": relay, "ids": ids})

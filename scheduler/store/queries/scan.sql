@@ -1,0 +1,106 @@
+-- name: lease_due_schedules
+-- The scanner's lease: due active schedules, oldest first. SKIP LOCKED lets several scanners share
+-- the work; the row locks hold until the batch's transaction commits its runs and outbox rows.
+select s.*, coalesce(%(now)s::timestamptz, now()) as scan_now
+  from schedules s
+ where s.state = 'active'
+   and s.next_fire_at <= coalesce(%(now)s::timestamptz, now())
+ order by s.next_fire_at
+ limit %(limit)s::int
+   for update skip locked;
+
+-- name: open_runs_of
+-- For overlap policies: how many unfinished and how many buffered runs each schedule has.
+select schedule_id,
+       count(*) filter (where not buffered) as open_runs,
+       count(*) filter (where buffered) as buffered_runs
+  from runs
+ where schedule_id = any(%(schedule_ids)s::uuid[])
+   and state in ('pending', 'dispatched', 'running', 'retry_wait')
+ group by schedule_id;
+
+-- name: create_runs
+-- One statement for a whole batch: the runs, and an outbox row for each run that was really
+-- created and is to be dispatched now. UNIQUE (schedule_id, scheduled_for) makes a fire that
+-- another scanner already created a no-op, and its message is dropped with it.
+with candidate as (
+    select *
+      from unnest(%(ids)s::uuid[], %(schedule_ids)s::uuid[], %(apps)s::text[],
+                  %(scheduled_for)s::timestamptz[], %(states)s::text[], %(max_attempts)s::int[],
+                  %(lease_expires_at)s::timestamptz[], %(skip_reasons)s::text[], %(buffered)s::bool[],
+                  %(topics)s::text[], %(keys)s::bytea[], %(values)s::bytea[], %(headers)s::jsonb[])
+           as c(id, schedule_id, app, scheduled_for, state, max_attempts, lease_expires_at,
+                skip_reason, buffered, topic, key, value, headers)
+), created as (
+    insert into runs (id, schedule_id, app, scheduled_for, state, attempt, max_attempts,
+                      lease_expires_at, skip_reason, buffered, finished_at)
+    select id, schedule_id, app, scheduled_for, state, 1, max_attempts, lease_expires_at,
+           skip_reason, buffered, case when state = 'skipped' then now() end
+      from candidate
+        on conflict (schedule_id, scheduled_for) do nothing
+    returning id, state
+), queued as (
+    insert into outbox (topic, key, value, headers, run_id, attempt)
+    select c.topic, c.key, c.value, c.headers, c.id, 1
+      from candidate c
+      join created using (id)
+     where c.value is not null
+    returning run_id
+)
+select (select count(*) from created where state <> 'skipped') as created,
+       (select count(*) from created where state = 'skipped') as skipped,
+       (select count(*) from queued) as queued;
+
+-- name: advance_schedules
+-- Not a user's update, so the version stays: a five-second cron must not defeat optimistic locking.
+update schedules s
+   set next_fire_at = v.next_fire_at,
+       state = v.state,
+       updated_at = now()
+  from unnest(%(ids)s::uuid[], %(next_fire_at)s::timestamptz[], %(states)s::text[])
+       as v(id, next_fire_at, state)
+ where s.id = v.id;
+
+-- name: lease_due_retries
+-- Runs whose retry delay has passed, with what the next attempt's message needs.
+select r.id, r.schedule_id, r.app, r.scheduled_for, r.attempt, r.max_attempts,
+       s.handler, s.payload, s.timeout_ms, s.backoff_base_ms, s.backoff_max_ms,
+       coalesce(%(now)s::timestamptz, now()) as scan_now
+  from runs r
+  join schedules s on s.id = r.schedule_id
+ where r.state = 'retry_wait'
+   and r.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+ order by r.next_attempt_at
+ limit %(limit)s::int
+   for update of r skip locked;
+
+-- name: redispatch_runs
+-- The next attempt of each leased retry: a new fencing token and its message in the outbox.
+with next_attempt as (
+    select *
+      from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_expires_at)s::timestamptz[],
+                  %(topics)s::text[], %(keys)s::bytea[], %(values)s::bytea[], %(headers)s::jsonb[])
+           as n(id, attempt, lease_expires_at, topic, key, value, headers)
+), moved as (
+    update runs r
+       set state = 'pending', attempt = n.attempt, next_attempt_at = null,
+           lease_expires_at = n.lease_expires_at, version = r.version + 1
+      from next_attempt n
+     where r.id = n.id and r.state = 'retry_wait' and r.attempt = n.attempt - 1
+    returning r.id
+)
+insert into outbox (topic, key, value, headers, run_id, attempt)
+select n.topic, n.key, n.value, n.headers, n.id, n.attempt
+  from next_attempt n
+  join moved using (id);
+
+-- name: next_due_in
+-- Seconds until the earliest schedule or retry is due (null when nothing is), by the database clock.
+select extract(epoch from least(
+           (select min(next_fire_at) from schedules where state = 'active'),
+           (select min(next_attempt_at) from runs where state = 'retry_wait'))
+       - coalesce(%(now)s::timestamptz, now()))::float8 as seconds;
+
+-- name: notify_outbox
+-- Wakes the relays as soon as the batch commits.
+select pg_notify('scheduler_outbox', '');

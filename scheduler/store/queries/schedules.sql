@@ -1,0 +1,46 @@
+-- name: insert_schedule
+insert into schedules (id, app, name, kind, cron, tz, run_at, start_at, end_at, handler, payload,
+                       max_attempts, backoff_base_ms, backoff_max_ms, timeout_ms, misfire_policy,
+                       overlap_policy, jitter_ms, state, next_fire_at)
+values (%(id)s::uuid, %(app)s::text, %(name)s::text, %(kind)s::text, %(cron)s::text, %(tz)s::text,
+        %(run_at)s::timestamptz, %(start_at)s::timestamptz, %(end_at)s::timestamptz, %(handler)s::text,
+        %(payload)s::jsonb, %(max_attempts)s::int, %(backoff_base_ms)s::int, %(backoff_max_ms)s::int,
+        %(timeout_ms)s::int, %(misfire_policy)s::text, %(overlap_policy)s::text, %(jitter_ms)s::int,
+        'active',
+        -- An immediate schedule is due at the database's now, not at a client's clock.
+        coalesce(%(next_fire_at)s::timestamptz, now()))
+returning *;
+
+-- name: get_schedule
+select * from schedules where id = %(id)s::uuid;
+
+-- name: list_schedules
+select *
+  from schedules
+ where (%(app)s::text is null or app = %(app)s::text)
+   and (%(state)s::text is null or state = %(state)s::text)
+ order by created_at, id
+ limit %(limit)s::int;
+
+-- name: set_schedule_state
+-- Optimistic locking: the update applies only to the version the caller read.
+update schedules
+   set state = %(state)s::text,
+       next_fire_at = %(next_fire_at)s::timestamptz,
+       version = version + 1,
+       updated_at = now()
+ where id = %(id)s::uuid
+   and version = %(version)s::int
+returning *;
+
+-- name: insert_audit
+insert into audit_log (actor, action, entity, entity_id, old_value, new_value)
+values (%(actor)s::text, %(action)s::text, %(entity)s::text, %(entity_id)s::text,
+        %(old_value)s::jsonb, %(new_value)s::jsonb);
+
+-- name: notify_due
+-- Wakes sleeping scanners at once (delivered when the transaction commits).
+select pg_notify('scheduler_due', '');
+
+-- name: db_now
+select now() as now;

@@ -1,0 +1,32 @@
+"""Reading runs and their attempts, for the CLI and the API."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from scheduler.store.sql import query
+
+Row = dict[str, Any]
+
+
+def list_runs(
+    conn: psycopg.Connection[Row],
+    *,
+    schedule_id: UUID | None = None,
+    app: str | None = None,
+    state: str | None = None,
+    limit: int = 100,
+) -> list[Row]:
+    return conn.execute(
+        query("list_runs"), {"schedule_id": schedule_id, "app": app, "state": state, "limit": limit}
+    ).fetchall()
+
+
+def get_run(conn: psycopg.Connection[Row], run_id: UUID) -> Row | None:
+    run = conn.execute(query("get_run"), {"id": run_id}).fetchone()
+    if run is not None:
+        run["attempts"] = conn.execute(query("attempts_of_run"), {"run_id": run_id}).fetchall()
+    return run

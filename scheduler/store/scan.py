@@ -1,0 +1,142 @@
+"""The scanner's statements: lease due work, create runs with their outbox rows, advance schedules.
+
+Every function takes a whole batch and makes one round trip, whatever the batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from scheduler.store.sql import query
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """An outbox row to be: where it goes and the bytes the relay publishes."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    id: UUID
+    schedule_id: UUID
+    app: str
+    scheduled_for: datetime
+    state: str  # pending or skipped
+    max_attempts: int
+    lease_expires_at: datetime | None = None
+    skip_reason: str | None = None
+    buffered: bool = False
+    message: Message | None = None  # None: nothing to dispatch now (skipped or buffered)
+
+
+@dataclass(frozen=True, slots=True)
+class NextAttempt:
+    run_id: UUID
+    attempt: int
+    lease_expires_at: datetime
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedRuns:
+    created: int
+    skipped: int
+    queued: int
+
+
+def lease_due_schedules(conn: psycopg.Connection[Row], limit: int, now: datetime | None = None) -> list[Row]:
+    return conn.execute(query("lease_due_schedules"), {"limit": limit, "now": now}).fetchall()
+
+
+def open_runs_of(conn: psycopg.Connection[Row], schedule_ids: Sequence[UUID]) -> dict[UUID, tuple[int, int]]:
+    """Per schedule: (unfinished runs, buffered runs). Schedules without either are absent."""
+    if not schedule_ids:
+        return {}
+    rows = conn.execute(query("open_runs_of"), {"schedule_ids": list(schedule_ids)}).fetchall()
+    return {row["schedule_id"]: (row["open_runs"], row["buffered_runs"]) for row in rows}
+
+
+def create_runs(conn: psycopg.Connection[Row], runs: Sequence[NewRun]) -> CreatedRuns:
+    if not runs:
+        return CreatedRuns(0, 0, 0)
+    row = conn.execute(
+        query("create_runs"),
+        {
+            "ids": [r.id for r in runs],
+            "schedule_ids": [r.schedule_id for r in runs],
+            "apps": [r.app for r in runs],
+            "scheduled_for": [r.scheduled_for for r in runs],
+            "states": [r.state for r in runs],
+            "max_attempts": [r.max_attempts for r in runs],
+            "lease_expires_at": [r.lease_expires_at for r in runs],
+            "skip_reasons": [r.skip_reason for r in runs],
+            "buffered": [r.buffered for r in runs],
+            "topics": [r.message.topic if r.message else None for r in runs],
+            "keys": [r.message.key if r.message else None for r in runs],
+            "values": [r.message.value if r.message else None for r in runs],
+            "headers": [Jsonb(r.message.headers) if r.message else None for r in runs],
+        },
+    ).fetchone()
+    assert row is not None
+    return CreatedRuns(row["created"], row["skipped"], row["queued"])
+
+
+def advance_schedules(
+    conn: psycopg.Connection[Row], updates: Sequence[tuple[UUID, datetime | None, str]]
+) -> None:
+    """Set (next_fire_at, state) of each schedule id."""
+    if not updates:
+        return
+    conn.execute(
+        query("advance_schedules"),
+        {
+            "ids": [u[0] for u in updates],
+            "next_fire_at": [u[1] for u in updates],
+            "states": [u[2] for u in updates],
+        },
+    )
+
+
+def lease_due_retries(conn: psycopg.Connection[Row], limit: int, now: datetime | None = None) -> list[Row]:
+    return conn.execute(query("lease_due_retries"), {"limit": limit, "now": now}).fetchall()
+
+
+def redispatch_runs(conn: psycopg.Connection[Row], attempts: Sequence[NextAttempt]) -> None:
+    if not attempts:
+        return
+    conn.execute(
+        query("redispatch_runs"),
+        {
+            "ids": [a.run_id for a in attempts],
+            "attempts": [a.attempt for a in attempts],
+            "lease_expires_at": [a.lease_expires_at for a in attempts],
+            "topics": [a.message.topic for a in attempts],
+            "keys": [a.message.key for a in attempts],
+            "values": [a.message.value for a in attempts],
+            "headers": [Jsonb(a.message.headers) for a in attempts],
+        },
+    )
+
+
+def next_due_in(conn: psycopg.Connection[Row], now: datetime | None = None) -> float | None:
+    """Seconds until the earliest due schedule or retry, by the database clock; None if none."""
+    row = conn.execute(query("next_due_in"), {"now": now}).fetchone()
+    return None if row is None or row["seconds"] is None else float(row["seconds"])
+
+
+def notify_outbox(conn: psycopg.Connection[Row]) -> None:
+    conn.execute(query("notify_outbox"))

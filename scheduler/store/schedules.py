@@ -1,0 +1,107 @@
+"""Apps, schedules and the audit log in PostgreSQL: the statements behind the CLI, API and ingestor.
+
+Every change a person or a service makes to a schedule goes through here with the version it
+read (optimistic locking) and leaves an ``audit_log`` row with the old and new values.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from scheduler.store.sql import query
+
+Row = dict[str, Any]
+
+
+class VersionConflict(RuntimeError):
+    """The schedule changed since it was read; nothing was written."""
+
+
+def db_now(conn: psycopg.Connection[Row]) -> datetime:
+    row = conn.execute(query("db_now")).fetchone()
+    assert row is not None
+    return row["now"]  # type: ignore[no-any-return]
+
+
+def create_app(conn: psycopg.Connection[Row], name: str, partitions: int) -> Row | None:
+    """The new app, or None when an app of that name exists already."""
+    return conn.execute(query("create_app"), {"name": name, "partitions": partitions}).fetchone()
+
+
+def get_app(conn: psycopg.Connection[Row], name: str) -> Row | None:
+    return conn.execute(query("get_app"), {"name": name}).fetchone()
+
+
+def list_apps(conn: psycopg.Connection[Row]) -> list[Row]:
+    return conn.execute(query("list_apps")).fetchall()
+
+
+def insert_schedule(conn: psycopg.Connection[Row], values: Row) -> Row:
+    params = values | {"payload": Jsonb(values["payload"])}
+    row = conn.execute(query("insert_schedule"), params).fetchone()
+    assert row is not None
+    return row
+
+
+def get_schedule(conn: psycopg.Connection[Row], schedule_id: UUID) -> Row | None:
+    return conn.execute(query("get_schedule"), {"id": schedule_id}).fetchone()
+
+
+def list_schedules(
+    conn: psycopg.Connection[Row], app: str | None = None, state: str | None = None, limit: int = 1000
+) -> list[Row]:
+    return conn.execute(query("list_schedules"), {"app": app, "state": state, "limit": limit}).fetchall()
+
+
+def set_schedule_state(
+    conn: psycopg.Connection[Row],
+    schedule_id: UUID,
+    version: int,
+    state: str,
+    next_fire_at: datetime | None,
+) -> Row:
+    row = conn.execute(
+        query("set_schedule_state"),
+        {"id": schedule_id, "version": version, "state": state, "next_fire_at": next_fire_at},
+    ).fetchone()
+    if row is None:
+        raise VersionConflict(
+            f"schedule {schedule_id} was changed by someone else (expected version {version}); read it again"
+        )
+    return row
+
+
+def audit(
+    conn: psycopg.Connection[Row],
+    actor: str,
+    action: str,
+    entity: str,
+    entity_id: str,
+    old: Row | None,
+    new: Row | None,
+) -> None:
+    conn.execute(
+        query("insert_audit"),
+        {
+            "actor": actor,
+            "action": action,
+            "entity": entity,
+            "entity_id": entity_id,
+            "old_value": None if old is None else Jsonb(_jsonable(old)),
+            "new_value": None if new is None else Jsonb(_jsonable(new)),
+        },
+    )
+
+
+def notify_due(conn: psycopg.Connection[Row]) -> None:
+    conn.execute(query("notify_due"))
+
+
+def _jsonable(row: Row) -> Any:
+    return json.loads(json.dumps(row, default=str))

@@ -1,0 +1,139 @@
+"""`scheduler apps` and `scheduler schedules` as a user runs them: JSON out, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import pytest
+
+from scheduler.config import Settings
+from scheduler.kafka.transport import TopicAdmin
+from scheduler.store import connect
+from tests.support import SCHEDULER
+
+pytestmark = pytest.mark.integration
+
+
+class Cli:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [SCHEDULER, *args], env=self.env, capture_output=True, text=True, check=False, timeout=60
+        )
+
+    def json(self, *args: str) -> Any:
+        done = self(*args)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+
+@pytest.fixture
+def cli(settings_env: dict[str, str]) -> Cli:
+    return Cli(settings_env)
+
+
+@pytest.fixture
+def app(cli: Cli) -> str:
+    assert cli("apps", "create", "billing", "--partitions", "3").returncode == 0
+    return "billing"
+
+
+def test_apps_create_makes_the_topic_and_lists_it(cli: Cli, settings: Settings) -> None:
+    created = cli.json("apps", "create", "billing", "--partitions", "4", "--json")
+    assert created["name"] == "billing" and created["topic"] == settings.jobs_topic("billing")
+    assert TopicAdmin(settings.kafka_bootstrap).partitions(settings.jobs_topic("billing")) == 4
+    again = cli("apps", "create", "billing")
+    assert again.returncode == 0, "creating an existing app is harmless"
+    assert [a["name"] for a in cli.json("apps", "list", "--json")] == ["billing"]
+
+
+def test_schedule_lifecycle_is_versioned_and_audited(cli: Cli, app: str, settings: Settings) -> None:
+    created = cli.json(
+        "schedules", "create", "--app", app, "--name", "nightly", "--cron", "30 2 * * *",
+        "--tz", "Europe/Berlin", "--handler", "builtin:noop", "--payload", '{"a": 1}',
+    )  # fmt: skip
+    assert {k: created[k] for k in ("app", "name", "kind", "cron", "tz", "handler", "payload", "state", "version")} == {
+        "app": "billing", "name": "nightly", "kind": "cron", "cron": "30 2 * * *", "tz": "Europe/Berlin",
+        "handler": "builtin:noop", "payload": {"a": 1}, "state": "active", "version": 1,
+    }  # fmt: skip
+    assert created["next_fire_at"].endswith("+00:00")
+    sid = created["id"]
+    assert cli.json("schedules", "get", sid) == created
+
+    paused = cli.json("schedules", "pause", sid)
+    assert (paused["state"], paused["version"]) == ("paused", 2)
+    stale = cli("schedules", "resume", sid, "--expect-version", "1")
+    assert stale.returncode != 0 and "version" in stale.stderr and stale.stderr.count("\n") == 1
+    resumed = cli.json("schedules", "resume", sid, "--expect-version", "2")
+    assert (resumed["state"], resumed["version"]) == ("active", 3)
+    assert resumed["next_fire_at"] == created["next_fire_at"]
+
+    triggered = cli.json("schedules", "trigger", sid)
+    assert triggered["schedule_id"] == sid
+    run = cli.json("runs", "get", triggered["run_id"])
+    assert run["state"] == "pending" and run["attempt"] == 1
+
+    cancelled = cli.json("schedules", "cancel", sid)
+    assert cancelled["state"] == "cancelled" and cancelled["next_fire_at"] is None
+    assert cli("schedules", "resume", sid).returncode != 0
+
+    listed = cli.json("schedules", "list", "--app", app, "--json")
+    assert [s["id"] for s in listed] == [sid]
+    with connect(settings.database_url) as conn:
+        actions = [
+            r["action"]
+            for r in conn.execute("select action from audit_log where entity = 'schedule' order by id")
+        ]
+    assert actions == ["create", "pause", "resume", "trigger", "cancel"]
+
+
+def test_immediate_and_delayed_schedules(cli: Cli, app: str) -> None:
+    now = cli.json("schedules", "create", "--app", app, "--now", "--handler", "builtin:noop")
+    assert now["kind"] == "immediate" and now["next_fire_at"]
+    later = cli.json(
+        "schedules", "create", "--app", app, "--at", "2030-01-01T09:00:00Z", "--handler", "pkg.mod:fn"
+    )
+    assert later["kind"] == "delayed" and later["run_at"] == "2030-01-01T09:00:00+00:00"
+    assert later["next_fire_at"] == later["run_at"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--app", "nope", "--now", "--handler", "builtin:noop"], "unknown app 'nope'"),
+        (["--app", "billing", "--cron", "61 * * * *", "--handler", "builtin:noop"], "invalid cron expression"),
+        (["--app", "billing", "--cron", "* * * * *", "--tz", "Mars/Olympus", "--handler", "builtin:noop"], "unknown time zone"),
+        (["--app", "billing", "--now", "--handler", "not a handler"], "handler 'not a handler'"),
+        (["--app", "billing", "--now", "--handler", "builtin:noop", "--name", "x" * 201], "name must be 1 to 200"),
+        (["--app", "billing", "--now", "--handler", "builtin:noop", "--payload", "{bad"], "not JSON"),
+        (["--app", "billing", "--now", "--at", "2030-01-01T00:00:00Z", "--handler", "builtin:noop"], "exactly one of"),
+        (["--app", "billing", "--at", "yesterday", "--handler", "builtin:noop"], "not an ISO 8601 time"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(cli: Cli, app: str, args: list[str], message: str) -> None:
+    done = cli("schedules", "create", *args)
+    assert done.returncode == 2, done
+    assert message in done.stderr
+    assert done.stderr.strip().count("\n") == 0 or done.stderr.startswith("Usage:"), done.stderr
+    assert cli.json("schedules", "list", "--json") == [], "nothing was stored"
+
+
+def test_a_payload_over_one_mebibyte_is_refused(cli: Cli, app: str, tmp_path: Any) -> None:
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"blob": "x" * (1024 * 1024)}))
+    done = cli("schedules", "create", "--app", app, "--now", "--handler", "builtin:noop", "--payload", f"@{big}")
+    assert done.returncode == 2
+    assert "the limit is 1048576 (1 MiB)" in done.stderr
+
+
+def test_commands_fail_clearly_when_the_database_is_unreachable(settings_env: dict[str, str]) -> None:
+    env = settings_env | {"SCHEDULER_DATABASE_URL": "postgresql://scheduler@127.0.0.1:1/none"}
+    done = subprocess.run(
+        [SCHEDULER, "schedules", "list"], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: cannot reach PostgreSQL") and done.stderr.count("\n") == 1

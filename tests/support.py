@@ -1,0 +1,95 @@
+"""What the integration and end-to-end tests share: waiting on conditions, reading topics with an
+independent Kafka client, and running components as real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+SCHEDULER = str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "scheduler")
+T = TypeVar("T")
+
+
+def wait_for(condition: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.1) -> T:
+    """Poll until ``condition`` returns something truthy; fail with ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[tuple[bytes | None, bytes, int]]:
+    """Every message on ``topic`` now, as (key, value, timestamp ms), read with a plain consumer
+    that is assigned all partitions from the beginning and stops at the high watermarks."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "independent-reader", "enable.auto.commit": False}
+    )
+    try:
+        metadata = consumer.list_topics(topic, timeout=10)
+        partitions = list(metadata.topics[topic].partitions)
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions
+        }
+        remaining = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        messages: list[tuple[bytes | None, bytes, int]] = []
+        deadline = time.monotonic() + timeout_s
+        while remaining and time.monotonic() < deadline:
+            for message in consumer.consume(1000, 0.5):
+                if message.error():
+                    continue
+                messages.append((message.key(), message.value(), message.timestamp()[1]))
+                if message.offset() + 1 >= ends[message.partition()]:
+                    remaining.discard(message.partition())
+        assert not remaining, f"could not read {topic} to its end within {timeout_s} s"
+        return messages
+    finally:
+        consumer.close()
+
+
+class Component:
+    """``scheduler run NAME`` as a child process with its own log file."""
+
+    def __init__(self, name: str, env: dict[str, str], log_dir: Path, *args: str) -> None:
+        self.name = name
+        self.log = log_dir / f"{name}-{time.monotonic_ns()}.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [SCHEDULER, "run", name, *args], env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to finish anything."""
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextmanager
+def components(env: dict[str, str], log_dir: Path, *names: str) -> Iterator[list[Component]]:
+    started = [Component(name, env, log_dir) for name in names]
+    try:
+        yield started
+    finally:
+        for component in started:
+            code = component.stop()
+            assert code == 0, f"{component.name} exited {code}:\n{component.output()[-3000:]}"

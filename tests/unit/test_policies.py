@@ -1,0 +1,169 @@
+"""Misfire and overlap policies of DESIGN section 4, as the scanner applies them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from itertools import takewhile
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.domain.cron import CronSchedule
+from scheduler.domain.policies import OverlapAction, overlap_action, plan_fires
+from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, SkipReason
+
+EVERY_10_SECONDS = CronSchedule.of("*/10 * * * * *", "UTC")
+EVERY_SECOND = CronSchedule.of("* * * * * *", "UTC")
+NOON = datetime(2027, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def at(minutes: int, seconds: int) -> datetime:
+    return NOON + timedelta(minutes=minutes, seconds=seconds)
+
+
+class TestScannerStoppedForThreeMinutes:
+    """next_fire_at was 12:00:10 when the scanner stopped; it is back at 12:03:05."""
+
+    NEXT = at(0, 10)
+    NOW = at(3, 5)
+
+    def test_fire_once_runs_the_latest_missed_time_and_records_the_others(self) -> None:
+        plan = plan_fires(EVERY_10_SECONDS, self.NEXT, self.NOW, MisfirePolicy.FIRE_ONCE)
+        assert plan.misfired
+        assert plan.fires == (at(3, 0),)
+        assert [s.scheduled_for for s in plan.skipped] == [
+            at(0, 10) + timedelta(seconds=10 * i) for i in range(17)
+        ]
+        assert {s.reason for s in plan.skipped} == {SkipReason.MISFIRE}
+        assert not plan.more_skipped
+        assert plan.next_fire_at == at(3, 10)
+
+    def test_fire_all_runs_every_missed_time(self) -> None:
+        plan = plan_fires(EVERY_10_SECONDS, self.NEXT, self.NOW, MisfirePolicy.FIRE_ALL)
+        assert plan.fires == tuple(at(0, 10) + timedelta(seconds=10 * i) for i in range(18))
+        assert plan.skipped == ()
+        assert plan.next_fire_at == at(3, 10)
+
+    def test_skip_runs_nothing_and_moves_to_the_future(self) -> None:
+        plan = plan_fires(EVERY_10_SECONDS, self.NEXT, self.NOW, MisfirePolicy.SKIP)
+        assert plan.fires == ()
+        assert len(plan.skipped) == 18
+        assert plan.next_fire_at == at(3, 10)
+
+
+def test_fire_all_stops_at_100_and_continues_from_there_on_the_next_scan() -> None:
+    now = at(60, 0)
+    first = plan_fires(EVERY_SECOND, NOON, now, MisfirePolicy.FIRE_ALL)
+    assert len(first.fires) == 100
+    assert first.fires[-1] == at(1, 39)
+    assert first.next_fire_at == at(1, 40)
+    assert first.next_fire_at <= now
+    assert first.next_fire_at is not None
+    second = plan_fires(EVERY_SECOND, first.next_fire_at, now, MisfirePolicy.FIRE_ALL)
+    assert second.fires[0] == at(1, 40)
+    assert len(second.fires) == 100
+
+
+def test_a_year_of_downtime_on_an_every_second_schedule_stays_bounded() -> None:
+    now = NOON + timedelta(days=365, microseconds=500)
+    for policy in (MisfirePolicy.FIRE_ONCE, MisfirePolicy.SKIP):
+        plan = plan_fires(EVERY_SECOND, NOON, now, policy)
+        assert len(plan.skipped) == 100
+        assert plan.more_skipped
+        assert plan.skipped[0].scheduled_for == NOON
+        assert plan.next_fire_at == now.replace(microsecond=0) + timedelta(seconds=1)
+    assert plan_fires(EVERY_SECOND, NOON, now, MisfirePolicy.FIRE_ONCE).fires == (now.replace(microsecond=0),)
+
+
+@pytest.mark.parametrize("policy", list(MisfirePolicy))
+def test_fires_within_the_catchup_window_run_whatever_the_policy(policy: MisfirePolicy) -> None:
+    plan = plan_fires(EVERY_10_SECONDS, at(0, 10), at(0, 40), policy)
+    assert not plan.misfired
+    assert plan.fires == (at(0, 10), at(0, 20), at(0, 30), at(0, 40))
+    assert plan.skipped == ()
+    assert plan.next_fire_at == at(0, 50)
+
+
+def test_the_catchup_window_is_configurable() -> None:
+    plan = plan_fires(EVERY_10_SECONDS, at(0, 10), at(0, 40), catchup_window=timedelta(seconds=5))
+    assert plan.misfired
+    assert plan.fires == (at(0, 40),)
+
+
+def test_nothing_is_due_before_next_fire_at() -> None:
+    plan = plan_fires(EVERY_10_SECONDS, at(0, 10), at(0, 9))
+    assert plan.fires == () and plan.skipped == () and plan.next_fire_at == at(0, 10)
+
+
+def test_fire_once_across_a_fall_back_fires_the_real_latest_time() -> None:
+    schedule = CronSchedule.of("*/30 * * * *", "Europe/Berlin")
+    next_fire_at = datetime(2026, 10, 24, 23, 30, tzinfo=UTC)
+    now = datetime(2026, 10, 25, 1, 45, tzinfo=UTC)  # 02:45 CET, in the repeated hour's second pass
+    plan = plan_fires(schedule, next_fire_at, now)
+    assert plan.fires == (datetime(2026, 10, 25, 1, 30, tzinfo=UTC),)
+    assert [s.scheduled_for.strftime("%H:%M") for s in plan.skipped] == ["23:30", "00:00", "00:30", "01:00"]
+    assert plan.next_fire_at == datetime(2026, 10, 25, 2, 0, tzinfo=UTC)
+
+
+# Downtimes that keep the oracle's own walk over every missed fire to about 2000 steps.
+LONGEST_DOWNTIME = {
+    "*/10 * * * * *": timedelta(hours=6),
+    "*/7 * * * *": timedelta(days=10),
+    "0 * * * *": timedelta(days=80),
+    "30 2 * * *": timedelta(days=5 * 365),
+    "0 0 * * mon": timedelta(days=30 * 365),
+}
+
+
+@settings(max_examples=75, deadline=None)
+@given(
+    cadence=st.sampled_from(list(LONGEST_DOWNTIME.items())),
+    zone=st.sampled_from(["UTC", "Europe/Berlin", "Australia/Lord_Howe", "America/New_York"]),
+    start=st.datetimes(datetime(1990, 1, 1), datetime(2040, 1, 1), timezones=st.just(UTC)),
+    fraction=st.floats(min_value=0.0, max_value=1.0),
+    policy=st.sampled_from(list(MisfirePolicy)),
+)
+def test_plans_are_bounded_consistent_and_keep_the_schedule_alive(
+    cadence: tuple[str, timedelta], zone: str, start: datetime, fraction: float, policy: MisfirePolicy
+) -> None:
+    expression, longest = cadence
+    schedule = CronSchedule.of(expression, zone)
+    next_fire_at = schedule.next_fire_after(start)
+    now = next_fire_at + longest * fraction
+    plan = plan_fires(schedule, next_fire_at, now, policy)
+
+    due = list(takewhile(lambda f: f <= now, schedule.fire_times(next_fire_at - timedelta(microseconds=1))))
+    skipped = [s.scheduled_for for s in plan.skipped]
+    assert len(plan.fires) <= 100 and len(plan.skipped) <= 100
+    assert list(plan.fires) == sorted(set(plan.fires))
+    assert set(plan.fires) <= set(due) and set(skipped) <= set(due)
+    assert not set(plan.fires) & set(skipped)
+    assert plan.next_fire_at is not None
+    capped = len(plan.fires) == 100 and plan.next_fire_at <= now
+    assert plan.next_fire_at > now or capped
+    if plan.fires:
+        assert plan.next_fire_at == schedule.next_fire_after(plan.fires[-1]) or plan.next_fire_at > now
+    if not plan.misfired or policy is MisfirePolicy.FIRE_ALL:
+        assert list(plan.fires) == due[:100] and skipped == []
+    else:
+        assert list(plan.fires) == ([due[-1]] if policy is MisfirePolicy.FIRE_ONCE else [])
+        accounted = skipped + list(plan.fires)
+        assert accounted == due if not plan.more_skipped else len(skipped) == 100
+
+
+@pytest.mark.parametrize(
+    ("policy", "previous_active", "fire_waiting", "action"),
+    [
+        (OverlapPolicy.ALLOW, True, True, OverlapAction.RUN),
+        (OverlapPolicy.SKIP, False, False, OverlapAction.RUN),
+        (OverlapPolicy.SKIP, True, False, OverlapAction.SKIP),
+        (OverlapPolicy.BUFFER_ONE, False, False, OverlapAction.RUN),
+        (OverlapPolicy.BUFFER_ONE, True, False, OverlapAction.BUFFER),
+        (OverlapPolicy.BUFFER_ONE, True, True, OverlapAction.SKIP),
+    ],
+)
+def test_overlap(
+    policy: OverlapPolicy, previous_active: bool, fire_waiting: bool, action: OverlapAction
+) -> None:
+    assert overlap_action(policy, previous_active, fire_waiting) is action
