@@ -31,3 +31,12 @@ RELAY_FAILURES = Counter("scheduler_relay_publish_failures_total", "Batches Kafk
 def serve(port: int | None) -> None:
     if port:
         start_http_server(port)
+
+
+RECONCILER_EVENTS = Counter(
+    "scheduler_reconciler_events_total", "Outcome events by what became of them", ["outcome"]
+)
+RECONCILER_UNDECODABLE = Counter(
+    "scheduler_reconciler_undecodable_total", "Messages on the outcome topics that could not be decoded"
+)
+RECONCILER_SWEPT = Counter("scheduler_reconciler_swept_total", "Runs whose lease expired without an outcome")

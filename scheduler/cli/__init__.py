@@ -11,6 +11,7 @@ import click
 from scheduler.cli.apps import apps
 from scheduler.cli.cron import cron
 from scheduler.cli.dev import dev
+from scheduler.cli.dlq import dlq
 from scheduler.cli.init import init
 from scheduler.cli.run import run
 from scheduler.cli.runs import runs
@@ -30,3 +31,4 @@ main.add_command(init)
 main.add_command(schedules)
 main.add_command(runs)
 main.add_command(run)
+main.add_command(dlq)

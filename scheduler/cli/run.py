@@ -46,3 +46,46 @@ def scanner() -> None:
 def relay() -> None:
     """Publish the outbox to Kafka and mark runs dispatched."""
     _serve("relay", lambda settings, stop: Relay(settings).run(stop))
+
+
+@run.command()
+def reconciler() -> None:
+    """Apply outcome events to PostgreSQL; sweep expired leases."""
+    from scheduler.reconcile.reconciler import Reconciler
+
+    _serve("reconciler", lambda settings, stop: Reconciler(settings).run(stop))
+
+
+@run.command()
+@click.option("--app", required=True, help="The app whose jobs to execute.")
+@click.option("--concurrency", type=click.IntRange(1, 10_000), default=16, show_default=True)
+@click.option(
+    "--grace", type=float, default=30.0, show_default=True, help="Seconds to finish jobs on SIGTERM."
+)
+def worker(app: str, concurrency: int, grace: float) -> None:
+    """Execute the jobs of one app (a consumer group member of its topic)."""
+    from scheduler.worker.worker import Worker
+
+    _serve("worker", lambda settings, stop: Worker(settings, app, concurrency, grace).run(stop))
+
+
+@run.command("all")
+@click.option("--app", "apps", multiple=True, help="Apps to run workers for (default: every app).")
+@click.option(
+    "--workers", type=click.IntRange(1, 64), default=1, show_default=True, help="Worker processes per app."
+)
+@click.option("--concurrency", type=click.IntRange(1, 10_000), default=16, show_default=True)
+def all_(apps: tuple[str, ...], workers: int, concurrency: int) -> None:
+    """Every component as its own process; Ctrl-C or SIGTERM stops them all."""
+    from scheduler.cli.common import database
+    from scheduler.cli.supervise import supervise
+    from scheduler.store import schedules
+
+    settings = settings_or_exit()
+    if not apps:
+        with database(settings) as conn:
+            apps = tuple(row["name"] for row in schedules.list_apps(conn))
+    commands = [["scanner"], ["relay"], ["reconciler"]]
+    for app in apps:
+        commands += [["worker", "--app", app, "--concurrency", str(concurrency)]] * workers
+    raise SystemExit(supervise(commands))

@@ -77,7 +77,9 @@ def create(
         try:
             payload = Path(payload[1:]).read_text()
         except OSError as exc:
-            raise click.BadParameter(f"cannot read {payload[1:]}: {exc.strerror}", param_hint="--payload") from None
+            raise click.BadParameter(
+                f"cannot read {payload[1:]}: {exc.strerror}", param_hint="--payload"
+            ) from None
     try:
         payload_value = json.loads(payload)
     except json.JSONDecodeError as exc:

@@ -19,7 +19,7 @@ import hashlib
 import re
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -126,15 +126,16 @@ class CronExpression:
     """A validated cron expression, bound to the schedule id its ``H`` fields were hashed with.
 
     ``fields`` holds the six fields, seconds first, with aliases expanded and ``H`` replaced by its
-    values; ``fixed_time`` says which of DESIGN section 4's daylight-saving rules apply.
+    values; ``fixed_time`` says which of DESIGN section 4's daylight-saving rules apply;
+    ``schedule_id`` is the id ``H`` was hashed with, None when the expression has no ``H``.
     """
 
     text: str
     fields: tuple[str, str, str, str, str, str]
     fixed_time: bool
     schedule_id: str | None
-    _croniter_text: str
-    _last_day: _LastDayRule | None
+    _croniter_text: str = field(repr=False)
+    _last_day: _LastDayRule | None = field(repr=False)
 
     @classmethod
     def parse(cls, text: str, schedule_id: str | uuid.UUID | None = None) -> CronExpression:
@@ -158,7 +159,11 @@ class CronExpression:
                     f"expected 5 fields (minute first) or 6 fields (second first), got {len(written)}",
                 )
 
-        fields = [_resolve_field(text, index, field, hash_seed) for index, field in enumerate(written)]
+        fields = [
+            _resolve_field(text, index, written_field, hash_seed)
+            for index, written_field in enumerate(written)
+        ]
+        hashed = any(_HASH_ITEM.match(item) for written_field in written for item in written_field.split(","))
         shown = (fields[0], fields[1], fields[2], fields[3], fields[4], fields[5])
         last_day = _last_day_rule(text, fields)
         if last_day is not None:
@@ -177,7 +182,7 @@ class CronExpression:
             text=source,
             fields=shown,
             fixed_time=fixed_time,
-            schedule_id=hash_seed,
+            schedule_id=hash_seed if hashed else None,
             _croniter_text=croniter_text,
             _last_day=last_day,
         )
@@ -218,8 +223,8 @@ class CronSchedule:
         """Validate and bind; raises :class:`InvalidCronExpression` or :class:`UnknownTimeZone`."""
         if isinstance(expression, str):
             expression = CronExpression.parse(expression, schedule_id)
-        elif schedule_id is not None and expression.schedule_id != _hash_seed(schedule_id):
-            raise ValueError("the expression was parsed for a different schedule id")
+        elif schedule_id is not None and expression.schedule_id not in (None, _hash_seed(schedule_id)):
+            raise ValueError("the expression's H fields were hashed for a different schedule id")
         zone = tz if isinstance(tz, ZoneInfo) else time_zone(tz)
         return cls(expression, zone)
 
@@ -415,7 +420,7 @@ def _resolve_field(text: str, index: int, field: str, hash_seed: str | None) -> 
         if last_weekday:
             # Quartz writes the last Friday "5L" or "FRIL"; croniter only knows "L5".
             day = last_weekday[1].lower()
-            items.append(f"L{_WEEKDAY_NUMBERS.get(day, int(day) % 7 if day.isdigit() else 0)}")
+            items.append(f"L{int(day) % 7 if day.isdigit() else _WEEKDAY_NUMBERS[day]}")
             continue
         items.append(item)
     return ",".join(items)

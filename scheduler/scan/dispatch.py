@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import secrets
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
-from scheduler.kafka.messages import JobMessage, RetryPolicy, idempotency_key_for
+from scheduler.kafka.messages import AttemptSummary, JobMessage, RetryPolicy, idempotency_key_for
 from scheduler.store.scan import Message
 
 # Time a message may wait in the outbox and on the topic before its attempt's clock starts.
@@ -47,6 +47,7 @@ class JobDispatcher:
         attempt: int,
         deadline: datetime,
         payload: Any,
+        previous_attempts: tuple[AttemptSummary, ...] = (),
     ) -> Message:
         job = JobMessage(
             run_id=run_id,
@@ -64,6 +65,7 @@ class JobDispatcher:
                 backoff_base_ms=schedule["backoff_base_ms"],
                 backoff_max_ms=schedule["backoff_max_ms"],
             ),
+            previous_attempts=previous_attempts,
         )
         return Message(
             topic=self.settings.jobs_topic(schedule["app"]),
@@ -72,3 +74,22 @@ class JobDispatcher:
             value=self.codec.encode(job),
             headers={"traceparent": traceparent()},
         )
+
+
+def attempt_history(rows: list[dict[str, Any]]) -> tuple[AttemptSummary, ...]:
+    """The failed attempts of a run, from the JSON the scanner's retry query aggregates."""
+
+    def instant(text: str | None) -> datetime | None:
+        return None if text is None else datetime.fromisoformat(text)
+
+    return tuple(
+        AttemptSummary(
+            attempt=row["attempt"],
+            finished_at=instant(row["finished_at"]) or datetime.min.replace(tzinfo=UTC),
+            error=row["error"] or "",
+            error_class=row["error_class"] or "Error",
+            worker=row["worker"],
+            started_at=instant(row["started_at"]),
+        )
+        for row in rows
+    )

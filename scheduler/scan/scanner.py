@@ -26,7 +26,7 @@ from scheduler.config import Settings
 from scheduler.domain.cron import CronSchedule
 from scheduler.domain.policies import OverlapAction, overlap_action, plan_fires
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleState, SkipReason
-from scheduler.scan.dispatch import JobDispatcher, lease_expiry
+from scheduler.scan.dispatch import JobDispatcher, attempt_history, lease_expiry
 from scheduler.store import connect
 from scheduler.store import scan as store
 from scheduler.store.listen import Wakeup
@@ -182,6 +182,7 @@ class Scanner:
             attempt=attempt,
             deadline=deadline,
             payload=run["payload"],
+            previous_attempts=attempt_history(run["history"]),
         )
         return NextAttempt(run["id"], attempt, deadline, message)
 

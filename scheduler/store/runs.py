@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -30,3 +31,18 @@ def get_run(conn: psycopg.Connection[Row], run_id: UUID) -> Row | None:
     if run is not None:
         run["attempts"] = conn.execute(query("attempts_of_run"), {"run_id": run_id}).fetchall()
     return run
+
+
+def list_dead(
+    conn: psycopg.Connection[Row],
+    *,
+    app: str | None = None,
+    schedule_id: UUID | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = 100,
+) -> list[Row]:
+    return conn.execute(
+        query("list_dead"),
+        {"app": app, "schedule_id": schedule_id, "since": since, "until": until, "limit": limit},
+    ).fetchall()

@@ -10,7 +10,6 @@ from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import JobMessage
 from scheduler.scan.scanner import Scanner
-from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect
 from tests.e2e.test_fire_on_time import create_app, dispatched_count
 from tests.support import Component, components, read_topic, wait_for

@@ -27,7 +27,9 @@ def app(settings: Settings) -> str:
 
 def create(settings: Settings, **fields: Any) -> dict[str, Any]:
     with connect(settings.database_url) as conn:
-        return service.create_schedule(conn, ScheduleSpec(app="scan", handler="builtin:noop", **fields), "test")
+        return service.create_schedule(
+            conn, ScheduleSpec(app="scan", handler="builtin:noop", **fields), "test"
+        )
 
 
 def runs_of(settings: Settings, schedule_id: Any) -> list[dict[str, Any]]:
@@ -104,7 +106,9 @@ def test_overlap_skip_records_the_fire_while_the_previous_run_is_open(settings: 
     assert [(r["state"], r["skip_reason"]) for r in runs] == [("pending", None), ("skipped", "overlap")]
 
 
-def test_paused_schedules_do_not_fire_and_resume_follows_the_misfire_policy(settings: Settings, app: str) -> None:
+def test_paused_schedules_do_not_fire_and_resume_follows_the_misfire_policy(
+    settings: Settings, app: str
+) -> None:
     row = create(settings, kind="cron", cron="*/10 * * * * *", misfire_policy="skip")
     with connect(settings.database_url) as conn:
         service.pause(conn, row["id"], "test")

@@ -125,7 +125,9 @@ def test_bad_input_is_one_line_and_exit_2(cli: Cli, app: str, args: list[str], m
 def test_a_payload_over_one_mebibyte_is_refused(cli: Cli, app: str, tmp_path: Any) -> None:
     big = tmp_path / "big.json"
     big.write_text(json.dumps({"blob": "x" * (1024 * 1024)}))
-    done = cli("schedules", "create", "--app", app, "--now", "--handler", "builtin:noop", "--payload", f"@{big}")
+    done = cli(
+        "schedules", "create", "--app", app, "--now", "--handler", "builtin:noop", "--payload", f"@{big}"
+    )
     assert done.returncode == 2
     assert "the limit is 1048576 (1 MiB)" in done.stderr
 

@@ -160,8 +160,12 @@ class TestHashedFields:
     def test_an_expression_cannot_be_reused_for_another_schedule(self) -> None:
         expression = CronExpression.parse("H * * * *", self.ID)
         assert CronSchedule.of(expression, "UTC", self.ID.upper()).expression is expression
+        assert CronSchedule.of(expression, "UTC").expression is expression
         with pytest.raises(ValueError, match="different schedule id"):
             CronSchedule.of(expression, "UTC", "another")
+        # Without H, the id plays no part.
+        assert CronExpression.parse("0 * * * *", self.ID).schedule_id is None
+        assert CronSchedule.of(CronExpression.parse("0 * * * *"), "UTC", "another")
 
 
 @pytest.mark.parametrize(

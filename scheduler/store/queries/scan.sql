@@ -65,7 +65,14 @@ update schedules s
 -- Runs whose retry delay has passed, with what the next attempt's message needs.
 select r.id, r.schedule_id, r.app, r.scheduled_for, r.attempt, r.max_attempts,
        s.handler, s.payload, s.timeout_ms, s.backoff_base_ms, s.backoff_max_ms,
-       coalesce(%(now)s::timestamptz, now()) as scan_now
+       coalesce(%(now)s::timestamptz, now()) as scan_now,
+       -- The failed attempts so far travel with the job, for the dead letter's history.
+       (select coalesce(jsonb_agg(jsonb_build_object(
+                   'attempt', a.attempt, 'worker', a.worker, 'started_at', a.started_at,
+                   'finished_at', a.finished_at, 'error', a.error, 'error_class', a.error_class)
+                   order by a.attempt), '[]'::jsonb)
+          from attempts a
+         where a.run_id = r.id and a.kind = 'retry' and a.outcome = 'applied') as history
   from runs r
   join schedules s on s.id = r.schedule_id
  where r.state = 'retry_wait'

@@ -1,0 +1,148 @@
+-- name: apply_outcomes
+-- A whole batch of outcome events in one statement. An event counts only if it names the run's
+-- current attempt and the run is not terminal (the fencing token); an event id seen before is a
+-- duplicate. Per run the strongest accepted event of the batch decides the new state (an end
+-- beats a retry beats a start or heartbeat). Every event is recorded in `attempts` with what
+-- became of it, so duplicate executions are counted, never hidden.
+with event as (
+    select distinct on (e.event_id) e.*
+      from unnest(%(event_ids)s::text[], %(run_ids)s::uuid[], %(attempts)s::int[], %(kinds)s::text[],
+                  %(workers)s::text[], %(started_at)s::timestamptz[], %(finished_at)s::timestamptz[],
+                  %(errors)s::text[], %(error_classes)s::text[], %(results)s::jsonb[],
+                  %(not_before)s::timestamptz[])
+           with ordinality
+           as e(event_id, run_id, attempt, kind, worker, started_at, finished_at, error, error_class,
+                result, not_before, ord)
+     order by e.event_id, e.ord
+), seen as (
+    select a.event_id from attempts a where a.event_id in (select event_id from event)
+), run as (
+    select r.id, r.attempt, r.state, s.timeout_ms
+      from runs r
+      join schedules s on s.id = r.schedule_id
+     where r.id in (select run_id from event)
+       for update of r
+), accepted as (
+    select e.*, r.timeout_ms
+      from event e
+      join run r on r.id = e.run_id
+     where e.attempt = r.attempt
+       and r.state not in ('succeeded', 'dead', 'skipped', 'cancelled')
+       and e.event_id not in (select event_id from seen)
+), decisive as (
+    select distinct on (a.run_id) a.*,
+           (select min(b.started_at) from accepted b where b.run_id = a.run_id) as first_started_at
+      from accepted a
+     order by a.run_id,
+              case a.kind when 'succeeded' then 0 when 'dead' then 0 when 'retry' then 1 else 2 end,
+              a.ord desc
+), applied as (
+    update runs r
+       set state = case d.kind when 'succeeded' then 'succeeded' when 'dead' then 'dead'
+                               when 'retry' then 'retry_wait' else 'running' end,
+           started_at = coalesce(d.first_started_at, r.started_at),
+           finished_at = case when d.kind in ('succeeded', 'dead') then d.finished_at end,
+           worker = d.worker,
+           result = case when d.kind = 'succeeded' then d.result else r.result end,
+           error = case when d.kind in ('retry', 'dead') then d.error_class || ': ' || d.error
+                        else r.error end,
+           next_attempt_at = case when d.kind = 'retry' then d.not_before end,
+           -- A job that reports it is alive keeps its lease for one more timeout from now.
+           lease_expires_at = case when d.kind in ('started', 'heartbeat')
+                                   then greatest(r.lease_expires_at,
+                                                 now() + make_interval(secs => d.timeout_ms / 1000.0 + 30))
+                                   else r.lease_expires_at end,
+           version = r.version + 1
+      from decisive d
+     where r.id = d.run_id
+       -- A start or heartbeat arriving after a retry decision of the same attempt changes nothing.
+       and not (d.kind in ('started', 'heartbeat') and r.state = 'retry_wait')
+    returning r.id, r.state
+), recorded as (
+    insert into attempts (run_id, attempt, event_id, kind, outcome, worker, started_at, finished_at, error,
+                          error_class)
+    select e.run_id, e.attempt, e.event_id, e.kind,
+           case when e.event_id in (select event_id from seen) then 'duplicate'
+                when e.event_id in (select event_id from accepted) then 'applied'
+                else 'stale' end,
+           e.worker, e.started_at, e.finished_at, e.error, e.error_class
+      from event e
+    returning outcome
+)
+select (select count(*) from recorded where outcome = 'applied') as applied,
+       (select count(*) from recorded where outcome = 'stale') as stale,
+       (select count(*) from recorded where outcome = 'duplicate') as duplicate,
+       (select count(*) from applied where state in ('succeeded', 'dead')) as finished;
+
+-- name: record_undecodable_dead_letters
+-- Dead letters without a run (their job could not be decoded) are kept for the DLQ listing.
+insert into dead_letters (event_id, app, cause, error, original_bytes, source_topic, source_partition,
+                          source_offset)
+select * from unnest(%(event_ids)s::text[], %(apps)s::text[], %(causes)s::text[], %(errors)s::text[],
+                     %(original_bytes)s::bytea[], %(topics)s::text[], %(partitions)s::int[],
+                     %(offsets)s::bigint[])
+on conflict (event_id) do nothing;
+
+-- name: sweep_expired_leases
+-- Runs whose worker was lost (or too slow): the next attempt is due now, or the run is dead when
+-- its attempts are spent. Recorded in `attempts` so re-executions stay visible.
+with expired as (
+    select r.id, r.attempt, r.max_attempts
+      from runs r
+     where r.state in ('dispatched', 'running')
+       and r.lease_expires_at < coalesce(%(now)s::timestamptz, now())
+     order by r.lease_expires_at
+     limit %(limit)s::int
+       for update skip locked
+), swept as (
+    update runs r
+       set state = case when e.attempt >= e.max_attempts then 'dead' else 'retry_wait' end,
+           next_attempt_at = case when e.attempt >= e.max_attempts then null
+                                  else coalesce(%(now)s::timestamptz, now()) end,
+           finished_at = case when e.attempt >= e.max_attempts then coalesce(%(now)s::timestamptz, now()) end,
+           error = 'lease expired: no outcome from a worker within the attempt''s timeout',
+           version = r.version + 1
+      from expired e
+     where r.id = e.id
+    returning r.id, r.schedule_id, r.app, r.attempt, r.state, r.scheduled_for
+), recorded as (
+    insert into attempts (run_id, attempt, kind, outcome, worker, finished_at, error, error_class)
+    select id, attempt, case when state = 'dead' then 'dead' else 'retry' end, 'applied', 'sweeper',
+           coalesce(%(now)s::timestamptz, now()), 'lease expired', 'LeaseExpired'
+      from swept
+)
+select w.id, w.schedule_id, w.app, w.attempt, w.state, w.scheduled_for, s.handler, s.payload,
+       s.timeout_ms, s.max_attempts, s.backoff_base_ms, s.backoff_max_ms
+  from swept w
+  join schedules s on s.id = w.schedule_id;
+
+-- name: release_buffered_runs
+-- buffer_one: a waiting fire whose schedule has no unfinished run any more is dispatched now.
+select r.id, r.schedule_id, r.scheduled_for, s.id as sid, s.app, s.handler, s.payload, s.timeout_ms,
+       s.max_attempts, s.backoff_base_ms, s.backoff_max_ms, now() as now
+  from runs r
+  join schedules s on s.id = r.schedule_id
+ where r.buffered
+   and r.state = 'pending'
+   and not exists (select 1 from runs o
+                    where o.schedule_id = r.schedule_id and not o.buffered
+                      and o.state in ('pending', 'dispatched', 'running', 'retry_wait'))
+   for update of r skip locked;
+
+-- name: dispatch_buffered_runs
+with released as (
+    select *
+      from unnest(%(ids)s::uuid[], %(lease_expires_at)s::timestamptz[], %(topics)s::text[],
+                  %(keys)s::bytea[], %(values)s::bytea[], %(headers)s::jsonb[])
+           as n(id, lease_expires_at, topic, key, value, headers)
+), moved as (
+    update runs r
+       set buffered = false, lease_expires_at = n.lease_expires_at, version = r.version + 1
+      from released n
+     where r.id = n.id and r.buffered
+    returning r.id
+)
+insert into outbox (topic, key, value, headers, run_id, attempt)
+select n.topic, n.key, n.value, n.headers, n.id, 1
+  from released n
+  join moved using (id);

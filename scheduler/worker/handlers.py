@@ -1,0 +1,243 @@
+"""Job handlers: what a worker runs for a job, found by the job's ``handler`` reference.
+
+The worker decodes a job message into a :class:`JobContext`, asks the :class:`HandlerRegistry` for
+the handler named by the schedule (``builtin:noop``, ``builtin:sleep``, ``builtin:fail``,
+``builtin:http`` or an importable ``package.module:function``) and calls it, awaiting it when
+:meth:`HandlerRegistry.is_async` says so. A handler's outcome decides the run's fate: returning
+(a JSON-able result or ``None``) is success; raising :class:`HandlerError` carries its own
+classification (``retryable`` goes to the retry topic, anything else straight to the dead-letter
+topic); any other exception is treated as retryable, because an unexpected crash may well be
+transient. :func:`describe_failure` is the one place that turns an exception into that
+classification.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+# Long sleeps tell the scheduler they are alive this often, well inside any sensible lease.
+HEARTBEAT_INTERVAL_S = 5.0
+
+# ``package.module:attribute`` where the attribute may itself be dotted (``module:Class.method``).
+_PYTHON_REF_RE = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """Everything a handler may know about the attempt it is running."""
+
+    run_id: UUID
+    schedule_id: UUID
+    app: str
+    attempt: int
+    max_attempts: int
+    idempotency_key: str
+    scheduled_for: datetime
+    deadline: datetime
+    payload: Any
+    heartbeat: Callable[[], None]
+
+
+class HandlerError(Exception):
+    """A handler failure that knows whether trying again can help.
+
+    ``error_class`` names the failure in run records and dead letters; it defaults to the class name
+    so that subclasses classify themselves, and a handler may pass a more specific one.
+    """
+
+    retryable: bool = True
+    error_class: str
+
+    def __init__(
+        self, message: str, *, retryable: bool | None = None, error_class: str | None = None
+    ) -> None:
+        super().__init__(message)
+        if retryable is not None:
+            self.retryable = retryable
+        self.error_class = error_class or type(self).__name__
+
+
+class NonRetryableError(HandlerError):
+    """A failure that will fail the same way every time: the run goes straight to ``dead``."""
+
+    retryable = False
+
+
+class HandlerNotFound(NonRetryableError):
+    """The handler reference names nothing callable; retrying cannot fix a bad reference."""
+
+
+Handler = Callable[[JobContext], Any]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a handler's exception is reported: retry or not, a short class name, one line of text."""
+
+    retryable: bool
+    error_class: str
+    message: str
+
+
+def describe_failure(exc: BaseException) -> Failure:
+    """Classify any exception a handler raised; unknown exceptions are retryable."""
+    message = _one_line(exc) or type(exc).__name__
+    if isinstance(exc, HandlerError):
+        return Failure(exc.retryable, exc.error_class, message)
+    return Failure(True, type(exc).__name__, message)
+
+
+# --- built-in handlers -------------------------------------------------------------------------
+
+
+def noop(ctx: JobContext) -> None:
+    """Do nothing. The hot path of the throughput benchmark, so it must stay this cheap."""
+    return None
+
+
+async def sleep(ctx: JobContext) -> None:
+    """Sleep ``payload["seconds"]``, heartbeating so a long sleep keeps its lease."""
+    seconds = _payload_field(ctx, "builtin:sleep", "seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
+        raise NonRetryableError(f'builtin:sleep needs {{"seconds": a number >= 0}}, got {seconds!r}')
+    if seconds < 0:
+        raise NonRetryableError(f"builtin:sleep cannot sleep a negative time ({seconds})")
+    loop = asyncio.get_running_loop()
+    wake_at = loop.time() + seconds
+    while (remaining := wake_at - loop.time()) > 0:
+        await asyncio.sleep(min(remaining, HEARTBEAT_INTERVAL_S))
+        if wake_at - loop.time() > 0:
+            ctx.heartbeat()
+
+
+def fail(ctx: JobContext) -> dict[str, int]:
+    """Fail while ``ctx.attempt <= payload["times"]``, then succeed: a way to exercise retries and the
+    dead-letter path on purpose. Without ``times`` it fails every attempt."""
+    payload = ctx.payload if ctx.payload is not None else {}
+    if not isinstance(payload, Mapping):
+        raise NonRetryableError(
+            f'builtin:fail needs a JSON object payload like {{"times": 2}}, got {payload!r}'
+        )
+    times = payload.get("times")
+    retryable = payload.get("retryable", True)
+    if times is not None and (isinstance(times, bool) or not isinstance(times, int) or times < 0):
+        raise NonRetryableError(f"builtin:fail needs an integer times >= 0, got {times!r}")
+    if not isinstance(retryable, bool):
+        raise NonRetryableError(f"builtin:fail needs a boolean retryable, got {retryable!r}")
+    if times is None or ctx.attempt <= times:
+        planned = "every attempt" if times is None else f"the first {times}"
+        raise HandlerError(
+            f"planned failure on attempt {ctx.attempt} of {ctx.max_attempts} (builtin:fail fails {planned})",
+            retryable=retryable,
+            error_class="PlannedFailure",
+        )
+    return {"attempt": ctx.attempt}
+
+
+def _payload_field(ctx: JobContext, handler: str, name: str) -> Any:
+    if not isinstance(ctx.payload, Mapping) or name not in ctx.payload:
+        raise NonRetryableError(f'{handler} needs a JSON object payload with "{name}", got {ctx.payload!r}')
+    return ctx.payload[name]
+
+
+_BUILTINS: dict[str, Handler] = {"noop": noop, "sleep": sleep, "fail": fail}
+_BUILTIN_NAMES = ", ".join(sorted([*_BUILTINS, "http"]))
+
+
+# --- the registry ------------------------------------------------------------------------------
+
+
+class HandlerRegistry:
+    """Turns handler references into callables, once per reference.
+
+    Both outcomes are cached: a good reference is a dictionary lookup from then on, and a bad one must
+    not re-run a module's import (and its side effects) for every job that names it.
+    """
+
+    def __init__(self, http_allowlist: Sequence[str] = ()) -> None:
+        self._http_allowlist = tuple(http_allowlist)
+        if self._http_allowlist:
+            # Parse it now so that a malformed entry stops the worker at start-up with one clear line,
+            # instead of failing the first HTTP job.
+            from scheduler.worker.http_handler import AddressPolicy
+
+            AddressPolicy.from_allowlist(self._http_allowlist)
+        self._resolved: dict[str, Handler] = {}
+        self._failed: dict[str, str] = {}
+
+    def resolve(self, ref: str) -> Handler:
+        """The handler named by ``ref``; :class:`HandlerNotFound` with a one-line reason if none."""
+        handler = self._resolved.get(ref)
+        if handler is not None:
+            return handler
+        reason = self._failed.get(ref)
+        if reason is None:
+            try:
+                handler = self._load(ref)
+            except HandlerNotFound as exc:
+                reason = str(exc)
+                self._failed[ref] = reason
+            else:
+                self._resolved[ref] = handler
+                return handler
+        raise HandlerNotFound(reason)
+
+    @staticmethod
+    def is_async(handler: Handler) -> bool:
+        """Whether calling ``handler`` gives a coroutine to await (``async def``, also as ``__call__``)."""
+        return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+            getattr(handler, "__call__", None)  # noqa: B004 - the bound __call__ of a callable object
+        )
+
+    def _load(self, ref: str) -> Handler:
+        if ref.startswith("builtin:"):
+            name = ref.removeprefix("builtin:")
+            if name == "http":
+                # Imported here, not at the top: httpx costs a noticeable import time that workers
+                # running only Python or the other builtins should not pay.
+                from scheduler.worker.http_handler import HttpHandler
+
+                return HttpHandler(self._http_allowlist)
+            builtin = _BUILTINS.get(name)
+            if builtin is None:
+                raise HandlerNotFound(f"unknown builtin handler {ref!r} (known: {_BUILTIN_NAMES})")
+            return builtin
+        if not _PYTHON_REF_RE.match(ref):
+            raise HandlerNotFound(
+                f"bad handler reference {ref!r}: expected builtin:NAME or package.module:function"
+            )
+        return _import_callable(ref)
+
+
+def _import_callable(ref: str) -> Handler:
+    module_name, _, attribute_path = ref.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:  # a module may raise anything while it is imported
+        raise HandlerNotFound(
+            f"handler {ref!r}: cannot import {module_name!r}: {type(exc).__name__}: {_one_line(exc)}"
+        ) from exc
+    walked = module_name
+    for name in attribute_path.split("."):
+        try:
+            target = getattr(target, name)
+        except AttributeError:
+            raise HandlerNotFound(f"handler {ref!r}: {walked!r} has no attribute {name!r}") from None
+        walked = f"{walked}:{name}" if walked == module_name else f"{walked}.{name}"
+    if not callable(target):
+        raise HandlerNotFound(f"handler {ref!r}: {type(target).__name__} object is not callable")
+    handler: Handler = target
+    return handler
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())

@@ -1,0 +1,196 @@
+"""Jobs run and their outcomes land: the whole pipeline as processes, against the real stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer as RawProducer
+
+from scheduler.config import Settings
+from scheduler.kafka.avro import AvroCodec
+from scheduler.kafka.messages import JobDeadLetter
+from scheduler.kafka.transport import TopicAdmin
+from scheduler.schedule import service
+from scheduler.schedule.spec import ScheduleSpec
+from scheduler.store import connect
+from tests.support import SCHEDULER, Component, components, read_topic, wait_for
+
+pytestmark = pytest.mark.e2e
+
+APP = "exec"
+
+
+@pytest.fixture
+def pipeline(settings: Settings, settings_env: dict[str, str], tmp_path: Path) -> Iterator[Settings]:
+    """Core topics, an app with 4 partitions, and every component running (2 workers)."""
+    subprocess.run([SCHEDULER, "init"], env=settings_env, check=True, capture_output=True)
+    with connect(settings.database_url) as conn:
+        service.create_app(conn, TopicAdmin(settings.kafka_bootstrap), settings, APP, 4, "test")
+    env = settings_env | {"SCHEDULER_MAX_SCAN_SLEEP": "0.2"}
+    with components(env, tmp_path, "scanner", "relay", "reconciler"):
+        workers = [Component("worker", env, tmp_path, "--app", APP, "--concurrency", "32") for _ in range(2)]
+        try:
+            yield settings
+        finally:
+            for w in workers:
+                assert w.stop() == 0, w.output()[-3000:]
+
+
+def create(settings: Settings, **fields: Any) -> Any:
+    fields.setdefault("kind", "immediate")
+    with connect(settings.database_url) as conn:
+        return service.create_schedule(conn, ScheduleSpec(app=APP, **fields), "test")["id"]
+
+
+def runs(settings: Settings, sql_filter: str = "true") -> list[dict[str, Any]]:
+    with connect(settings.database_url) as conn:
+        return conn.execute(f"select * from runs where {sql_filter}").fetchall()  # type: ignore[arg-type]
+
+
+def attempts_of(settings: Settings, schedule_id: Any) -> list[dict[str, Any]]:
+    with connect(settings.database_url) as conn:
+        return conn.execute(
+            "select a.* from attempts a join runs r on r.id = a.run_id where r.schedule_id = %s "
+            "order by a.received_at, a.id",
+            (schedule_id,),
+        ).fetchall()
+
+
+def terminal(settings: Settings, schedule_id: Any) -> dict[str, Any] | None:
+    found = runs(settings, f"schedule_id = '{schedule_id}' and state in ('succeeded', 'dead')")
+    return found[0] if found else None
+
+
+def test_noop_jobs_all_succeed(pipeline: Settings) -> None:
+    ids = [create(pipeline, handler="builtin:noop") for _ in range(300)]
+    wait_for(lambda: len(runs(pipeline, "state = 'succeeded'")) == len(ids), 60, "300 runs succeeded")
+    done = runs(pipeline)
+    assert len(done) == 300 and {r["state"] for r in done} == {"succeeded"}
+    assert all(r["worker"] and r["finished_at"] >= r["started_at"] for r in done)
+
+
+def test_failing_twice_succeeds_on_the_third_attempt_with_jittered_backoff(pipeline: Settings) -> None:
+    sid = create(
+        pipeline, handler="builtin:fail", payload={"times": 2}, backoff_base_ms=200, backoff_max_ms=1000
+    )
+    run = wait_for(lambda: terminal(pipeline, sid), 60, "the run to end")
+    assert (run["state"], run["attempt"]) == ("succeeded", 3)
+    history = [(a["attempt"], a["kind"], a["outcome"]) for a in attempts_of(pipeline, sid)]
+    assert [h for h in history if h[1] != "started"] == [
+        (1, "retry", "applied"), (2, "retry", "applied"), (3, "succeeded", "applied"),
+    ]  # fmt: skip
+    retries = [a for a in attempts_of(pipeline, sid) if a["kind"] == "retry"]
+    # Full jitter: the wait after attempt n is drawn from [0, min(max, base * 2^(n-1))].
+    for attempt, ceiling_s in ((1, 0.2), (2, 0.4)):
+        failed = next(a for a in retries if a["attempt"] == attempt)
+        next_start = next(
+            a["started_at"]
+            for a in attempts_of(pipeline, sid)
+            if a["attempt"] == attempt + 1 and a["started_at"]
+        )
+        waited = (next_start - failed["finished_at"]).total_seconds()
+        assert 0 <= waited <= ceiling_s + 2.0, (attempt, waited)
+
+
+def test_failing_past_max_attempts_is_dead_on_the_dlq_and_listed(
+    pipeline: Settings, settings_env: dict[str, str]
+) -> None:
+    sid = create(pipeline, handler="builtin:fail", payload={"times": 5}, max_attempts=3, backoff_base_ms=100)
+    run = wait_for(lambda: terminal(pipeline, sid), 60, "the run to end")
+    assert (run["state"], run["attempt"]) == ("dead", 3)
+    codec = AvroCodec()
+    letters = [
+        codec.decode(JobDeadLetter, v) for _, v, _ in read_topic(pipeline.kafka_bootstrap, pipeline.dlq_topic)
+    ]
+    [letter] = [x for x in letters if x.run_id == run["id"]]
+    assert letter.cause == "retries_exhausted" and [a.attempt for a in letter.attempts] == [1, 2, 3]
+    listed = json.loads(
+        subprocess.run(
+            [SCHEDULER, "dlq", "list", "--json"], env=settings_env, capture_output=True, check=True
+        ).stdout
+    )
+    assert [d["id"] for d in listed] == [str(run["id"])]
+
+
+def test_non_retryable_failure_goes_straight_to_dead(pipeline: Settings) -> None:
+    sid = create(pipeline, handler="builtin:fail", payload={"times": 1, "retryable": False})
+    run = wait_for(lambda: terminal(pipeline, sid), 60, "the run to end")
+    assert (run["state"], run["attempt"]) == ("dead", 1)
+
+
+def test_random_bytes_are_dead_lettered_and_the_partition_moves_on(pipeline: Settings) -> None:
+    garbage = os.urandom(64)
+    producer = RawProducer({"bootstrap.servers": pipeline.kafka_bootstrap})
+    topic = pipeline.jobs_topic(APP)
+    producer.produce(topic, garbage, partition=0)
+    producer.flush(10)
+    # Jobs behind it: enough schedules that partition 0 surely gets some.
+    ids = [create(pipeline, handler="builtin:noop") for _ in range(40)]
+    wait_for(lambda: len(runs(pipeline, "state = 'succeeded'")) == len(ids), 60, "the jobs behind it ran")
+    codec = AvroCodec()
+    letters = [
+        codec.decode(JobDeadLetter, v) for _, v, _ in read_topic(pipeline.kafka_bootstrap, pipeline.dlq_topic)
+    ]
+    [letter] = [x for x in letters if x.cause == "undecodable"]
+    assert letter.original_bytes == garbage and letter.source is not None and letter.source.partition == 0
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/", "http://169.254.169.254/latest/meta-data/"])
+def test_http_job_to_a_private_address_is_dead_and_not_retried(pipeline: Settings, url: str) -> None:
+    sid = create(pipeline, handler="builtin:http", payload={"url": url})
+    run = wait_for(lambda: terminal(pipeline, sid), 60, "the run to end")
+    assert (run["state"], run["attempt"]) == ("dead", 1)
+    assert "refused" in run["error"]
+
+
+def test_a_worker_killed_mid_job_loses_nothing(
+    settings: Settings, settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    subprocess.run([SCHEDULER, "init"], env=settings_env, check=True, capture_output=True)
+    with connect(settings.database_url) as conn:
+        service.create_app(conn, TopicAdmin(settings.kafka_bootstrap), settings, APP, 4, "test")
+    jobs = 200
+    _ = [
+        create(settings, handler="builtin:sleep", payload={"seconds": 3}, timeout_ms=10_000)
+        for _ in range(jobs)
+    ]
+    env = settings_env | {"SCHEDULER_MAX_SCAN_SLEEP": "0.2"}
+    with components(env, tmp_path, "scanner", "relay", "reconciler"):
+        survivor = Component("worker", env, tmp_path, "--app", APP, "--concurrency", "100")
+        victim = Component("worker", env, tmp_path, "--app", APP, "--concurrency", "100")
+        try:
+            wait_for(lambda: len(runs(settings, "state = 'running'")) >= 50, 60, "jobs running")
+            time.sleep(0.5)  # let both workers hold jobs mid-flight before the kill
+            victim.kill()
+            wait_for(lambda: len(runs(settings, "state = 'succeeded'")) == jobs, 120, "every run succeeded")
+        finally:
+            assert survivor.stop() == 0
+    done = runs(settings)
+    assert len(done) == jobs and {r["state"] for r in done} == {"succeeded"}
+    victim_name = f"worker-{socket.gethostname()}-{victim.proc.pid}"
+    with connect(settings.database_url) as conn:
+        outcomes = conn.execute(
+            "select count(*) filter (where kind = 'succeeded' and outcome = 'applied') as applied, "
+            "count(*) filter (where kind = 'succeeded' and outcome <> 'applied') as extra, "
+            "count(distinct run_id) filter (where worker = %(victim)s) as started_on_victim, "
+            "count(distinct run_id) filter (where worker = %(victim)s and kind = 'started' and run_id in "
+            "  (select run_id from attempts where kind = 'succeeded' and outcome = 'applied' "
+            "     and worker <> %(victim)s)) as re_executed "
+            "from attempts",
+            {"victim": victim_name},
+        ).fetchone()
+    assert outcomes is not None
+    # Exactly one success applied per run; the re-executions of the victim's jobs are on record.
+    assert outcomes["applied"] == jobs
+    assert outcomes["re_executed"] > 0
+    print(
+        f"\nworker kill -9: {outcomes['re_executed']} runs re-executed, {outcomes['extra']} extra outcomes fenced"
+    )
