@@ -27,9 +27,9 @@ down:
 status: install
 	$(BIN)/scheduler dev status
 
+# The demo runs until Ctrl-C (or DURATION seconds); the stack stays up for `scheduler` commands.
 run: up
-	$(BIN)/scheduler init
-	$(BIN)/scheduler dev status
+	$(BIN)/scheduler demo $(if $(DURATION),--duration $(DURATION))
 
 test: install
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -10,6 +10,7 @@ import click
 
 from scheduler.cli.apps import apps
 from scheduler.cli.cron import cron
+from scheduler.cli.demo import demo
 from scheduler.cli.dev import dev
 from scheduler.cli.dlq import dlq
 from scheduler.cli.init import init
@@ -32,3 +33,4 @@ main.add_command(schedules)
 main.add_command(runs)
 main.add_command(run)
 main.add_command(dlq)
+main.add_command(demo)

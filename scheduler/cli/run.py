@@ -19,6 +19,8 @@ from scheduler.scan.scanner import Scanner
 def _serve(component: str, body: Callable[[Settings, threading.Event], None]) -> None:
     settings = settings_or_exit()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {component} %(levelname)s %(message)s")
+    # One line per HTTP job would drown the component's own log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:

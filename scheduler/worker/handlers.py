@@ -195,7 +195,7 @@ class HandlerRegistry:
     def is_async(handler: Handler) -> bool:
         """Whether calling ``handler`` gives a coroutine to await (``async def``, also as ``__call__``)."""
         return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-            getattr(handler, "__call__", None)  # noqa: B004 - the bound __call__ of a callable object
+            type(handler).__call__  # a callable object whose __call__ is async
         )
 
     def _load(self, ref: str) -> Handler:

@@ -118,7 +118,9 @@ class Worker:
 
     def run(self, stop: threading.Event) -> None:
         self._loop_thread.start()
-        self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+        self._consumer.subscribe(
+            [self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
         last_commit = time.monotonic()
         try:
             while not stop.is_set():
@@ -178,14 +180,27 @@ class Worker:
         except Exception as exc:
             log.warning("commit failed (%s); the jobs above the last commit will be re-delivered", exc)
 
-    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("assigned partitions %s", sorted(tp.partition for tp in partitions))
+        # librdkafka keeps a partition's pause flag across a revoke and a later re-assignment, so a
+        # partition given back to us must be set to our current state explicitly, after assigning.
+        consumer.incremental_assign(partitions)
         if self._paused:
-            self._consumer.pause(partitions)
+            consumer.pause(partitions)
+        else:
+            consumer.resume(partitions)
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("revoked partitions %s", sorted(tp.partition for tp in partitions))
         # Serve delivery reports first: whatever finished counts, then commit it and let go.
         self._producer.poll(0)
         self._commit(asynchronous=False)
+        for tp in partitions:
+            self.progress.forget(tp.topic, tp.partition)
+
+    def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Lost, not revoked: the group moved on without us, so a commit would be refused anyway.
+        log.warning("lost partitions %s", sorted(tp.partition for tp in partitions))
         for tp in partitions:
             self.progress.forget(tp.topic, tp.partition)
 

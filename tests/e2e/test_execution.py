@@ -170,7 +170,12 @@ def test_a_worker_killed_mid_job_loses_nothing(
             wait_for(lambda: len(runs(settings, "state = 'running'")) >= 50, 60, "jobs running")
             time.sleep(0.5)  # let both workers hold jobs mid-flight before the kill
             victim.kill()
-            wait_for(lambda: len(runs(settings, "state = 'succeeded'")) == jobs, 120, "every run succeeded")
+            try:
+                wait_for(lambda: len(runs(settings, "state = 'succeeded'")) == jobs, 120, "every run succeeded")
+            except AssertionError:
+                with connect(settings.database_url) as conn:
+                    states = conn.execute("select state, attempt, count(*) from runs group by 1, 2").fetchall()
+                raise AssertionError(f"runs by state: {states}\n{survivor.output()[-2000:]}") from None
         finally:
             assert survivor.stop() == 0
     done = runs(settings)
@@ -192,5 +197,6 @@ def test_a_worker_killed_mid_job_loses_nothing(
     assert outcomes["applied"] == jobs
     assert outcomes["re_executed"] > 0
     print(
-        f"\nworker kill -9: {outcomes['re_executed']} runs re-executed, {outcomes['extra']} extra outcomes fenced"
+        f"\nworker kill -9: {outcomes['re_executed']} runs re-executed, "
+        f"{outcomes['extra']} extra outcomes fenced"
     )

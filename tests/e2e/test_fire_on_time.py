@@ -77,7 +77,8 @@ def check_runs_and_messages(settings: Settings) -> list[float]:
 def report(label: str, lateness_ms: list[float]) -> None:
     q = statistics.quantiles(lateness_ms, n=100)
     print(
-        f"\n{label}: dispatch lateness ms p50={q[49]:.1f} p90={q[89]:.1f} p99={q[98]:.1f} max={max(lateness_ms):.1f}"
+        f"\n{label}: dispatch lateness ms p50={q[49]:.1f} p90={q[89]:.1f} p99={q[98]:.1f} "
+        f"max={max(lateness_ms):.1f}"
     )
 
 

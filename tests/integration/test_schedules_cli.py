@@ -56,7 +56,8 @@ def test_schedule_lifecycle_is_versioned_and_audited(cli: Cli, app: str, setting
         "schedules", "create", "--app", app, "--name", "nightly", "--cron", "30 2 * * *",
         "--tz", "Europe/Berlin", "--handler", "builtin:noop", "--payload", '{"a": 1}',
     )  # fmt: skip
-    assert {k: created[k] for k in ("app", "name", "kind", "cron", "tz", "handler", "payload", "state", "version")} == {
+    fields = ("app", "name", "kind", "cron", "tz", "handler", "payload", "state", "version")
+    assert {k: created[k] for k in fields} == {
         "app": "billing", "name": "nightly", "kind": "cron", "cron": "30 2 * * *", "tz": "Europe/Berlin",
         "handler": "builtin:noop", "payload": {"a": 1}, "state": "active", "version": 1,
     }  # fmt: skip
@@ -105,15 +106,27 @@ def test_immediate_and_delayed_schedules(cli: Cli, app: str) -> None:
     ("args", "message"),
     [
         (["--app", "nope", "--now", "--handler", "builtin:noop"], "unknown app 'nope'"),
-        (["--app", "billing", "--cron", "61 * * * *", "--handler", "builtin:noop"], "invalid cron expression"),
-        (["--app", "billing", "--cron", "* * * * *", "--tz", "Mars/Olympus", "--handler", "builtin:noop"], "unknown time zone"),
+        (
+            ["--app", "billing", "--cron", "61 * * * *", "--handler", "builtin:noop"],
+            "invalid cron expression",
+        ),
+        (
+            ["--app", "billing", "--cron", "* * * * *", "--tz", "Mars/Olympus", "--handler", "builtin:noop"],
+            "unknown time zone",
+        ),
         (["--app", "billing", "--now", "--handler", "not a handler"], "handler 'not a handler'"),
-        (["--app", "billing", "--now", "--handler", "builtin:noop", "--name", "x" * 201], "name must be 1 to 200"),
+        (
+            ["--app", "billing", "--now", "--handler", "builtin:noop", "--name", "x" * 201],
+            "name must be 1 to 200",
+        ),
         (["--app", "billing", "--now", "--handler", "builtin:noop", "--payload", "{bad"], "not JSON"),
-        (["--app", "billing", "--now", "--at", "2030-01-01T00:00:00Z", "--handler", "builtin:noop"], "exactly one of"),
+        (
+            ["--app", "billing", "--now", "--at", "2030-01-01T00:00:00Z", "--handler", "builtin:noop"],
+            "exactly one of",
+        ),
         (["--app", "billing", "--at", "yesterday", "--handler", "builtin:noop"], "not an ISO 8601 time"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_one_line_and_exit_2(cli: Cli, app: str, args: list[str], message: str) -> None:
     done = cli("schedules", "create", *args)
     assert done.returncode == 2, done

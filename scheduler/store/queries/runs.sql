@@ -1,11 +1,13 @@
 -- name: list_runs
-select id, schedule_id, app, scheduled_for, state, attempt, max_attempts, dispatched_at, started_at,
-       finished_at, worker, error, skip_reason, lease_expires_at, next_attempt_at, created_at
-  from runs
- where (%(schedule_id)s::uuid is null or schedule_id = %(schedule_id)s::uuid)
-   and (%(app)s::text is null or app = %(app)s::text)
-   and (%(state)s::text is null or state = %(state)s::text)
- order by scheduled_for desc, id
+select r.id, r.schedule_id, s.name as schedule_name, r.app, r.scheduled_for, r.state, r.attempt,
+       r.max_attempts, r.dispatched_at, r.started_at, r.finished_at, r.worker, r.error, r.skip_reason,
+       r.lease_expires_at, r.next_attempt_at, r.created_at
+  from runs r
+  join schedules s on s.id = r.schedule_id
+ where (%(schedule_id)s::uuid is null or r.schedule_id = %(schedule_id)s::uuid)
+   and (%(app)s::text is null or r.app = %(app)s::text)
+   and (%(state)s::text is null or r.state = %(state)s::text)
+ order by r.scheduled_for desc, r.id
  limit %(limit)s::int;
 
 -- name: get_run

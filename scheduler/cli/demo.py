@@ -1,0 +1,143 @@
+"""``scheduler demo`` (what ``make run`` runs): the whole pipeline on the local stack, live.
+
+It initialises the database and topics, creates the ``demo`` app and one schedule of each kind a
+user meets first (a cron every five seconds in a non-UTC zone, a delayed job, a job that fails
+twice and then succeeds, one that always fails and is dead-lettered, and an HTTP job against an
+endpoint it serves itself on 127.0.0.1), starts every component as a process, and shows runs as
+they complete. Ctrl-C (or ``--duration``) stops everything it started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import replace
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import click
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from scheduler.cli.common import actor, database, settings_or_exit
+from scheduler.cli.init import initialise
+from scheduler.cli.supervise import supervise
+from scheduler.kafka.transport import TopicAdmin
+from scheduler.schedule import service
+from scheduler.schedule.spec import ScheduleSpec
+from scheduler.store import runs as run_store
+from scheduler.store import schedules as schedule_store
+
+APP = "demo"
+STATE_STYLE = {
+    "succeeded": "green",
+    "dead": "red",
+    "retry_wait": "yellow",
+    "running": "cyan",
+    "dispatched": "blue",
+    "pending": "white",
+    "skipped": "dim",
+}
+
+
+class _Hello(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b'{"hello": "from the demo endpoint"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="runs (newest first) — Ctrl-C stops every component", expand=True)
+    table.add_column("schedule", min_width=14, no_wrap=True)
+    table.add_column("scheduled for (UTC)", min_width=12, no_wrap=True)
+    table.add_column("state", min_width=10, no_wrap=True)
+    table.add_column("attempt", justify="right", min_width=3)
+    table.add_column("worker", min_width=8, max_width=22, overflow="ellipsis", no_wrap=True)
+    table.add_column("error", ratio=1, overflow="ellipsis", no_wrap=True)
+    for r in rows:
+        table.add_row(
+            r["schedule_name"],
+            r["scheduled_for"].strftime("%H:%M:%S.%f")[:-3],
+            Text(r["state"], style=STATE_STYLE.get(r["state"], "")),
+            str(r["attempt"]),
+            r["worker"] or "-",
+            r["error"] or "",
+        )
+    return table
+
+
+@click.command()
+@click.option("--duration", type=float, default=None, help="Stop by itself after this many seconds.")
+@click.option("--workers", type=click.IntRange(1, 16), default=2, show_default=True)
+def demo(duration: float | None, workers: int) -> None:
+    """Run the whole pipeline with demo schedules and a live table of runs."""
+    settings = settings_or_exit()
+    applied, created = initialise(settings)
+    click.echo(f"init: migrations {applied or 'up to date'}, topics {created or 'present'}")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}/hello"
+    # The demo's own endpoint is on loopback, which builtin:http refuses unless allow-listed.
+    os.environ["SCHEDULER_HTTP_ALLOWLIST"] = ",".join([*settings.http_allowlist, "127.0.0.1"])
+
+    with database(settings) as conn:
+        service.create_app(conn, TopicAdmin(settings.kafka_bootstrap), settings, APP, 3, actor())
+        for old in schedule_store.list_schedules(conn, app=APP, state="active"):
+            service.cancel(conn, old["id"], actor())  # a fresh screen on every `make run`
+        now = schedule_store.db_now(conn)
+        specs = {
+            "every-5s-tokyo": ScheduleSpec(
+                app=APP, kind="cron", cron="*/5 * * * * *", tz="Asia/Tokyo", handler="builtin:noop"
+            ),
+            "delayed-10s": ScheduleSpec(
+                app=APP, kind="delayed", run_at=now + timedelta(seconds=10), handler="builtin:sleep",
+                payload={"seconds": 1.5},
+            ),
+            "fails-twice": ScheduleSpec(
+                app=APP, kind="immediate", handler="builtin:fail", payload={"times": 2},
+                backoff_base_ms=1000, backoff_max_ms=4000,
+            ),
+            "always-fails": ScheduleSpec(
+                app=APP, kind="immediate", handler="builtin:fail", payload={"times": 99},
+                max_attempts=3, backoff_base_ms=500,
+            ),
+            "http-local": ScheduleSpec(
+                app=APP, kind="cron", cron="*/15 * * * * *", handler="builtin:http", payload={"url": endpoint}
+            ),
+        }  # fmt: skip
+        for name, spec in specs.items():
+            service.create_schedule(conn, replace(spec, name=name), actor())
+
+    commands = [["scanner"], ["relay"], ["reconciler"]]
+    commands += [["worker", "--app", APP, "--concurrency", "16"]] * workers
+    started = time.monotonic()
+    with Live(Group(Text("starting components…")), refresh_per_second=4, transient=False) as live:
+        last = 0.0
+
+        def tick() -> None:
+            nonlocal last
+            if duration is not None and time.monotonic() - started > duration:
+                os.kill(os.getpid(), signal.SIGINT)  # the same path as Ctrl-C
+            if time.monotonic() - last < 0.5:
+                return
+            last = time.monotonic()
+            with database(settings) as conn:
+                rows = run_store.list_runs(conn, app=APP, limit=20)
+            live.update(_table(rows))
+
+        code = supervise(commands, tick=tick)
+    server.shutdown()
+    raise SystemExit(code)

@@ -1,0 +1,327 @@
+"""The handler registry, the builtins, Python callables, and which HTTP targets are refused."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.worker import handlers
+from scheduler.worker.handlers import (
+    HandlerError,
+    HandlerNotFound,
+    HandlerRegistry,
+    NonRetryableError,
+    describe_failure,
+)
+from scheduler.worker.http_handler import (
+    AddressPolicy,
+    HttpRequest,
+    TargetRefused,
+    classify_address,
+    resolve_host,
+)
+from tests.unit.handler_fixtures import job_context
+
+FIXTURES = "tests.unit.handler_fixtures"
+
+
+def run(registry: HandlerRegistry, ref: str, payload: Any = None, **context: Any) -> Any:
+    handler = registry.resolve(ref)
+    ctx = job_context(payload, **context)
+    if HandlerRegistry.is_async(handler):
+        return asyncio.run(handler(ctx))
+    return handler(ctx)
+
+
+@pytest.fixture
+def registry() -> HandlerRegistry:
+    return HandlerRegistry()
+
+
+# --- builtins ------------------------------------------------------------------------------------
+
+
+def test_noop_is_sync_and_returns_nothing(registry: HandlerRegistry) -> None:
+    handler = registry.resolve("builtin:noop")
+    assert not HandlerRegistry.is_async(handler)
+    assert handler(job_context()) is None
+    assert registry.resolve("builtin:noop") is handler
+
+
+def test_fail_fails_the_first_n_attempts_then_succeeds(registry: HandlerRegistry) -> None:
+    for attempt in (1, 2):
+        with pytest.raises(HandlerError) as failed:
+            run(registry, "builtin:fail", {"times": 2}, attempt=attempt)
+        assert failed.value.retryable
+        assert failed.value.error_class == "PlannedFailure"
+        assert f"attempt {attempt} of 3" in str(failed.value)
+    assert run(registry, "builtin:fail", {"times": 2}, attempt=3) == {"attempt": 3}
+    assert run(registry, "builtin:fail", {"times": 0}) == {"attempt": 1}
+
+
+def test_fail_can_be_non_retryable(registry: HandlerRegistry) -> None:
+    with pytest.raises(HandlerError) as failed:
+        run(registry, "builtin:fail", {"times": 1, "retryable": False})
+    assert not failed.value.retryable
+
+
+def test_fail_without_times_fails_every_attempt(registry: HandlerRegistry) -> None:
+    payloads: list[Any] = [None, {}]
+    for payload in payloads:
+        with pytest.raises(HandlerError):
+            run(registry, "builtin:fail", payload, attempt=99, max_attempts=99)
+
+
+@pytest.mark.parametrize(
+    "payload", [{"times": "2"}, {"times": -1}, {"times": True}, {"times": 1, "retryable": "no"}, [1]]
+)
+def test_fail_rejects_a_bad_payload(registry: HandlerRegistry, payload: Any) -> None:
+    with pytest.raises(NonRetryableError):
+        run(registry, "builtin:fail", payload)
+
+
+def test_sleep_sleeps_and_heartbeats(registry: HandlerRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handlers, "HEARTBEAT_INTERVAL_S", 0.01)
+    beats: list[float] = []
+    handler = registry.resolve("builtin:sleep")
+    assert HandlerRegistry.is_async(handler)
+
+    async def sleep() -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await handler(job_context({"seconds": 0.1}, heartbeat=lambda: beats.append(loop.time())))
+        assert loop.time() - started >= 0.1
+
+    asyncio.run(sleep())
+    assert len(beats) >= 3
+
+
+def test_sleep_zero_returns_at_once(registry: HandlerRegistry) -> None:
+    assert run(registry, "builtin:sleep", {"seconds": 0}) is None
+
+
+@pytest.mark.parametrize("payload", [None, {}, {"seconds": "1"}, {"seconds": -1}, {"seconds": True}, 5])
+def test_sleep_rejects_a_bad_payload(registry: HandlerRegistry, payload: Any) -> None:
+    with pytest.raises(NonRetryableError):
+        run(registry, "builtin:sleep", payload)
+
+
+# --- Python callables ----------------------------------------------------------------------------
+
+
+def test_sync_python_callable_gets_the_context(registry: HandlerRegistry) -> None:
+    handler = registry.resolve(f"{FIXTURES}:echo")
+    assert not HandlerRegistry.is_async(handler)
+    assert run(registry, f"{FIXTURES}:echo", {"x": 1}, attempt=2) == {
+        "payload": {"x": 1},
+        "attempt": 2,
+        "key": "key-2",
+    }
+
+
+def test_async_python_callable(registry: HandlerRegistry) -> None:
+    assert HandlerRegistry.is_async(registry.resolve(f"{FIXTURES}:echo_async"))
+    assert run(registry, f"{FIXTURES}:echo_async", [1, 2]) == {"payload": [1, 2], "async": True}
+
+
+def test_dotted_attribute_and_async_callable_object(registry: HandlerRegistry) -> None:
+    assert run(registry, f"{FIXTURES}:Greeter.greet", "you") == "hello you"
+    assert HandlerRegistry.is_async(registry.resolve(f"{FIXTURES}:async_callable"))
+    assert run(registry, f"{FIXTURES}:async_callable") == "called"
+
+
+def test_a_python_handler_classifies_its_own_failure(registry: HandlerRegistry) -> None:
+    with pytest.raises(NonRetryableError) as failed:
+        run(registry, f"{FIXTURES}:refuse")
+    assert failed.value.error_class == "UnknownCustomer"
+
+
+@pytest.mark.parametrize(
+    ("ref", "reason"),
+    [
+        ("builtin:nope", "unknown builtin handler 'builtin:nope' (known: fail, http, noop, sleep)"),
+        ("no_colon_here", "expected builtin:NAME or package.module:function"),
+        ("a..b:c", "expected builtin:NAME or package.module:function"),
+        ("mod:", "expected builtin:NAME or package.module:function"),
+        ("", "expected builtin:NAME or package.module:function"),
+        ("no_such_module_xyz:run", "cannot import 'no_such_module_xyz': ModuleNotFoundError"),
+        (f"{FIXTURES}:missing", f"'{FIXTURES}' has no attribute 'missing'"),
+        (f"{FIXTURES}:Greeter.missing", f"'{FIXTURES}:Greeter' has no attribute 'missing'"),
+        (f"{FIXTURES}:NOT_CALLABLE", "int object is not callable"),
+    ],
+)
+def test_a_bad_reference_is_not_found(registry: HandlerRegistry, ref: str, reason: str) -> None:
+    with pytest.raises(HandlerNotFound) as missing:
+        registry.resolve(ref)
+    assert reason in str(missing.value)
+    assert "\n" not in str(missing.value)
+    assert not missing.value.retryable
+    assert missing.value.error_class == "HandlerNotFound"
+
+
+def test_a_module_failing_on_import_is_imported_once(
+    registry: HandlerRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    imports = tmp_path / "imports.log"
+    (tmp_path / "broken_handlers_mod.py").write_text(
+        f"open({str(imports)!r}, 'a').write('x')\nraise RuntimeError('no config\\nat all')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for _ in range(2):
+        with pytest.raises(HandlerNotFound, match="RuntimeError: no config at all"):
+            registry.resolve("broken_handlers_mod:run")
+    assert imports.read_text() == "x"
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+def test_errors_carry_their_classification() -> None:
+    assert HandlerError("x").retryable and HandlerError("x").error_class == "HandlerError"
+    assert not NonRetryableError("x").retryable
+    assert HandlerError("x", retryable=False, error_class="Custom").error_class == "Custom"
+    assert describe_failure(TargetRefused("refused: no")) == handlers.Failure(
+        False, "TargetRefused", "refused: no"
+    )
+    assert describe_failure(ValueError("bad\n  value")) == handlers.Failure(True, "ValueError", "bad value")
+    assert describe_failure(KeyError()).message == "KeyError"
+
+
+# --- which HTTP targets are refused --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "reason"),
+    [
+        ("127.0.0.1", "a loopback address"),
+        ("127.255.0.9", "a loopback address"),
+        ("::1", "a loopback address"),
+        ("10.1.2.3", "a private address"),
+        ("172.16.0.1", "a private address"),
+        ("172.31.255.255", "a private address"),
+        ("192.168.1.1", "a private address"),
+        ("fd12:3456::1", "a private address"),
+        ("169.254.169.254", "a link-local address"),
+        ("fe80::1", "a link-local address"),
+        ("100.64.0.1", "a carrier-grade NAT (100.64.0.0/10) address"),
+        ("0.0.0.0", "an unspecified address"),
+        ("0.1.2.3", "an unspecified address"),
+        ("::", "an unspecified address"),
+        ("224.0.0.1", "a multicast address"),
+        ("ff02::1", "a multicast address"),
+        ("240.0.0.1", "a reserved address"),
+        ("255.255.255.255", "a reserved address"),
+        ("192.0.2.1", "a reserved address"),
+        ("::ffff:127.0.0.1", "an IPv6 address embedding 127.0.0.1, a loopback address"),
+        ("64:ff9b::a9fe:a9fe", "an IPv6 address embedding 169.254.169.254, a link-local address"),
+        ("2002:a00:1::", "an IPv6 address embedding 10.0.0.1, a private address"),
+        ("93.184.216.34", None),
+        ("172.32.0.1", None),
+        ("100.128.0.1", None),
+        ("2606:2800:220:1:248:1893:25c8:1946", None),
+        ("::ffff:93.184.216.34", None),
+    ],
+)
+def test_address_classification(address: str, reason: str | None) -> None:
+    assert classify_address(ipaddress.ip_address(address)) == reason
+
+
+def test_allowlist_by_network_host_and_domain() -> None:
+    policy = AddressPolicy.from_allowlist(["10.0.0.0/8", "127.0.0.1", " Internal.Example. ", "*.svc.local"])
+    assert policy.refusal(ipaddress.ip_address("10.9.9.9")) is None
+    assert policy.refusal(ipaddress.ip_address("127.0.0.1")) is None
+    assert policy.refusal(ipaddress.ip_address("::ffff:10.0.0.1")) is None
+    assert policy.refusal(ipaddress.ip_address("127.0.0.2")) == "a loopback address"
+    assert policy.allows_host("internal.example")
+    assert policy.allows_host("api.svc.local") and not policy.allows_host("svc.local.evil")
+    assert not policy.allows_host("example")
+
+
+def test_a_malformed_allowlist_network_stops_start_up() -> None:
+    with pytest.raises(ValueError, match=r"SCHEDULER_HTTP_ALLOWLIST: '10\.0\.0\.0/33'"):
+        HandlerRegistry(["10.0.0.0/33"])
+
+
+def fixed_resolver(*answers: str) -> Any:
+    async def resolve(host: str, port: int) -> Sequence[str]:
+        return answers
+
+    return resolve
+
+
+def vet(policy: AddressPolicy, host: str, resolver: Any = resolve_host) -> list[str]:
+    return [str(address) for address in asyncio.run(policy.vet(host, 80, resolver))]
+
+
+def test_vet_checks_literal_and_resolved_addresses() -> None:
+    empty = AddressPolicy()
+    assert vet(empty, "93.184.216.34") == ["93.184.216.34"]
+    assert vet(empty, "example.test", fixed_resolver("93.184.216.34")) == ["93.184.216.34"]
+    with pytest.raises(TargetRefused, match=r"refused: 127\.0\.0\.1 is a loopback address \(allow-list it"):
+        vet(empty, "127.0.0.1")
+    with pytest.raises(TargetRefused, match=r"refused: \[?::1\]? is a loopback address"):
+        vet(empty, "[::1]")
+    # One private answer among public ones refuses the name: it would be a way in.
+    with pytest.raises(TargetRefused, match=r"rebind\.test resolves to 10\.0\.0\.1, a private address"):
+        vet(empty, "rebind.test", fixed_resolver("93.184.216.34", "10.0.0.1"))
+    assert vet(AddressPolicy.from_allowlist(["rebind.test"]), "rebind.test", fixed_resolver("10.0.0.1")) == [
+        "10.0.0.1"
+    ]
+
+
+@pytest.mark.parametrize("host", ["2130706433", "127.1", "0x7f000001"])
+def test_numeric_host_spellings_are_judged_by_what_they_resolve_to(host: str) -> None:
+    # httpx treats these as names; the C resolver turns them into 127.0.0.1 without DNS.
+    with pytest.raises(TargetRefused, match=r"127\.0\.0\.1, a loopback address"):
+        vet(AddressPolicy(), host)
+
+
+def test_dns_failure_is_retryable() -> None:
+    async def broken(host: str, port: int) -> Sequence[str]:
+        raise OSError("Temporary failure in name resolution")
+
+    with pytest.raises(HandlerError) as failed:
+        vet(AddressPolicy(), "flaky.test", broken)
+    assert failed.value.retryable and failed.value.error_class == "DNSError"
+
+
+# --- HTTP payloads -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        None,
+        {},
+        {"url": 5},
+        {"url": "ftp://example.test/file"},
+        {"url": "file:///etc/passwd"},
+        {"url": "http:///no-host"},
+        {"url": "https://example.test", "method": "GET /x"},
+        {"url": "https://example.test", "headers": {"X-Bad": "a\r\nInjected: 1"}},
+        {"url": "https://example.test", "headers": {"Bad Name": "x"}},
+        {"url": "https://example.test", "headers": {"X-Number": 1}},
+        {"url": "https://example.test", "headers": ["x"]},
+        {"url": "https://example.test", "timeout": 0},
+        {"url": "https://example.test", "timeout": "30"},
+    ],
+)
+def test_a_bad_http_payload_is_not_retried(payload: Any) -> None:
+    with pytest.raises(NonRetryableError):
+        HttpRequest.from_payload(payload)
+
+
+def test_http_payload_defaults_and_json_body() -> None:
+    request = HttpRequest.from_payload(
+        {"url": "https://example.test/hook", "method": "post", "body": {"a": 1}}
+    )
+    assert (request.method, request.timeout, request.content) == ("POST", 30.0, b'{"a":1}')
+    assert request.headers["content-type"] == "application/json"
+    plain = HttpRequest.from_payload({"url": "http://example.test", "body": "hi", "headers": {"X-A": "b"}})
+    assert (plain.method, plain.content, plain.headers["x-a"]) == ("GET", b"hi", "b")
+    assert "content-type" not in plain.headers
