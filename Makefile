@@ -45,3 +45,7 @@ lint: install
 
 clean: down
 	rm -rf $(VENV) .stack .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# Figures, never assertions: see bench/README.md. JOBS, WORKERS, CONCURRENCY override the e2e run.
+bench: up
+	$(BIN)/python -m bench.e2e --jobs $(or $(JOBS),10000) --workers $(or $(WORKERS),4) --concurrency $(or $(CONCURRENCY),64)

@@ -126,7 +126,7 @@ class Relay:
                     raise
                 if report.claimed < self.settings.relay_batch_size and wakeup is not None:
                     try:
-                        wakeup.wait(IDLE_WAKE_S)
+                        wakeup.wait(IDLE_WAKE_S, stop)
                     except psycopg.OperationalError:
                         wakeup = None  # reopened by the next batch, with its backoff
 

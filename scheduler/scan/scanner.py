@@ -205,7 +205,7 @@ class Scanner:
                 with conn.transaction():
                     due_in = store.next_due_in(conn)
                 sleep = self.settings.max_scan_sleep_s if due_in is None else due_in
-                wakeup.wait(min(max(sleep, 0.0), self.settings.max_scan_sleep_s))
+                wakeup.wait(min(max(sleep, 0.0), self.settings.max_scan_sleep_s), stop)
                 backoff = 0.2
             except psycopg.OperationalError as exc:
                 log.warning("database unavailable (%s); retrying in %.1f s", exc, backoff)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any, LiteralString
 
 import psycopg
+
+STOP_CHECK_S = 0.25
 
 
 class Wakeup:
@@ -14,18 +18,21 @@ class Wakeup:
         self._conn: psycopg.Connection[Any] = psycopg.connect(url, autocommit=True)
         self._conn.execute("listen " + channel)
 
-    def wait(self, timeout_s: float) -> bool:
-        """Block until a notification arrives (True) or ``timeout_s`` passes (False)."""
-        if timeout_s <= 0:
-            return False
+    def wait(self, timeout_s: float, stop: threading.Event | None = None) -> bool:
+        """Block until a notification arrives (True) or ``timeout_s`` passes or ``stop`` is set (False)."""
+        deadline = time.monotonic() + timeout_s
         woke = False
-        for _ in self._conn.notifies(timeout=timeout_s, stop_after=1):
-            woke = True
-        if woke:
-            # Several commits may have notified at once: one wake-up serves them all.
-            for _ in self._conn.notifies(timeout=0.0):
-                pass
-        return woke
+        while not woke:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (stop is not None and stop.is_set()):
+                return False
+            # In slices, so that a stop request (SIGTERM) is honoured within a quarter second.
+            for _ in self._conn.notifies(timeout=min(remaining, STOP_CHECK_S), stop_after=1):
+                woke = True
+        # Several commits may have notified at once: one wake-up serves them all.
+        for _ in self._conn.notifies(timeout=0.0):
+            pass
+        return True
 
     def close(self) -> None:
         self._conn.close()

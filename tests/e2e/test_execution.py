@@ -6,7 +6,6 @@ import json
 import os
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -167,20 +166,27 @@ def test_a_worker_killed_mid_job_loses_nothing(
         survivor = Component("worker", env, tmp_path, "--app", APP, "--concurrency", "100")
         victim = Component("worker", env, tmp_path, "--app", APP, "--concurrency", "100")
         try:
-            wait_for(lambda: len(runs(settings, "state = 'running'")) >= 50, 60, "jobs running")
-            time.sleep(0.5)  # let both workers hold jobs mid-flight before the kill
+            victim_name = f"worker-{socket.gethostname()}-{victim.proc.pid}"
+            wait_for(
+                lambda: len(runs(settings, f"state = 'running' and worker = '{victim_name}'")) >= 20,
+                60,
+                "the victim to be running jobs",
+            )
             victim.kill()
             try:
-                wait_for(lambda: len(runs(settings, "state = 'succeeded'")) == jobs, 120, "every run succeeded")
+                wait_for(
+                    lambda: len(runs(settings, "state = 'succeeded'")) == jobs, 120, "every run succeeded"
+                )
             except AssertionError:
                 with connect(settings.database_url) as conn:
-                    states = conn.execute("select state, attempt, count(*) from runs group by 1, 2").fetchall()
+                    states = conn.execute(
+                        "select state, attempt, count(*) from runs group by 1, 2"
+                    ).fetchall()
                 raise AssertionError(f"runs by state: {states}\n{survivor.output()[-2000:]}") from None
         finally:
             assert survivor.stop() == 0
     done = runs(settings)
     assert len(done) == jobs and {r["state"] for r in done} == {"succeeded"}
-    victim_name = f"worker-{socket.gethostname()}-{victim.proc.pid}"
     with connect(settings.database_url) as conn:
         outcomes = conn.execute(
             "select count(*) filter (where kind = 'succeeded' and outcome = 'applied') as applied, "

@@ -102,3 +102,28 @@ def test_two_scanners_and_two_relays_create_no_run_twice_and_lose_nothing(
     with connect(settings.database_url) as conn:
         assert conn.execute("select count(*) as n from outbox").fetchone() == {"n": 0}
     report("2 scanners + 2 relays", check_runs_and_messages(settings))
+
+
+def test_a_sleeping_scanner_wakes_at_once_when_a_schedule_is_created(
+    settings: Settings, settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    create_app(settings)
+    env = settings_env | {"SCHEDULER_MAX_SCAN_SLEEP": "60"}
+
+    def runs_count() -> int:
+        with connect(settings.database_url) as conn:
+            row = conn.execute("select count(*) as n from runs").fetchone()
+        return int(row["n"]) if row else 0
+
+    with components(env, tmp_path, "scanner"):
+        for expected in (1, 2):
+            # The first proves the scanner is up; after it, nothing is due and it sleeps up to 60 s.
+            with connect(settings.database_url) as conn:
+                service.create_schedule(
+                    conn, ScheduleSpec(app="fire", kind="immediate", handler="builtin:noop"), "t"
+                )
+            wait_for(
+                lambda n=expected: runs_count() == n,
+                10,
+                f"run {expected} created without waiting out the sleep",
+            )

@@ -1,0 +1,122 @@
+"""End to end: N immediate ``builtin:noop`` jobs through the whole pipeline, on the local stack.
+
+All N schedules become due at one database instant T0 (inserted in bulk; ingestion is measured
+elsewhere). Jobs per second is N over the time from T0 until the last run is reconciled
+(``succeeded`` in PostgreSQL). Per job it reports each stage: scan (due → run created), relay
+(created → dispatched), pickup (dispatched → worker started), run (started → finished) and
+reconcile (finished → outcome applied), and the whole (due → reconciled).
+
+    python -m bench.e2e --jobs 10000 --partitions 12 --workers 4 --concurrency 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import component_env, isolated_settings, percentiles, record, running, wait_until
+from scheduler.kafka.transport import TopicAdmin
+from scheduler.schedule import service
+from scheduler.store import connect
+
+STAGES = {
+    "scan": ("scheduled_for", "created_at"),
+    "relay": ("created_at", "dispatched_at"),
+    "pickup": ("dispatched_at", "started_at"),
+    "run": ("started_at", "finished_at"),
+    "reconcile": ("finished_at", "reconciled_at"),
+    "end_to_end": ("scheduled_for", "reconciled_at"),
+}
+
+
+def run_e2e(jobs: int, partitions: int, workers: int, concurrency: int) -> dict[str, Any]:
+    with isolated_settings("e2e") as settings:
+        with connect(settings.database_url) as conn:
+            service.create_app(
+                conn, TopicAdmin(settings.kafka_bootstrap), settings, "bench", partitions, "bench"
+            )
+        commands = [["scanner"], ["relay"], ["reconciler"]]
+        commands += [["worker", "--app", "bench", "--concurrency", str(concurrency)]] * workers
+        env = component_env(
+            settings, {"SCHEDULER_SCAN_BATCH_SIZE": "2000", "SCHEDULER_RELAY_BATCH_SIZE": "2000"}
+        )
+        with running(commands, env), connect(settings.database_url) as conn:
+            time.sleep(3)  # let the workers join their group before the burst
+            started = time.monotonic()
+            conn.execute(
+                "insert into schedules (id, app, name, kind, handler, next_fire_at) "
+                "select gen_random_uuid(), 'bench', 'noop-' || g, 'immediate', 'builtin:noop', now() "
+                "from generate_series(1, %s) g",
+                (jobs,),
+            )
+            conn.execute("select pg_notify('scheduler_due', '')")
+            conn.commit()
+
+            def all_done() -> bool:
+                row = conn.execute("select count(*) as n from runs where state = 'succeeded'").fetchone()
+                conn.commit()
+                return row is not None and row["n"] >= jobs
+
+            finished = wait_until(all_done, timeout_s=600, interval_s=0.05)
+            elapsed = finished - started
+            rows = conn.execute(
+                "select r.scheduled_for, r.created_at, r.dispatched_at, r.started_at, r.finished_at, "
+                "       (select min(a.received_at) from attempts a where a.run_id = r.id "
+                "          and a.kind = 'succeeded' and a.outcome = 'applied') as reconciled_at "
+                "  from runs r"
+            ).fetchall()
+            duplicates = conn.execute(
+                "select count(*) filter (where outcome = 'duplicate') as duplicate, "
+                "count(*) filter (where outcome = 'stale') as stale from attempts"
+            ).fetchone()
+    stages = {}
+    for stage, (start, end) in STAGES.items():
+        values = [
+            (row[end] - row[start]).total_seconds() * 1000
+            for row in rows
+            if row[start] is not None and row[end]
+        ]
+        stages[stage] = percentiles(values)
+    return {
+        "jobs": jobs,
+        "partitions": partitions,
+        "workers": workers,
+        "concurrency": concurrency,
+        "seconds": round(elapsed, 2),
+        "jobs_per_s": round(jobs / elapsed, 1),
+        "latency_ms": stages["end_to_end"],
+        "stages_ms": stages,
+        "duplicate_outcomes": duplicates,
+    }
+
+
+def show(figures: dict[str, Any]) -> None:
+    console = Console()
+    console.print(
+        f"[bold]{figures['jobs']} noop jobs[/], {figures['partitions']} partitions, "
+        f"{figures['workers']} workers x {figures['concurrency']}: [bold]{figures['jobs_per_s']} jobs/s[/] ({figures['seconds']} s)"
+    )
+    table = Table("stage", "p50 ms", "p90 ms", "p99 ms", "max ms")
+    for stage, q in figures["stages_ms"].items():
+        table.add_row(stage, *(str(q.get(k, "-")) for k in ("p50", "p90", "p99", "max")))
+    console.print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--partitions", type=int, default=12)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=64)
+    args = parser.parse_args()
+    figures = run_e2e(args.jobs, args.partitions, args.workers, args.concurrency)
+    show(figures)
+    print(f"written to {record('e2e', figures)}")
+
+
+if __name__ == "__main__":
+    main()
