@@ -98,7 +98,8 @@ def show(figures: dict[str, Any]) -> None:
     console = Console()
     console.print(
         f"[bold]{figures['jobs']} noop jobs[/], {figures['partitions']} partitions, "
-        f"{figures['workers']} workers x {figures['concurrency']}: [bold]{figures['jobs_per_s']} jobs/s[/] ({figures['seconds']} s)"
+        f"{figures['workers']} workers x {figures['concurrency']}: "
+        f"[bold]{figures['jobs_per_s']} jobs/s[/] ({figures['seconds']} s)"
     )
     table = Table("stage", "p50 ms", "p90 ms", "p99 ms", "max ms")
     for stage, q in figures["stages_ms"].items():
