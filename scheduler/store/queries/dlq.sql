@@ -19,3 +19,57 @@ select * from (
 ) dead
 order by dead_at desc nulls last
 limit %(limit)s::int;
+
+-- name: dead_runs_for_replay
+-- Dead runs matching the operator's filters, oldest death first, with what their next message
+-- needs. A run replayed before (audit_log says so) is left out unless forced. Locked while the
+-- replay of this chunk commits, so two operators cannot replay the same run at once.
+select r.id, r.schedule_id, r.app, r.scheduled_for, r.attempt, r.error, r.finished_at,
+       s.handler, s.payload, s.timeout_ms, s.max_attempts as budget, s.backoff_base_ms, s.backoff_max_ms,
+       now() as now
+  from runs r
+  join schedules s on s.id = r.schedule_id
+ where r.state = 'dead'
+   and (%(app)s::text is null or r.app = %(app)s::text)
+   and (%(schedule_id)s::uuid is null or r.schedule_id = %(schedule_id)s::uuid)
+   and (%(error_class)s::text is null or split_part(r.error, ':', 1) = %(error_class)s::text)
+   and (%(since)s::timestamptz is null or r.finished_at >= %(since)s::timestamptz)
+   and (%(until)s::timestamptz is null or r.finished_at < %(until)s::timestamptz)
+   and (%(force)s::bool
+        or not exists (select 1 from audit_log a
+                        where a.entity = 'run' and a.entity_id = r.id::text and a.action = 'replay'))
+ order by r.finished_at, r.id
+ limit %(limit)s::int
+   for update of r skip locked;
+
+-- name: replay_runs
+-- Each replayed run gets a new attempt number (so late outcomes of its old attempts stay fenced
+-- off), a fresh budget of its schedule's max_attempts, its message in the outbox, and an audit row.
+with replay as (
+    select *
+      from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(max_attempts)s::int[],
+                  %(lease_expires_at)s::timestamptz[], %(topics)s::text[], %(keys)s::bytea[],
+                  %(values)s::bytea[], %(headers)s::jsonb[])
+           as n(id, attempt, max_attempts, lease_expires_at, topic, key, value, headers)
+), moved as (
+    update runs r
+       set state = 'pending', attempt = n.attempt, max_attempts = n.max_attempts,
+           lease_expires_at = n.lease_expires_at, next_attempt_at = null, dispatched_at = null,
+           started_at = null, finished_at = null, worker = null, error = null, version = r.version + 1
+      from replay n
+     where r.id = n.id and r.state = 'dead'
+    returning r.id, r.attempt
+), audited as (
+    insert into audit_log (actor, action, entity, entity_id, old_value, new_value)
+    select %(actor)s::text, 'replay', 'run', m.id::text,
+           jsonb_build_object('state', 'dead', 'attempt', m.attempt - 1),
+           jsonb_build_object('state', 'pending', 'attempt', m.attempt)
+      from moved m
+), queued as (
+    insert into outbox (topic, key, value, headers, run_id, attempt)
+    select n.topic, n.key, n.value, n.headers, n.id, n.attempt
+      from replay n
+      join moved using (id)
+    returning run_id
+)
+select count(*) as replayed from queued;

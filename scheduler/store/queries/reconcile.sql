@@ -100,7 +100,7 @@ with expired as (
            next_attempt_at = case when e.attempt >= e.max_attempts then null
                                   else coalesce(%(now)s::timestamptz, now()) end,
            finished_at = case when e.attempt >= e.max_attempts then coalesce(%(now)s::timestamptz, now()) end,
-           error = 'lease expired: no outcome from a worker within the attempt''s timeout',
+           error = 'LeaseExpired: no outcome from a worker within the attempt''s timeout',
            version = r.version + 1
       from expired e
      where r.id = e.id

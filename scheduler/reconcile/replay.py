@@ -1,0 +1,87 @@
+"""Replaying dead runs: an operator's way back from the dead-letter queue into the pipeline.
+
+A replayed run is not a new run: it keeps its id and fire time (UNIQUE (schedule_id,
+scheduled_for) stays true), gets the next attempt number as its fencing token and a fresh budget
+of its schedule's ``max_attempts``, and its message goes to the outbox, from where the relay,
+a worker and the reconciler treat it like any other attempt. Each replay is written to
+``audit_log`` with who did it; a run replayed once is not replayed again unless forced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from scheduler.config import Settings
+from scheduler.scan.dispatch import JobDispatcher, lease_expiry
+from scheduler.store import dlq, scan
+from scheduler.store.scan import NextAttempt
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ReplayFilter:
+    app: str | None = None
+    schedule_id: UUID | None = None
+    error_class: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    force: bool = False
+
+
+class Replayer:
+    def __init__(self, settings: Settings, dispatcher: JobDispatcher | None = None) -> None:
+        self.dispatcher = dispatcher or JobDispatcher(settings)
+
+    def candidates(self, conn: psycopg.Connection[Row], where: ReplayFilter, limit: int) -> list[Row]:
+        """What a replay would take now; changes nothing (the locks end with the rollback)."""
+        with conn.transaction(force_rollback=True):
+            return self._select(conn, where, limit)
+
+    def replay(self, conn: psycopg.Connection[Row], where: ReplayFilter, limit: int, actor: str) -> int:
+        """Replay up to ``limit`` matching dead runs in one transaction; returns how many."""
+        with conn.transaction():
+            rows = self._select(conn, where, limit)
+            replayed = dlq.replay_runs(conn, [self._next_attempt(row) for row in rows], actor)
+            if replayed:
+                scan.notify_outbox(conn)
+        return replayed
+
+    def _select(self, conn: psycopg.Connection[Row], where: ReplayFilter, limit: int) -> list[Row]:
+        return dlq.dead_runs_for_replay(
+            conn,
+            app=where.app,
+            schedule_id=where.schedule_id,
+            error_class=where.error_class,
+            since=where.since,
+            until=where.until,
+            force=where.force,
+            limit=limit,
+        )
+
+    def _next_attempt(self, row: Row) -> tuple[NextAttempt, int]:
+        attempt = row["attempt"] + 1
+        max_attempts = row["attempt"] + row["budget"]
+        deadline = lease_expiry(row["now"], row["timeout_ms"])
+        message = self.dispatcher.message(
+            run_id=row["id"],
+            schedule={
+                "id": row["schedule_id"],
+                "app": row["app"],
+                "handler": row["handler"],
+                "timeout_ms": row["timeout_ms"],
+                "max_attempts": max_attempts,
+                "backoff_base_ms": row["backoff_base_ms"],
+                "backoff_max_ms": row["backoff_max_ms"],
+            },
+            scheduled_for=row["scheduled_for"],
+            attempt=attempt,
+            deadline=deadline,
+            payload=row["payload"],
+        )
+        return NextAttempt(row["id"], attempt, deadline, message), max_attempts

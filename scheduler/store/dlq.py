@@ -1,0 +1,64 @@
+"""Dead runs for the operator: list them, and replay them through the normal pipeline."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from scheduler.store.scan import NextAttempt
+from scheduler.store.sql import query
+
+Row = dict[str, Any]
+
+
+def dead_runs_for_replay(
+    conn: psycopg.Connection[Row],
+    *,
+    app: str | None,
+    schedule_id: UUID | None,
+    error_class: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    force: bool,
+    limit: int,
+) -> list[Row]:
+    return conn.execute(
+        query("dead_runs_for_replay"),
+        {
+            "app": app,
+            "schedule_id": schedule_id,
+            "error_class": error_class,
+            "since": since,
+            "until": until,
+            "force": force,
+            "limit": limit,
+        },
+    ).fetchall()
+
+
+def replay_runs(
+    conn: psycopg.Connection[Row], attempts: Sequence[tuple[NextAttempt, int]], actor: str
+) -> int:
+    """Replay each (next attempt, its max_attempts); returns how many runs were replayed."""
+    if not attempts:
+        return 0
+    row = conn.execute(
+        query("replay_runs"),
+        {
+            "ids": [a.run_id for a, _ in attempts],
+            "attempts": [a.attempt for a, _ in attempts],
+            "max_attempts": [budget for _, budget in attempts],
+            "lease_expires_at": [a.lease_expires_at for a, _ in attempts],
+            "topics": [a.message.topic for a, _ in attempts],
+            "keys": [a.message.key for a, _ in attempts],
+            "values": [a.message.value for a, _ in attempts],
+            "headers": [Jsonb(a.message.headers) for a, _ in attempts],
+            "actor": actor,
+        },
+    ).fetchone()
+    return int(row["replayed"]) if row else 0
