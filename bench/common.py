@@ -145,3 +145,76 @@ def record(section: str, figures: dict[str, Any]) -> Path:
     latest["machine"] = machine()
     latest_path.write_text(json.dumps(latest, indent=2))
     return latest_path
+
+
+# Added for the lag, peers and ingestion benchmarks; the helpers above stay as bench/e2e.py uses them.
+
+BENCH_APP = "bench"
+PEERS_VENV = RESULTS / ".venv-peers"
+PEERS_REQUIREMENTS = Path(__file__).resolve().parent / "peers" / "requirements.txt"
+
+
+def create_bench_app(settings: Settings, partitions: int, name: str = BENCH_APP) -> None:
+    """The app every benchmark's jobs belong to, with its topic."""
+    from scheduler.schedule import service
+
+    with connect(settings.database_url) as conn:
+        service.create_app(conn, TopicAdmin(settings.kafka_bootstrap), settings, name, partitions, "bench")
+
+
+def pipeline_commands(workers: int, concurrency: int, app: str = BENCH_APP) -> list[list[str]]:
+    """Scanner, relay, reconciler and ``workers`` worker processes: what ``scheduler run all`` runs."""
+    commands = [["scanner"], ["relay"], ["reconciler"]]
+    return commands + [["worker", "--app", app, "--concurrency", str(concurrency)]] * workers
+
+
+def warm_up(conn: psycopg.Connection[Any], jobs: int, app: str = BENCH_APP, timeout_s: float = 120) -> float:
+    """Run ``jobs`` immediate no-op jobs through the pipeline and wait for them: connections open,
+    the workers' consumer group settled. Their schedules are named ``warmup-*``; returns seconds."""
+    started = time.monotonic()
+    conn.execute(
+        "insert into schedules (id, app, name, kind, handler, next_fire_at) "
+        "select gen_random_uuid(), %s, 'warmup-' || g, 'immediate', 'builtin:noop', now() "
+        "from generate_series(1, %s) g",
+        (app, jobs),
+    )
+    conn.execute("select pg_notify('scheduler_due', '')")
+    conn.commit()
+
+    def done() -> bool:
+        row = conn.execute(
+            "select count(*) as n from runs r join schedules s on s.id = r.schedule_id "
+            "where s.name like %s and r.state = 'succeeded'",
+            ("warmup-%",),
+        ).fetchone()
+        conn.commit()
+        return row is not None and row["n"] >= jobs
+
+    return wait_until(done, timeout_s, interval_s=0.1) - started
+
+
+def ms_percentiles(values_ms: Sequence[float]) -> dict[str, float]:
+    """``percentiles`` with the unit in the key (``p99_ms``), as the lag figures are recorded."""
+    return {f"{key}_ms": value for key, value in percentiles(values_ms).items()}
+
+
+def peers_python() -> Path:
+    """The interpreter of the peers' own virtualenv (kept apart so the project's dependencies stay
+    lean), created and filled from ``bench/peers/requirements.txt`` on first use."""
+    python = PEERS_VENV / "bin" / "python"
+    stamp = PEERS_VENV / ".installed"
+    wanted = PEERS_REQUIREMENTS.read_text()
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
+    if not stamp.exists() or stamp.read_text() != wanted:
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", "-r", str(PEERS_REQUIREMENTS)], check=True
+        )
+        stamp.write_text(wanted)
+    return python
+
+
+def latest() -> dict[str, Any]:
+    """What ``results/latest.json`` holds so far (empty before the first run)."""
+    path = RESULTS / "latest.json"
+    return json.loads(path.read_text()) if path.exists() else {}

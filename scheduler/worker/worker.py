@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 STARTED_AFTER_S = 1.0
 HEARTBEAT_EVERY_S = 10.0
 COMMIT_EVERY_S = 0.2
+MAX_UNACKED = 20_000
+PAUSE_AFTER_FULL_S = 5.0
 DEFAULT_GRACE_S = 30.0
 
 
@@ -92,9 +94,15 @@ class Worker:
         self.codec = AvroCodec()
         self.handlers = HandlerRegistry(settings.http_allowlist)
         self.progress = Progress()
-        self._in_flight = 0
-        self._in_flight_lock = threading.Lock()
+        # Running: handlers executing (bounded by --concurrency). Unacknowledged: fetched jobs whose
+        # outcome Kafka has not acknowledged yet; it bounds memory, not execution, so that waiting
+        # for acks (a few ms each) never idles the handlers.
+        self._running = 0
+        self._unacked = 0
+        self._counts_lock = threading.Lock()
         self._paused = False
+        self._full_since: float | None = None
+        self._slot_freed = threading.Event()
         self._consumer = Consumer(
             consumer_config(
                 settings.kafka_bootstrap,
@@ -134,18 +142,31 @@ class Worker:
             self._shutdown()
 
     def _free_slots(self) -> int:
-        with self._in_flight_lock:
-            return self.concurrency - self._in_flight
+        with self._counts_lock:
+            return min(self.concurrency - self._running, MAX_UNACKED - self._unacked)
+
+    def _job_done(self) -> None:
+        with self._counts_lock:
+            self._running -= 1
+        self._slot_freed.set()
 
     def _fetch(self) -> None:
         free = self._free_slots()
         if free <= 0:
-            if not self._paused:
+            if self._full_since is None:
+                self._full_since = time.monotonic()
+            if not self._paused and time.monotonic() - self._full_since > PAUSE_AFTER_FULL_S:
+                # Pausing drops librdkafka's prefetched messages, so it is only worth it when the
+                # slots stay taken (long jobs); a brief full house just waits for a slot.
                 self._consumer.pause(self._consumer.assignment())
                 self._paused = True
-            # Still poll: it serves rebalances and keeps this member in the group.
-            self._consumer.poll(0.01)
+            if self._paused:
+                # Still poll: it serves rebalances and keeps this member in the group.
+                self._consumer.poll(0.01)
+            self._slot_freed.wait(0.01)
+            self._slot_freed.clear()
             return
+        self._full_since = None
         if self._paused:
             self._consumer.resume(self._consumer.assignment())
             self._paused = False
@@ -162,8 +183,9 @@ class Worker:
             self.progress.started(topic, partition, offset)
             deliveries.append(Delivery(topic, partition, offset, message.value() or b""))
         if deliveries:
-            with self._in_flight_lock:
-                self._in_flight += len(deliveries)
+            with self._counts_lock:
+                self._running += len(deliveries)
+                self._unacked += len(deliveries)
             # One wake-up of the loop per batch, not per job.
             self._loop.call_soon_threadsafe(self._start_jobs, deliveries)
 
@@ -211,8 +233,8 @@ class Worker:
                 log.error("outcome of offset %s not delivered: %s", delivery.offset, err)
             else:
                 self.progress.finished(delivery.topic, delivery.partition, delivery.offset)
-            with self._in_flight_lock:
-                self._in_flight -= 1
+            with self._counts_lock:
+                self._unacked -= 1
 
         return on_delivery
 
@@ -220,7 +242,7 @@ class Worker:
         """Stop fetching; wait for in-flight jobs within the grace period, then publish and commit."""
         deadline = time.monotonic() + self.grace_s
         self._consumer.pause(self._consumer.assignment())
-        while self._free_slots() < self.concurrency and time.monotonic() < deadline:
+        while self._unacked > 0 and time.monotonic() < deadline:
             self._producer.poll(0.05)
         self._producer.flush(max(1.0, deadline - time.monotonic()))
         self._producer.poll(0)
@@ -244,6 +266,12 @@ class Worker:
             task.add_done_callback(self._tasks.discard)
 
     async def _execute(self, delivery: Delivery) -> None:
+        try:
+            await self._execute_job(delivery)
+        finally:
+            self._job_done()
+
+    async def _execute_job(self, delivery: Delivery) -> None:
         try:
             job = self.codec.decode(JobMessage, delivery.value)
         except MessageDecodeError as exc:

@@ -1,0 +1,70 @@
+"""The worker alone: N ready job messages on the topic, W worker processes, time to all outcomes.
+
+Separates the worker's own cost from the scanner, relay and reconciler's, for profiling:
+
+    python -m bench.worker_only --jobs 20000 --workers 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from confluent_kafka import Consumer, TopicPartition
+
+from bench.common import component_env, isolated_settings, running, wait_until
+from scheduler.kafka.avro import AvroCodec
+from scheduler.kafka.messages import JobMessage, RetryPolicy
+from scheduler.kafka.transport import OutgoingMessage, Producer, TopicAdmin, producer_config
+
+
+def results_count(bootstrap: str, topic: str, partitions: int) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-count"})
+    try:
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1] for p in range(partitions)
+        )
+    finally:
+        consumer.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, default=64)
+    args = parser.parse_args()
+    with isolated_settings("worker") as settings:
+        topic = settings.jobs_topic("bench")
+        TopicAdmin(settings.kafka_bootstrap).ensure_topics([topic], partitions=12)
+        codec = AvroCodec()
+        now = datetime.now(UTC)
+        messages = []
+        for _ in range(args.jobs):
+            run_id = uuid.uuid4()
+            job = JobMessage(
+                run_id=run_id, schedule_id=uuid.uuid4(), app="bench", attempt=1, idempotency_key=str(run_id),
+                scheduled_for=now, handler="builtin:noop", payload="{}", timeout_ms=60_000,
+                deadline=now + timedelta(hours=1), retry=RetryPolicy(max_attempts=3, backoff_base_ms=1000,
+                backoff_max_ms=60_000),
+            )  # fmt: skip
+            messages.append(OutgoingMessage(topic, codec.encode(job), run_id.bytes))
+        Producer(producer_config(settings.kafka_bootstrap, "bench")).send(messages)
+        commands = [["worker", "--app", "bench", "--concurrency", str(args.concurrency)]] * args.workers
+        with running(commands, component_env(settings)):
+            started = time.monotonic()
+            done = wait_until(
+                lambda: results_count(settings.kafka_bootstrap, settings.results_topic, 6) >= args.jobs,
+                600,
+                0.2,
+            )
+        elapsed = done - started
+        print(
+            f"{args.jobs} jobs, {args.workers} worker(s) x {args.concurrency}: {args.jobs / elapsed:.0f} jobs/s"
+        )
+
+
+if __name__ == "__main__":
+    main()
