@@ -61,9 +61,8 @@ def main() -> None:
                 0.2,
             )
         elapsed = done - started
-        print(
-            f"{args.jobs} jobs, {args.workers} worker(s) x {args.concurrency}: {args.jobs / elapsed:.0f} jobs/s"
-        )
+        rate = args.jobs / elapsed
+        print(f"{args.jobs} jobs, {args.workers} worker(s) x {args.concurrency}: {rate:.0f} jobs/s")
 
 
 if __name__ == "__main__":

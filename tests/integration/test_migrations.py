@@ -19,7 +19,7 @@ from scheduler.store.sql import queries
 pytestmark = pytest.mark.integration
 
 SCHEDULER = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "scheduler")
-_PARAM_RE = re.compile(r"%\((\w+)\)s")
+_PARAM_RE = re.compile(r"%\((\w+)\)[sbt]")
 
 
 def schema_of(url: str) -> dict[str, Any]:

@@ -47,9 +47,9 @@ select r.id, r.schedule_id, r.app, r.scheduled_for, r.attempt, r.error, r.finish
 -- off), a fresh budget of its schedule's max_attempts, its message in the outbox, and an audit row.
 with replay as (
     select *
-      from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(max_attempts)s::int[],
-                  %(lease_expires_at)s::timestamptz[], %(topics)s::text[], %(keys)s::bytea[],
-                  %(values)s::bytea[], %(headers)s::jsonb[])
+      from unnest(%(ids)b::uuid[], %(attempts)b::int[], %(max_attempts)b::int[],
+                  %(lease_expires_at)b::timestamptz[], %(topics)b::text[], %(keys)b::bytea[],
+                  %(values)b::bytea[], %(headers)b::jsonb[])
            as n(id, attempt, max_attempts, lease_expires_at, topic, key, value, headers)
 ), moved as (
     update runs r

@@ -6,10 +6,10 @@
 -- became of it, so duplicate executions are counted, never hidden.
 with event as (
     select distinct on (e.event_id) e.*
-      from unnest(%(event_ids)s::text[], %(run_ids)s::uuid[], %(attempts)s::int[], %(kinds)s::text[],
-                  %(workers)s::text[], %(started_at)s::timestamptz[], %(finished_at)s::timestamptz[],
-                  %(errors)s::text[], %(error_classes)s::text[], %(results)s::jsonb[],
-                  %(not_before)s::timestamptz[])
+      from unnest(%(event_ids)b::text[], %(run_ids)b::uuid[], %(attempts)b::int[], %(kinds)b::text[],
+                  %(workers)b::text[], %(started_at)b::timestamptz[], %(finished_at)b::timestamptz[],
+                  %(errors)b::text[], %(error_classes)b::text[], %(results)b::jsonb[],
+                  %(not_before)b::timestamptz[])
            with ordinality
            as e(event_id, run_id, attempt, kind, worker, started_at, finished_at, error, error_class,
                 result, not_before, ord)
@@ -78,9 +78,9 @@ select (select count(*) from recorded where outcome = 'applied') as applied,
 -- Dead letters without a run (their job could not be decoded) are kept for the DLQ listing.
 insert into dead_letters (event_id, app, cause, error, original_bytes, source_topic, source_partition,
                           source_offset)
-select * from unnest(%(event_ids)s::text[], %(apps)s::text[], %(causes)s::text[], %(errors)s::text[],
-                     %(original_bytes)s::bytea[], %(topics)s::text[], %(partitions)s::int[],
-                     %(offsets)s::bigint[])
+select * from unnest(%(event_ids)b::text[], %(apps)b::text[], %(causes)b::text[], %(errors)b::text[],
+                     %(original_bytes)b::bytea[], %(topics)b::text[], %(partitions)b::int[],
+                     %(offsets)b::bigint[])
 on conflict (event_id) do nothing;
 
 -- name: sweep_expired_leases
@@ -132,8 +132,8 @@ select r.id, r.schedule_id, r.scheduled_for, s.id as sid, s.app, s.handler, s.pa
 -- name: dispatch_buffered_runs
 with released as (
     select *
-      from unnest(%(ids)s::uuid[], %(lease_expires_at)s::timestamptz[], %(topics)s::text[],
-                  %(keys)s::bytea[], %(values)s::bytea[], %(headers)s::jsonb[])
+      from unnest(%(ids)b::uuid[], %(lease_expires_at)b::timestamptz[], %(topics)b::text[],
+                  %(keys)b::bytea[], %(values)b::bytea[], %(headers)b::jsonb[])
            as n(id, lease_expires_at, topic, key, value, headers)
 ), moved as (
     update runs r

@@ -25,10 +25,10 @@ select schedule_id,
 -- another scanner already created a no-op, and its message is dropped with it.
 with candidate as (
     select *
-      from unnest(%(ids)s::uuid[], %(schedule_ids)s::uuid[], %(apps)s::text[],
-                  %(scheduled_for)s::timestamptz[], %(states)s::text[], %(max_attempts)s::int[],
-                  %(lease_expires_at)s::timestamptz[], %(skip_reasons)s::text[], %(buffered)s::bool[],
-                  %(topics)s::text[], %(keys)s::bytea[], %(values)s::bytea[], %(headers)s::jsonb[])
+      from unnest(%(ids)b::uuid[], %(schedule_ids)b::uuid[], %(apps)b::text[],
+                  %(scheduled_for)b::timestamptz[], %(states)b::text[], %(max_attempts)b::int[],
+                  %(lease_expires_at)b::timestamptz[], %(skip_reasons)b::text[], %(buffered)b::bool[],
+                  %(topics)b::text[], %(keys)b::bytea[], %(values)b::bytea[], %(headers)b::jsonb[])
            as c(id, schedule_id, app, scheduled_for, state, max_attempts, lease_expires_at,
                 skip_reason, buffered, topic, key, value, headers)
 ), created as (
@@ -57,7 +57,7 @@ update schedules s
    set next_fire_at = v.next_fire_at,
        state = v.state,
        updated_at = now()
-  from unnest(%(ids)s::uuid[], %(next_fire_at)s::timestamptz[], %(states)s::text[])
+  from unnest(%(ids)b::uuid[], %(next_fire_at)b::timestamptz[], %(states)b::text[])
        as v(id, next_fire_at, state)
  where s.id = v.id;
 
@@ -85,8 +85,8 @@ select r.id, r.schedule_id, r.app, r.scheduled_for, r.attempt, r.max_attempts,
 -- The next attempt of each leased retry: a new fencing token and its message in the outbox.
 with next_attempt as (
     select *
-      from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_expires_at)s::timestamptz[],
-                  %(topics)s::text[], %(keys)s::bytea[], %(values)s::bytea[], %(headers)s::jsonb[])
+      from unnest(%(ids)b::uuid[], %(attempts)b::int[], %(lease_expires_at)b::timestamptz[],
+                  %(topics)b::text[], %(keys)b::bytea[], %(values)b::bytea[], %(headers)b::jsonb[])
            as n(id, attempt, lease_expires_at, topic, key, value, headers)
 ), moved as (
     update runs r
