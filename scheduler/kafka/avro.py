@@ -111,11 +111,15 @@ class AvroSchema:
 
 
 def default_schemas_dir() -> Path:
-    """``$SCHEDULER_SCHEMAS_DIR``, or the repository's ``schemas`` folder."""
+    """``$SCHEDULER_SCHEMAS_DIR``, or the package's ``schemas`` folder.
+
+    ``scheduler/schemas`` is a link to the repository's ``schemas/`` in a checkout, and holds copies
+    of the files in an installed wheel, so the package finds its schemas either way.
+    """
     override = os.environ.get(SCHEMAS_DIR_ENV)
     if override:
         return Path(override)
-    return Path(__file__).resolve().parents[2] / "schemas"
+    return Path(__file__).parent.parent / "schemas"
 
 
 def _load(path: Path, name: str, version: int) -> AvroSchema:
