@@ -216,7 +216,7 @@ def test_schemas_dir_can_be_overridden(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setenv(SCHEMAS_DIR_ENV, str(tmp_path))
     assert default_schemas_dir() == tmp_path
     monkeypatch.delenv(SCHEMAS_DIR_ENV)
-    assert default_schemas_dir() == Path(__file__).resolve().parents[2] / "schemas"
+    assert default_schemas_dir().resolve() == Path(__file__).resolve().parents[2] / "schemas"
 
 
 def _write(path: Path, name: str, fields: list[dict[str, Any]]) -> None:
