@@ -139,23 +139,14 @@ class Reconciler:
     def _release_buffered(self, conn: psycopg.Connection[Row]) -> None:
         released = []
         for row in store.releasable_buffered_runs(conn):
-            schedule = {
-                "id": row["schedule_id"],
-                "app": row["app"],
-                "handler": row["handler"],
-                "timeout_ms": row["timeout_ms"],
-                "max_attempts": row["max_attempts"],
-                "backoff_base_ms": row["backoff_base_ms"],
-                "backoff_max_ms": row["backoff_max_ms"],
-            }
             deadline = lease_expiry(row["now"], row["timeout_ms"])
             message = self.dispatcher.message(
                 run_id=row["id"],
-                schedule=schedule,
+                schedule_id=row["schedule_id"],
+                job=row,
                 scheduled_for=row["scheduled_for"],
                 attempt=1,
                 deadline=deadline,
-                payload=row["payload"],
             )
             released.append(
                 NewRun(
@@ -188,11 +179,11 @@ class Reconciler:
         error = "lease expired: no outcome from a worker within the attempt's timeout"
         job = self.dispatcher.message(
             run_id=row["id"],
-            schedule={**row, "id": row["schedule_id"]},
+            schedule_id=row["schedule_id"],
+            job=row,
             scheduled_for=row["scheduled_for"],
             attempt=row["attempt"],
             deadline=finished,
-            payload=row["payload"],
         )
         letter = JobDeadLetter(
             event_id=uuid.uuid4(),

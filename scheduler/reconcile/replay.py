@@ -70,18 +70,11 @@ class Replayer:
         deadline = lease_expiry(row["now"], row["timeout_ms"])
         message = self.dispatcher.message(
             run_id=row["id"],
-            schedule={
-                "id": row["schedule_id"],
-                "app": row["app"],
-                "handler": row["handler"],
-                "timeout_ms": row["timeout_ms"],
-                "max_attempts": max_attempts,
-                "backoff_base_ms": row["backoff_base_ms"],
-                "backoff_max_ms": row["backoff_max_ms"],
-            },
+            schedule_id=row["schedule_id"],
+            job=row,
             scheduled_for=row["scheduled_for"],
             attempt=attempt,
             deadline=deadline,
-            payload=row["payload"],
+            max_attempts=max_attempts,
         )
         return NextAttempt(row["id"], attempt, deadline, message), max_attempts

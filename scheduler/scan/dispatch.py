@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -32,7 +33,12 @@ def lease_expiry(now: datetime, timeout_ms: int) -> datetime:
 
 
 class JobDispatcher:
-    """Builds the outbox message of a run attempt from the schedule row it belongs to."""
+    """Builds the outbox message of a run attempt.
+
+    ``job`` is any row with the schedule's execution settings (app, handler, payload, timeout_ms,
+    max_attempts, backoff_base_ms, backoff_max_ms): a schedule row, or a run row joined to its
+    schedule, as each query that dispatches selects them under these names.
+    """
 
     def __init__(self, settings: Settings, codec: AvroCodec | None = None) -> None:
         self.settings = settings
@@ -42,36 +48,37 @@ class JobDispatcher:
         self,
         *,
         run_id: UUID,
-        schedule: dict[str, Any],
+        schedule_id: UUID,
+        job: Mapping[str, Any],
         scheduled_for: datetime,
         attempt: int,
         deadline: datetime,
-        payload: Any,
+        max_attempts: int | None = None,
         previous_attempts: tuple[AttemptSummary, ...] = (),
     ) -> Message:
-        job = JobMessage(
+        message = JobMessage(
             run_id=run_id,
-            schedule_id=schedule["id"],
-            app=schedule["app"],
+            schedule_id=schedule_id,
+            app=job["app"],
             attempt=attempt,
             idempotency_key=idempotency_key_for(run_id),
             scheduled_for=scheduled_for,
-            handler=schedule["handler"],
-            payload=json.dumps(payload, separators=(",", ":"), ensure_ascii=False),
-            timeout_ms=schedule["timeout_ms"],
+            handler=job["handler"],
+            payload=json.dumps(job["payload"], separators=(",", ":"), ensure_ascii=False),
+            timeout_ms=job["timeout_ms"],
             deadline=deadline,
             retry=RetryPolicy(
-                max_attempts=schedule["max_attempts"],
-                backoff_base_ms=schedule["backoff_base_ms"],
-                backoff_max_ms=schedule["backoff_max_ms"],
+                max_attempts=max_attempts or job["max_attempts"],
+                backoff_base_ms=job["backoff_base_ms"],
+                backoff_max_ms=job["backoff_max_ms"],
             ),
             previous_attempts=previous_attempts,
         )
         return Message(
-            topic=self.settings.jobs_topic(schedule["app"]),
+            topic=self.settings.jobs_topic(job["app"]),
             # Keyed by schedule: the runs of one schedule stay in order on one partition.
-            key=str(schedule["id"]).encode(),
-            value=self.codec.encode(job),
+            key=str(schedule_id).encode(),
+            value=self.codec.encode(message),
             headers={"traceparent": traceparent()},
         )
 

@@ -105,11 +105,11 @@ class Scanner:
                 if not buffered:
                     message = self.dispatcher.message(
                         run_id=run_id,
-                        schedule=schedule,
+                        schedule_id=schedule["id"],
+                        job=schedule,
                         scheduled_for=at,
                         attempt=1,
                         deadline=deadline,
-                        payload=schedule["payload"],
                     )
                 runs.append(
                     NewRun(
@@ -166,22 +166,13 @@ class Scanner:
     def _next_attempt(self, run: Row) -> NextAttempt:
         attempt = run["attempt"] + 1
         deadline = lease_expiry(run["scan_now"], run["timeout_ms"])
-        schedule = {
-            "id": run["schedule_id"],
-            "app": run["app"],
-            "handler": run["handler"],
-            "timeout_ms": run["timeout_ms"],
-            "max_attempts": run["max_attempts"],
-            "backoff_base_ms": run["backoff_base_ms"],
-            "backoff_max_ms": run["backoff_max_ms"],
-        }
         message = self.dispatcher.message(
             run_id=run["id"],
-            schedule=schedule,
+            schedule_id=run["schedule_id"],
+            job=run,
             scheduled_for=run["scheduled_for"],
             attempt=attempt,
             deadline=deadline,
-            payload=run["payload"],
             previous_attempts=attempt_history(run["history"]),
         )
         return NextAttempt(run["id"], attempt, deadline, message)

@@ -7,7 +7,6 @@ trigger, resume) so they wake at once instead of at their next poll.
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime
 from typing import Any
@@ -22,7 +21,6 @@ from scheduler.scan.dispatch import JobDispatcher, lease_expiry
 from scheduler.schedule.spec import (
     InvalidSchedule,
     ScheduleSpec,
-    encoded_payload,
     validate,
     validate_app_name,
 )
@@ -111,7 +109,7 @@ def create_schedule(
                 "start_at": spec.start_at,
                 "end_at": spec.end_at,
                 "handler": spec.handler,
-                "payload": json.loads(encoded_payload(spec.payload)),
+                "payload": spec.payload,
                 "max_attempts": spec.max_attempts,
                 "backoff_base_ms": spec.backoff_base_ms,
                 "backoff_max_ms": spec.backoff_max_ms,
@@ -210,11 +208,11 @@ def trigger(
         deadline = lease_expiry(now, schedule["timeout_ms"])
         message = dispatcher.message(
             run_id=run_id,
-            schedule=schedule,
+            schedule_id=schedule_id,
+            job=schedule,
             scheduled_for=now,
             attempt=1,
             deadline=deadline,
-            payload=schedule["payload"],
         )
         scan.create_runs(
             conn,

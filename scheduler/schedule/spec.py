@@ -14,14 +14,15 @@ from datetime import datetime
 from typing import Any
 
 from scheduler.domain.cron import CronSchedule, InvalidCronExpression, UnknownTimeZone, time_zone
+from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind
 
 APP_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
 HANDLER_RE = re.compile(r"^(builtin:(noop|sleep|fail|http)|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*)$")
 MAX_PAYLOAD_BYTES = 1024 * 1024
 MAX_NAME_LENGTH = 200
-KINDS = ("immediate", "delayed", "cron")
-MISFIRE_POLICIES = ("fire_once", "fire_all", "skip")
-OVERLAP_POLICIES = ("allow", "skip", "buffer_one")
+KINDS = tuple(str(k) for k in ScheduleKind)
+MISFIRE_POLICIES = tuple(str(p) for p in MisfirePolicy)
+OVERLAP_POLICIES = tuple(str(p) for p in OverlapPolicy)
 
 
 class InvalidSchedule(ValueError):
