@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -9,8 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
-from scheduler.kafka.transport import TopicAdmin
+from scheduler.devstack.process import is_alive
 
 pytestmark = pytest.mark.integration
 
@@ -54,8 +56,11 @@ def test_status_and_env_describe_the_running_stack(stack: object) -> None:
     )
     assert set(exports) == {"SCHEDULER_DATABASE_URL", "SCHEDULER_KAFKA_BOOTSTRAP"}
     assert exports["SCHEDULER_KAFKA_BOOTSTRAP"].startswith("127.0.0.1:")
-    # An independent client reaches the broker the env lines name.
-    TopicAdmin(exports["SCHEDULER_KAFKA_BOOTSTRAP"]).topics()
+    # An independent client (not our transport layer) reaches the broker the env lines name.
+    metadata = AdminClient({"bootstrap.servers": exports["SCHEDULER_KAFKA_BOOTSTRAP"]}).list_topics(
+        timeout=10
+    )
+    assert metadata.brokers
 
 
 def test_a_port_in_use_is_one_clear_line_and_nothing_starts(other_stack: dict[str, str]) -> None:
@@ -117,3 +122,38 @@ def test_stale_pid_file_is_reported_and_cleared(other_stack: dict[str, str]) -> 
     assert f"stale pid file {kafka_dir / 'kafka.pid'} (pid {dead.pid})" in status.stdout
     assert run("dev", "down", env=other_stack).returncode == 0
     assert not (kafka_dir / "kafka.pid").exists()
+
+
+def processes_naming(marker: str) -> list[int]:
+    """Live processes whose command line names ``marker`` (a stack folder)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if marker in text and is_alive(int(cmdline.parent.name)):
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_up_is_idempotent_and_down_leaves_nothing_behind(other_stack: dict[str, str]) -> None:
+    first = run("dev", "up", env=other_stack)
+    assert first.returncode == 0, first.stderr
+    again = run("dev", "up", env=other_stack)
+    assert again.returncode == 0 and again.stdout == first.stdout, "a second up changes nothing"
+    status = run("dev", "status", "--json", env=other_stack)
+    parts = {p["name"]: p for p in json.loads(status.stdout)}
+    assert parts["postgres"]["running"] and parts["kafka"]["running"]
+    assert parts["kafka"]["port"] == int(other_stack["SCHEDULER_KAFKA_PORT"])
+    pids = [parts["postgres"]["pid"], parts["kafka"]["pid"]]
+    assert all(is_alive(pid) for pid in pids)
+
+    assert run("dev", "down", env=other_stack).returncode == 0
+    stack_dir = other_stack["SCHEDULER_STACK_DIR"]
+    assert processes_naming(stack_dir) == []
+    assert not any(is_alive(pid) for pid in pids)
+    stopped = {
+        p["name"]: p["running"] for p in json.loads(run("dev", "status", "--json", env=other_stack).stdout)
+    }
+    assert stopped == {"postgres": False, "kafka": False}
