@@ -33,6 +33,13 @@ def wait_for(condition: Callable[[], T], timeout_s: float, what: str, interval_s
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[tuple[bytes | None, bytes, int]]:
     """Every message on ``topic`` now, as (key, value, timestamp ms), read with a plain consumer
     that is assigned all partitions from the beginning and stops at the high watermarks."""
+    return [(key, value, timestamp) for key, value, timestamp, _ in read_records(bootstrap, topic, timeout_s)]
+
+
+def read_records(
+    bootstrap: str, topic: str, timeout_s: float = 60.0
+) -> list[tuple[bytes | None, bytes, int, dict[str, bytes]]]:
+    """Like :func:`read_topic`, with each message's headers."""
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "independent-reader", "enable.auto.commit": False}
     )
@@ -44,13 +51,14 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[tupl
         }
         remaining = {p for p, end in ends.items() if end > 0}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        messages: list[tuple[bytes | None, bytes, int]] = []
+        messages: list[tuple[bytes | None, bytes, int, dict[str, bytes]]] = []
         deadline = time.monotonic() + timeout_s
         while remaining and time.monotonic() < deadline:
             for message in consumer.consume(1000, 0.5):
                 if message.error():
                     continue
-                messages.append((message.key(), message.value(), message.timestamp()[1]))
+                headers = {name: value or b"" for name, value in message.headers() or []}
+                messages.append((message.key(), message.value(), message.timestamp()[1], headers))
                 if message.offset() + 1 >= ends[message.partition()]:
                     remaining.discard(message.partition())
         assert not remaining, f"could not read {topic} to its end within {timeout_s} s"

@@ -8,7 +8,6 @@ covers the dispatch lag plus the attempt's timeout, and is stored on the run as 
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,15 +16,11 @@ from uuid import UUID
 from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import AttemptSummary, JobMessage, RetryPolicy, idempotency_key_for
+from scheduler.kafka.tracing import HEADER, new_traceparent
 from scheduler.store.scan import Message
 
 # Time a message may wait in the outbox and on the topic before its attempt's clock starts.
 DISPATCH_SLACK = timedelta(seconds=60)
-
-
-def traceparent() -> str:
-    """A new W3C trace context: the trace of one run attempt starts when it is scheduled."""
-    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
 
 
 def lease_expiry(now: datetime, timeout_ms: int) -> datetime:
@@ -79,7 +74,7 @@ class JobDispatcher:
             # Keyed by schedule: the runs of one schedule stay in order on one partition.
             key=str(schedule_id).encode(),
             value=self.codec.encode(message),
-            headers={"traceparent": traceparent()},
+            headers={HEADER: new_traceparent()},
         )
 
 

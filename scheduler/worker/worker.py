@@ -48,6 +48,7 @@ from scheduler.kafka.messages import (
     JobRetry,
     KafkaSource,
 )
+from scheduler.kafka.tracing import HEADER, child_traceparent, traceparent_of
 from scheduler.kafka.transport import consumer_config, producer_config
 from scheduler.worker.handlers import HandlerError, HandlerRegistry, JobContext
 from scheduler.worker.progress import Progress
@@ -74,6 +75,7 @@ class Delivery:
     partition: int
     offset: int
     value: bytes
+    traceparent: str | None
 
 
 class Worker:
@@ -181,7 +183,9 @@ class Worker:
             topic, partition, offset = message.topic(), message.partition(), message.offset()
             assert topic is not None and partition is not None and offset is not None
             self.progress.started(topic, partition, offset)
-            deliveries.append(Delivery(topic, partition, offset, message.value() or b""))
+            deliveries.append(
+                Delivery(topic, partition, offset, message.value() or b"", traceparent_of(message.headers()))
+            )
         if deliveries:
             with self._counts_lock:
                 self._running += len(deliveries)
@@ -284,7 +288,7 @@ class Worker:
             self._finished(delivery)(None, None)  # type: ignore[arg-type]
             return
         try:
-            result = await self._run_handler(job, started)
+            result = await self._run_handler(delivery, job, started)
         except HandlerError as exc:
             self._failed(delivery, job, started, str(exc), exc.error_class, exc.retryable)
         except TimeoutError:
@@ -298,7 +302,7 @@ class Worker:
         else:
             self._succeeded(delivery, job, started, result)
 
-    async def _run_handler(self, job: JobMessage, started: datetime) -> Any:
+    async def _run_handler(self, delivery: Delivery, job: JobMessage, started: datetime) -> Any:
         handler = self.handlers.resolve(job.handler)
         context = JobContext(
             run_id=job.run_id,
@@ -310,7 +314,7 @@ class Worker:
             scheduled_for=job.scheduled_for,
             deadline=job.deadline,
             payload=json.loads(job.payload),
-            heartbeat=lambda: self._heartbeat(job, started),
+            heartbeat=lambda: self._heartbeat(delivery, job, started),
         )
         if HandlerRegistry.is_async(handler):
             work: asyncio.Future[Any] = asyncio.ensure_future(handler(context))
@@ -322,7 +326,7 @@ class Worker:
         if timeout > STARTED_AFTER_S:
             done, _ = await asyncio.wait({work}, timeout=STARTED_AFTER_S)
             if not done:
-                self._report(job, started, "started")
+                self._report(delivery, job, started, "started")
         remaining = timeout - (datetime.now(UTC) - started).total_seconds()
         while True:
             wait = min(HEARTBEAT_EVERY_S, remaining)
@@ -333,26 +337,34 @@ class Worker:
                 if remaining <= 0:
                     work.cancel()  # a thread cannot be stopped; its result will be ignored
                     raise
-                self._report(job, started, "heartbeat")
+                self._report(delivery, job, started, "heartbeat")
 
-    def _heartbeat(self, job: JobMessage, started: datetime) -> None:
+    def _heartbeat(self, delivery: Delivery, job: JobMessage, started: datetime) -> None:
         # Called from the handler's own thread or task; the report is produced from the loop.
-        self._loop.call_soon_threadsafe(self._report, job, started, "heartbeat")
+        self._loop.call_soon_threadsafe(self._report, delivery, job, started, "heartbeat")
 
     # --- outcomes (any thread) ----------------------------------------------------------------
 
-    def _produce(self, topic: str, key: uuid.UUID | None, value: bytes, delivery: Delivery | None) -> None:
-        callback = self._finished(delivery) if delivery is not None else None
+    def _produce(
+        self, topic: str, key: uuid.UUID | None, value: bytes, delivery: Delivery, *, outcome: bool = True
+    ) -> None:
+        """Produce a message caused by ``delivery``; an ``outcome`` finishes the job's offset once acked."""
+        callback = self._finished(delivery) if outcome else None
+        headers: list[tuple[str, str | bytes | None]] = [(HEADER, child_traceparent(delivery.traceparent))]
         while True:
             try:
                 self._producer.produce(
-                    topic, value=value, key=None if key is None else key.bytes, on_delivery=callback
+                    topic,
+                    value=value,
+                    key=None if key is None else key.bytes,
+                    headers=headers,
+                    on_delivery=callback,
                 )
                 return
             except BufferError:
                 time.sleep(0.01)
 
-    def _report(self, job: JobMessage, started: datetime, status: str) -> None:
+    def _report(self, delivery: Delivery, job: JobMessage, started: datetime, status: str) -> None:
         event = JobResult(
             event_id=uuid.uuid4(),
             status=status,  # type: ignore[arg-type]
@@ -363,7 +375,9 @@ class Worker:
             worker=self.name,
             started_at=started,
         )
-        self._produce(self.settings.results_topic, job.run_id, self.codec.encode(event), None)
+        self._produce(
+            self.settings.results_topic, job.run_id, self.codec.encode(event), delivery, outcome=False
+        )
 
     def _succeeded(self, delivery: Delivery, job: JobMessage, started: datetime, result: Any) -> None:
         try:

@@ -15,12 +15,12 @@ from confluent_kafka import Producer as RawProducer
 
 from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
-from scheduler.kafka.messages import JobDeadLetter
+from scheduler.kafka.messages import JobDeadLetter, JobMessage
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect
-from tests.support import SCHEDULER, Component, components, read_topic, wait_for
+from tests.support import SCHEDULER, Component, components, read_records, read_topic, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -74,6 +74,18 @@ def test_noop_jobs_all_succeed(pipeline: Settings) -> None:
     done = runs(pipeline)
     assert len(done) == 300 and {r["state"] for r in done} == {"succeeded"}
     assert all(r["worker"] and r["finished_at"] >= r["started_at"] for r in done)
+
+    # Each outcome continues the trace its job message started (W3C traceparent, same trace id).
+    codec = AvroCodec()
+    job_traces = {
+        codec.decode(JobMessage, value).run_id.bytes: headers["traceparent"].split(b"-")[1]
+        for _, value, _, headers in read_records(pipeline.kafka_bootstrap, pipeline.jobs_topic(APP))
+    }
+    outcome_traces = {
+        key: headers["traceparent"].split(b"-")[1]
+        for key, _, _, headers in read_records(pipeline.kafka_bootstrap, pipeline.results_topic)
+    }
+    assert len(job_traces) == 300 and outcome_traces == job_traces
 
 
 def test_failing_twice_succeeds_on_the_third_attempt_with_jittered_backoff(pipeline: Settings) -> None:
