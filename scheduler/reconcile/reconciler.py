@@ -217,21 +217,25 @@ class Reconciler:
         conn: psycopg.Connection[Row] | None = None
         last_sweep = 0.0
         backoff = 0.2
+        # A batch that failed to apply is applied again before anything else is read: the consumer's
+        # position has moved past it, so reading on would skip it, and committing would lose it.
+        pending: list[Message] = []
         try:
             while not stop.is_set():
                 try:
                     if conn is None or conn.closed:
                         conn = connect(self.settings.database_url)
-                    messages = consumer.poll_batch(BATCH, 0.1)
-                    if messages:
-                        self.apply(conn, messages)
-                        consumer.commit(_next_offsets(messages))
+                    if not pending:
+                        pending = consumer.poll_batch(BATCH, 0.1)
+                    if pending:
+                        self.apply(conn, pending)
+                        applied, pending = pending, []
+                        consumer.commit(_next_offsets(applied))
                     if time.monotonic() - last_sweep >= SWEEP_EVERY_S:
                         self.sweep(conn)
                         last_sweep = time.monotonic()
                     backoff = 0.2
                 except (psycopg.OperationalError, KafkaException) as exc:
-                    # The batch was not committed anywhere: re-delivered after the pause.
                     log.warning("reconcile failed (%s); retrying in %.1f s", exc, backoff)
                     if conn is not None:
                         conn.close()

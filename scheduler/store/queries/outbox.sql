@@ -25,6 +25,13 @@ with published as (
      where id = any(%(ids)s::bigint[])
        and claimed_by = %(relay)s::text
     returning run_id, attempt, publish_count
+), locked as (
+    -- Locked in id order, as the reconciler locks them: a relay and a reconciler never deadlock.
+    select r.id
+      from runs r
+     where r.id in (select run_id from published)
+     order by r.id
+       for update
 ), dispatched as (
     update runs r
        set state = 'dispatched',
@@ -32,6 +39,7 @@ with published as (
            version = r.version + 1
       from published p
      where r.id = p.run_id and r.attempt = p.attempt and r.state = 'pending'
+       and r.id in (select id from locked)
     returning r.id
 )
 select (select count(*) from published) as published,

@@ -17,10 +17,12 @@ with event as (
 ), seen as (
     select a.event_id from attempts a where a.event_id in (select event_id from event)
 ), run as (
+    -- Locked in id order, as every statement that waits for run locks does: no deadlocks.
     select r.id, r.attempt, r.state, s.timeout_ms
       from runs r
       join schedules s on s.id = r.schedule_id
      where r.id in (select run_id from event)
+     order by r.id
        for update of r
 ), accepted as (
     select e.*, r.timeout_ms

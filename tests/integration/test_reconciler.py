@@ -1,0 +1,117 @@
+"""The reconciler against the real PostgreSQL and Kafka: fencing, duplicates, and no lost batch."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Message
+
+from scheduler.config import Settings
+from scheduler.kafka.avro import AvroCodec
+from scheduler.kafka.messages import JobResult
+from scheduler.kafka.transport import OutgoingMessage, Producer, TopicAdmin, producer_config
+from scheduler.reconcile.reconciler import Reconciler
+from scheduler.scan.scanner import Scanner
+from scheduler.store import connect, reconcile
+from tests.support import wait_for
+
+pytestmark = pytest.mark.integration
+
+RUNS = 200
+
+
+@pytest.fixture
+def dispatched_runs(settings: Settings) -> list[dict[str, Any]]:
+    """RUNS runs, created by the scanner, as the relay would leave them (dispatched)."""
+    TopicAdmin(settings.kafka_bootstrap).ensure_topics(settings.core_topics, partitions=3)
+    with connect(settings.database_url) as conn:
+        conn.execute("insert into apps (name, partitions) values ('rec', 1)")
+        conn.execute(
+            "insert into schedules (id, app, name, kind, handler, next_fire_at) "
+            "select gen_random_uuid(), 'rec', 'n' || g, 'immediate', 'builtin:noop', now() "
+            "from generate_series(1, %s) g",
+            (RUNS,),
+        )
+        conn.commit()
+        while Scanner(settings).scan_once(conn).schedules:
+            pass
+        conn.execute("update runs set state = 'dispatched', dispatched_at = now()")
+        conn.commit()
+        return conn.execute("select id, schedule_id, attempt from runs").fetchall()
+
+
+def result(run: dict[str, Any], attempt: int | None = None, event_id: uuid.UUID | None = None) -> JobResult:
+    now = datetime.now(UTC)
+    return JobResult(
+        event_id=event_id or uuid.uuid4(),
+        status="succeeded",
+        run_id=run["id"],
+        schedule_id=run["schedule_id"],
+        app="rec",
+        attempt=attempt or run["attempt"],
+        worker="w",
+        started_at=now,
+        finished_at=now,
+    )
+
+
+def publish(settings: Settings, events: list[JobResult]) -> None:
+    codec = AvroCodec()
+    Producer(producer_config(settings.kafka_bootstrap, "t")).send(
+        [OutgoingMessage(settings.results_topic, codec.encode(e), e.run_id.bytes) for e in events]
+    )
+
+
+class FailsOnce(Reconciler):
+    """A reconciler whose first database apply fails as a dropped connection would."""
+
+    failed = False
+
+    def apply(self, conn: psycopg.Connection[dict[str, Any]], messages: list[Message]) -> reconcile.Applied:
+        if not self.failed:
+            self.failed = True
+            raise psycopg.OperationalError("connection lost (injected)")
+        return super().apply(conn, messages)
+
+
+@pytest.fixture
+def running_reconciler(settings: Settings) -> Iterator[FailsOnce]:
+    reconciler = FailsOnce(settings)
+    stop = threading.Event()
+    thread = threading.Thread(target=reconciler.run, args=(stop,))
+    thread.start()
+    try:
+        yield reconciler
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+def outcomes(settings: Settings) -> dict[str, int]:
+    with connect(settings.database_url) as conn:
+        rows = conn.execute("select outcome, count(*) as n from attempts group by outcome").fetchall()
+    return {r["outcome"]: int(r["n"]) for r in rows}
+
+
+def test_a_failed_batch_is_applied_again_not_skipped_and_fencing_holds(
+    settings: Settings, dispatched_runs: list[dict[str, Any]], running_reconciler: FailsOnce
+) -> None:
+    first = [result(run) for run in dispatched_runs]
+    publish(settings, first)
+    wait_for(lambda: outcomes(settings).get("applied") == RUNS, 60, "every success applied")
+    assert running_reconciler.failed, "the injected failure happened"
+
+    # The same events again (a redelivery), and outcomes of an attempt that is not the run's.
+    stale = [result(run, attempt=run["attempt"] + 1) for run in dispatched_runs[:50]]
+    publish(settings, first[:50] + stale)
+    wait_for(lambda: sum(outcomes(settings).values()) == RUNS + 100, 60, "the extra events recorded")
+    assert outcomes(settings) == {"applied": RUNS, "duplicate": 50, "stale": 50}
+    with connect(settings.database_url) as conn:
+        states = conn.execute("select state, attempt, count(*) as n from runs group by 1, 2").fetchall()
+    assert states == [{"state": "succeeded", "attempt": 1, "n": RUNS}]
