@@ -40,3 +40,19 @@ RECONCILER_UNDECODABLE = Counter(
     "scheduler_reconciler_undecodable_total", "Messages on the outcome topics that could not be decoded"
 )
 RECONCILER_SWEPT = Counter("scheduler_reconciler_swept_total", "Runs whose lease expired without an outcome")
+
+INGESTOR_COMMANDS = Counter(
+    "scheduler_ingestor_commands_total",
+    "Consumed schedule commands by what became of them (applied, duplicate, rejected)",
+    ["outcome"],
+)
+INGESTOR_REJECTED = Counter(
+    "scheduler_ingestor_rejected_total",
+    "Schedule commands rejected, by rejection code (undecodable, invalid, not_found, conflict)",
+    ["code"],
+)
+INGESTOR_BATCH_SECONDS = Histogram(
+    "scheduler_ingestor_batch_seconds",
+    "Time to decode, apply and commit one consumed batch of schedule commands",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)

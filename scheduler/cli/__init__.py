@@ -14,6 +14,7 @@ from scheduler.cli.demo import demo
 from scheduler.cli.dev import dev
 from scheduler.cli.dlq import dlq
 from scheduler.cli.init import init
+from scheduler.cli.produce import produce
 from scheduler.cli.run import run
 from scheduler.cli.runs import runs
 from scheduler.cli.schedules import schedules
@@ -34,3 +35,4 @@ main.add_command(runs)
 main.add_command(run)
 main.add_command(dlq)
 main.add_command(demo)
+main.add_command(produce)

@@ -121,7 +121,7 @@ def demo(duration: float | None, workers: int) -> None:
         for name, spec in specs.items():
             service.create_schedule(conn, replace(spec, name=name), actor())
 
-    commands = [["scanner"], ["relay"], ["reconciler"]]
+    commands = [["scanner"], ["relay"], ["reconciler"], ["ingestor"]]
     commands += [["worker", "--app", APP, "--concurrency", "16"]] * workers
     started = time.monotonic()
     with Live(Group(Text("starting components…")), refresh_per_second=4, transient=False) as live:

@@ -59,6 +59,14 @@ def reconciler() -> None:
 
 
 @run.command()
+def ingestor() -> None:
+    """Apply schedule commands from Kafka to PostgreSQL; publish the rejected ones."""
+    from scheduler.ingest.ingestor import Ingestor
+
+    _serve("ingestor", lambda settings, stop: Ingestor(settings).run(stop))
+
+
+@run.command()
 @click.option("--app", required=True, help="The app whose jobs to execute.")
 @click.option("--concurrency", type=click.IntRange(1, 10_000), default=16, show_default=True)
 @click.option(
@@ -87,7 +95,7 @@ def all_(apps: tuple[str, ...], workers: int, concurrency: int) -> None:
     if not apps:
         with database(settings) as conn:
             apps = tuple(row["name"] for row in schedules.list_apps(conn))
-    commands = [["scanner"], ["relay"], ["reconciler"]]
+    commands = [["scanner"], ["relay"], ["reconciler"], ["ingestor"]]
     for app in apps:
         commands += [["worker", "--app", app, "--concurrency", str(concurrency)]] * workers
     raise SystemExit(supervise(commands))

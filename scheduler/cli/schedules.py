@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -167,3 +168,29 @@ def trigger(schedule_id: UUID) -> None:
     with database(settings) as conn:
         run_id = service.trigger(conn, settings, schedule_id, actor())
     echo_json({"schedule_id": schedule_id, "run_id": run_id})
+
+
+@schedules.command("rejected")
+@click.option("--app", help="Only commands for this app.")
+@click.option("--code", type=click.Choice(["undecodable", "invalid", "not_found", "conflict"]))
+@click.option("--limit", type=click.IntRange(1, 1_000_000), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def rejected(app: str | None, code: str | None, limit: int, as_json: bool) -> None:
+    """List schedule commands the ingestor rejected, newest first (also on <prefix>.schedules.rejected)."""
+    from scheduler.store import ingest
+
+    settings = settings_or_exit()
+    with database(settings) as conn:
+        rows = ingest.list_rejections(conn, code=code, app=app, limit=limit)
+    if as_json:
+        echo_json(rows)
+        return
+    table = Table("rejected at (UTC)", "code", "command id", "app/key", "source", "reason")
+    table.columns[1].no_wrap = True
+    for r in rows:
+        table.add_row(
+            r["rejected_at"].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"), r["code"], r["command_id"] or "-",
+            f"{r['app']}/{r['schedule_key']}" if r["app"] else "-",
+            f"{r['source_partition']}@{r['source_offset']}", r["reason"],
+        )  # fmt: skip
+    Console().print(table)

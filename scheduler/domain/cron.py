@@ -15,6 +15,7 @@ with Vixie cron's two rules for fixed-time schedules and real-time semantics for
 from __future__ import annotations
 
 import calendar
+import functools
 import hashlib
 import re
 import uuid
@@ -140,10 +141,16 @@ class CronExpression:
     @classmethod
     def parse(cls, text: str, schedule_id: str | uuid.UUID | None = None) -> CronExpression:
         """Validate ``text`` (raising :class:`InvalidCronExpression`) and resolve its ``H`` fields."""
+        hash_seed = None if schedule_id is None else _hash_seed(schedule_id)
+        # Parsing and validating cost far more than the fire-time maths, and thousands of schedules
+        # share an expression: parse each (text, seed) once. The seed matters only where an H may be.
+        return _parse_cached(text, hash_seed if "H" in text.upper() else None)
+
+    @classmethod
+    def _parse(cls, text: str, hash_seed: str | None) -> CronExpression:
         source = " ".join(text.split())
         if not source:
             raise InvalidCronExpression(text, "the expression is empty")
-        hash_seed = None if schedule_id is None else _hash_seed(schedule_id)
         if source.startswith("@"):
             alias = _ALIASES.get(source.lower())
             if alias is None:
@@ -194,6 +201,11 @@ class CronExpression:
 
     def __str__(self) -> str:
         return self.text
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_cached(text: str, hash_seed: str | None) -> CronExpression:
+    return CronExpression._parse(text, hash_seed)
 
 
 def time_zone(name: str) -> ZoneInfo:

@@ -8,7 +8,7 @@ trigger, resume) so they wake at once instead of at their next poll.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -73,7 +73,8 @@ def first_fire(spec: ScheduleSpec, schedule_id: uuid.UUID, now: datetime) -> dat
     if spec.kind == ScheduleKind.DELAYED:
         return spec.run_at
     assert spec.cron is not None
-    start = max(now, spec.start_at) if spec.start_at else now
+    # A fire exactly at start_at counts: start_at is inclusive, so look from just before it.
+    start = max(now, spec.start_at - timedelta(microseconds=1)) if spec.start_at else now
     try:
         fire = CronSchedule.of(spec.cron, spec.tz, schedule_id=schedule_id).next_fire_after(start)
     except NoFireTime:
@@ -125,7 +126,9 @@ def create_schedule(
     return row
 
 
-def _current(conn: psycopg.Connection[Row], schedule_id: uuid.UUID, expected_version: int | None) -> Row:
+def current_schedule(
+    conn: psycopg.Connection[Row], schedule_id: uuid.UUID, expected_version: int | None
+) -> Row:
     row = schedules.get_schedule(conn, schedule_id)
     if row is None:
         raise ScheduleNotFound(f"no schedule {schedule_id}")
@@ -146,7 +149,7 @@ def _transition(
     expected_version: int | None,
 ) -> Row:
     with conn.transaction():
-        old = _current(conn, schedule_id, expected_version)
+        old = current_schedule(conn, schedule_id, expected_version)
         if old["state"] == target:
             return old  # already there: repeating a pause or cancel is harmless
         if old["state"] not in allowed_from:
@@ -200,7 +203,7 @@ def trigger(
     """Fire the schedule now, outside its timetable (also when paused); returns the new run's id."""
     dispatcher = dispatcher or JobDispatcher(settings)
     with conn.transaction():
-        schedule = _current(conn, schedule_id, None)
+        schedule = current_schedule(conn, schedule_id, None)
         if schedule["state"] in (ScheduleState.CANCELLED, ScheduleState.COMPLETED):
             raise InvalidTransition(f"cannot trigger schedule {schedule_id}: it is {schedule['state']}")
         now = schedules.db_now(conn)

@@ -1,0 +1,160 @@
+"""``scheduler produce``: schedule commands from JSON lines onto ``<prefix>.schedules``.
+
+Each line is one command in the JSON shape the README documents; it is encoded as Avro and
+produced with :class:`scheduler.client.ScheduleClient` (idempotent producer, acks=all). A line
+without a ``command_id`` gets one derived from its text, so producing the same file twice applies
+every command once. Bad lines are reported one per line on stderr and do not stop the run; the
+exit code says whether every line was acknowledged by Kafka. What the ingestor then makes of each
+command (applied, or rejected with a reason) is in ``scheduler schedules rejected``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import IO
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.text import Text
+
+from scheduler.cli.common import echo_json, fail, settings_or_exit
+from scheduler.client import KAFKA_LOG, CommandFormatError, DeliveryError, ScheduleClient, command_from_json
+from scheduler.kafka.avro import MessageEncodeError
+from scheduler.kafka.registry import RegistryUnavailable
+
+COMMAND_ID_NAMESPACE = uuid.UUID("5c4ed01e-3a1d-4c0e-9a8b-1f2e3d4c5b6a")
+"""Namespace of the uuid5 command ids derived from a line's text (stripped of surrounding blanks)."""
+
+
+def derived_command_id(line: str) -> str:
+    return str(uuid.uuid5(COMMAND_ID_NAMESPACE, line.strip()))
+
+
+class _RateColumn(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text("" if speed is None else f"{speed:,.0f} lines/s", style="progress.data.speed")
+
+
+def _lines(stream: IO[str]) -> Iterator[tuple[int, str]]:
+    for number, line in enumerate(stream, start=1):
+        if line.strip():
+            yield number, line
+
+
+class _Tally:
+    """Outcomes as Kafka reports them; bad lines are printed as they are found."""
+
+    def __init__(self, progress: Progress, task: TaskID, err: Console) -> None:
+        self.progress = progress
+        self.task = task
+        self.err = err
+        self.produced = 0
+        self.failed = 0
+
+    def bad_line(self, number: int, reason: str) -> None:
+        self.failed += 1
+        self.err.print(f"line {number}: {reason}", markup=False, highlight=False, soft_wrap=True)
+        self.progress.advance(self.task)
+
+    def delivered(self, number: int, error: str | None) -> None:
+        if error is None:
+            self.produced += 1
+            self.progress.advance(self.task)
+        else:
+            self.bad_line(number, f"not acknowledged by Kafka: {error}")
+
+
+@click.command()
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="JSON lines to produce (default: standard input).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON only.")
+def produce(path: Path | None, as_json: bool) -> None:
+    """Produce Avro ScheduleCommands from JSON lines onto <prefix>.schedules."""
+    settings = settings_or_exit()
+    # Connection trouble shows as failed lines; librdkafka's retry chatter would bury them.
+    KAFKA_LOG.addHandler(logging.NullHandler())
+    KAFKA_LOG.propagate = False
+    total = None
+    if path is not None:
+        with path.open("rb") as counting:
+            total = sum(1 for line in counting if line.strip())
+    err = Console(stderr=True)
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("producing"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        _RateColumn(),
+        console=err,
+    )
+    try:
+        client = ScheduleClient.from_settings(settings, client_id="scheduler-produce")
+    except RegistryUnavailable as exc:
+        fail(str(exc))
+    started = time.monotonic()
+    stream = path.open(encoding="utf-8") if path is not None else sys.stdin
+    try:
+        with progress:
+            tally = _Tally(progress, progress.add_task("producing", total=total), err)
+            for number, line in _lines(stream):
+                try:
+                    document = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    tally.bad_line(number, f"not JSON: {exc}")
+                    continue
+                try:
+                    command = command_from_json(document, default_command_id=derived_command_id(line))
+                    client.send(command, on_delivery=partial(tally.delivered, number))
+                except (CommandFormatError, MessageEncodeError) as exc:
+                    tally.bad_line(number, str(exc))
+            # Delivery reports of the tail arrive here; each one is counted by its callback.
+            client.flush()
+    except RegistryUnavailable as exc:
+        fail(str(exc))
+    except DeliveryError as exc:
+        fail(f"Kafka at {settings.kafka_bootstrap} did not answer: {exc}")
+    finally:
+        if path is not None:
+            stream.close()
+    seconds = time.monotonic() - started
+    rate = tally.produced / seconds if seconds > 0 else 0.0
+    if as_json:
+        echo_json(
+            {
+                "produced": tally.produced,
+                "failed": tally.failed,
+                "seconds": round(seconds, 3),
+                "rate": round(rate, 1),
+            }
+        )
+    else:
+        click.echo(
+            f"produced {tally.produced} commands to {client.topic}, {tally.failed} failed, "
+            f"in {seconds:.1f} s ({rate:,.0f} commands/s)"
+        )
+    if tally.failed:
+        raise SystemExit(1)

@@ -1,0 +1,159 @@
+"""Decoding and validating one consumed ``ScheduleCommand``, before any database is involved.
+
+The first step of the ingestor: every message of a batch becomes either a :class:`ValidCommand`
+(decoded, its spec checked by the same :func:`scheduler.schedule.spec.validate` the CLI and API use)
+or a :class:`~scheduler.store.ingest.Rejection` with a code and a one-line reason. Nothing here
+raises for bad input, so one malformed message can never stop a batch; only an unreachable schema
+registry propagates (the message may be fine, so it must be retried, not rejected).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from scheduler.kafka.avro import AvroCodec, MessageDecodeError
+from scheduler.kafka.messages import ScheduleCommand
+from scheduler.kafka.messages import ScheduleSpec as SpecMessage
+from scheduler.schedule.spec import (
+    InvalidSchedule,
+    ScheduleSpec,
+    encoded_payload,
+    validate,
+    validate_app_name,
+)
+from scheduler.store.ingest import Rejection, Source
+
+MAX_ID_LENGTH = 200
+"""Longest command id and schedule key (both are stored and shown)."""
+
+SPEC_OPERATIONS = ("create", "update")
+
+
+@dataclass(frozen=True, slots=True)
+class Consumed:
+    """A message as read from the commands topic, independent of the Kafka client's types."""
+
+    source: Source
+    value: bytes
+    key: bytes | None = None
+    traceparent: str | None = None
+    """The producer's W3C trace context, continued by the command's rejection if it has one."""
+
+
+@dataclass(frozen=True, slots=True)
+class ValidCommand:
+    """A decoded command whose fields are fit to apply; ``spec`` is set for create and update."""
+
+    consumed: Consumed
+    command: ScheduleCommand
+    spec: ScheduleSpec | None
+    payload: str | None
+    """The spec's payload as the JSON text to store (create and update)."""
+
+    @property
+    def source(self) -> Source:
+        return self.consumed.source
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.command.app, self.command.schedule_key)
+
+    @property
+    def actor(self) -> str:
+        """What the audit log names: the command's actor and its id."""
+        return f"{self.command.actor or 'producer'} (command {self.command.command_id})"
+
+
+def _storable(text: str | None) -> str | None:
+    """``text`` as PostgreSQL can store it: a text column refuses NUL, whatever a command carried."""
+    return None if text is None else text.replace("\x00", "\ufffd")
+
+
+def rejection(
+    code: str, reason: str, consumed: Consumed, command: ScheduleCommand | None = None
+) -> Rejection:
+    return Rejection(
+        code=code,
+        reason=_storable(reason) or code,
+        command_id=_storable(command.command_id) if command else None,
+        schedule_key=_storable(command.schedule_key) if command else None,
+        app=_storable(command.app) if command else None,
+        operation=command.operation if command else None,
+        original_bytes=consumed.value,
+        source=consumed.source,
+    )
+
+
+def domain_spec(command: ScheduleCommand, spec: SpecMessage) -> ScheduleSpec:
+    """The command's spec in the terms :func:`validate` checks; raises :class:`InvalidSchedule`."""
+    try:
+        payload = json.loads(spec.payload)
+    except json.JSONDecodeError as exc:
+        raise InvalidSchedule(f"payload is not JSON text: {exc}") from None
+    if not 1 <= spec.timeout_seconds <= 86_400:
+        raise InvalidSchedule(f"timeout_seconds must be 1 to 86400, got {spec.timeout_seconds}")
+    return ScheduleSpec(
+        app=command.app,
+        # A schedule made by a command is named by its key unless it says otherwise.
+        name=spec.name or command.schedule_key,
+        kind=spec.kind.value,
+        handler=spec.handler,
+        cron=spec.cron,
+        tz=spec.tz,
+        run_at=spec.run_at,
+        start_at=spec.start_at,
+        end_at=spec.end_at,
+        payload=payload,
+        max_attempts=spec.max_attempts,
+        timeout_ms=spec.timeout_seconds * 1000,
+        misfire_policy=spec.misfire.value,
+        overlap_policy=spec.overlap.value,
+    )
+
+
+def _check_identity(command: ScheduleCommand) -> None:
+    for value, what in ((command.command_id, "command_id"), (command.schedule_key, "schedule_key")):
+        if not 1 <= len(value) <= MAX_ID_LENGTH:
+            raise InvalidSchedule(f"{what} must be 1 to {MAX_ID_LENGTH} characters, got {len(value)}")
+    spec = command.spec
+    texts = {"command_id": command.command_id, "schedule_key": command.schedule_key, "actor": command.actor}
+    if spec is not None:
+        texts |= {
+            "spec.name": spec.name,
+            "spec.handler": spec.handler,
+            "spec.cron": spec.cron,
+            "spec.tz": spec.tz,
+        }
+    for what, text in texts.items():
+        if text is not None and "\x00" in text:
+            raise InvalidSchedule(f"{what} contains a NUL character, which no text column can hold")
+    validate_app_name(command.app)
+    if command.expected_version is not None and command.expected_version < 1:
+        raise InvalidSchedule(f"expected_version must be 1 or more, got {command.expected_version}")
+
+
+def decode_command(codec: AvroCodec, consumed: Consumed) -> ValidCommand | Rejection:
+    """The command in ``consumed``, validated, or why it cannot be applied."""
+    try:
+        command = codec.decode(ScheduleCommand, consumed.value)
+    except MessageDecodeError as exc:
+        return rejection("undecodable", str(exc), consumed)
+    try:
+        _check_identity(command)
+        if command.operation in SPEC_OPERATIONS:
+            if command.spec is None:
+                raise InvalidSchedule(f"the {command.operation} command needs a spec")
+            spec = validate(domain_spec(command, command.spec))
+            return ValidCommand(consumed, command, spec, encoded_payload(spec.payload))
+        if command.spec is not None:
+            raise InvalidSchedule(
+                f"the {command.operation} command takes no spec (only create and update take one)"
+            )
+        return ValidCommand(consumed, command, None, None)
+    except InvalidSchedule as exc:
+        return rejection("invalid", str(exc), consumed, command)
+    except (ValueError, TypeError, OverflowError) as exc:
+        # Values Avro carries but the domain cannot hold (a time beyond year 9999, say): still a bad
+        # command, never a reason to stop the batch.
+        return rejection("invalid", f"{type(exc).__name__}: {exc}", consumed, command)

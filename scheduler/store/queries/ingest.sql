@@ -1,0 +1,138 @@
+-- name: decided_sources
+-- Messages of the batch that were rejected before (the batch is being replayed after a crash
+-- between the database commit and the Kafka offset commit): their decision stands.
+select r.source_topic as topic, r.source_partition as partition, r.source_offset as "offset"
+  from ingest_rejections r
+  join unnest(%(topics)s::text[], %(partitions)s::int[], %(offsets)s::bigint[])
+       as m(source_topic, source_partition, source_offset)
+       using (source_topic, source_partition, source_offset);
+
+-- name: claim_commands
+-- Claims the batch's command ids in one statement. A new id is inserted (claimed = true: this
+-- transaction applies it); an id applied before, or being applied by a concurrent transaction
+-- (the insert waits for it), is a duplicate: its counter grows and claimed is false. `xmax = 0`
+-- holds exactly for rows this statement inserted rather than updated. Copies of one id within the
+-- batch are folded into one claim and counted as duplicates as well. Ids are claimed in sorted
+-- order, so that two ingestors whose batches share ids wait for each other instead of deadlocking.
+with command as (
+    select c.*,
+           count(*) over (partition by c.command_id) as copies,
+           row_number() over (partition by c.command_id order by c.ord) as nth
+      from unnest(%(command_ids)s::text[], %(apps)s::text[], %(keys)s::text[], %(operations)s::text[],
+                  %(topics)s::text[], %(partitions)s::int[], %(offsets)s::bigint[])
+           with ordinality
+           as c(command_id, app, schedule_key, operation, source_topic, source_partition, source_offset, ord)
+)
+insert into applied_commands (command_id, app, schedule_key, operation, source_topic, source_partition,
+                              source_offset, duplicates)
+select command_id, app, schedule_key, operation, source_topic, source_partition, source_offset, copies - 1
+  from command
+ where nth = 1
+ order by command_id
+on conflict (command_id) do update
+   set duplicates = applied_commands.duplicates + excluded.duplicates + 1
+returning command_id, (xmax = 0) as claimed;
+
+-- name: unclaim_commands
+-- Claimed commands that were rejected after all (unknown key, conflict) are not applied: a producer
+-- that resends one later has it judged again.
+delete from applied_commands where command_id = any(%(command_ids)s::text[]);
+
+-- name: schedules_by_key
+-- The schedules the batch's keys already name, locked so that the batch's decisions (conflict,
+-- not found) hold until it commits.
+select k.app, k.schedule_key, k.schedule_id
+  from schedule_keys k
+ where (k.app, k.schedule_key) in (select * from unnest(%(apps)s::text[], %(keys)s::text[]))
+ order by k.app, k.schedule_key
+   for update of k;
+
+-- name: known_apps
+select name from apps where name = any(%(names)s::text[]);
+
+-- name: create_keyed_schedules
+-- Every create of a batch in one statement: keys, schedules and their audit rows. A key taken
+-- meanwhile by a concurrent transaction is skipped (ON CONFLICT waits for that transaction), and so
+-- is its schedule; the caller learns which were created from the ids returned.
+with new as (
+    select *
+      from unnest(%(ids)s::uuid[], %(apps)s::text[], %(keys)s::text[], %(names)s::text[], %(kinds)s::text[],
+                  %(crons)s::text[], %(tzs)s::text[], %(run_at)s::timestamptz[], %(start_at)s::timestamptz[],
+                  %(end_at)s::timestamptz[], %(handlers)s::text[], %(payloads)s::text[],
+                  %(max_attempts)s::int[], %(backoff_base_ms)s::int[], %(backoff_max_ms)s::int[],
+                  %(timeout_ms)s::int[], %(misfire_policies)s::text[], %(overlap_policies)s::text[],
+                  %(jitter_ms)s::int[], %(next_fire_at)s::timestamptz[], %(actors)s::text[])
+           as n(id, app, schedule_key, name, kind, cron, tz, run_at, start_at, end_at, handler, payload,
+                max_attempts, backoff_base_ms, backoff_max_ms, timeout_ms, misfire_policy, overlap_policy,
+                jitter_ms, next_fire_at, actor)
+), keyed as (
+    insert into schedule_keys (app, schedule_key, schedule_id)
+    select app, schedule_key, id from new order by app, schedule_key
+    on conflict do nothing
+    returning schedule_id
+), inserted as (
+    insert into schedules (id, app, name, kind, cron, tz, run_at, start_at, end_at, handler, payload,
+                           max_attempts, backoff_base_ms, backoff_max_ms, timeout_ms, misfire_policy,
+                           overlap_policy, jitter_ms, state, next_fire_at)
+    select n.id, n.app, n.name, n.kind, n.cron, n.tz, n.run_at, n.start_at, n.end_at, n.handler,
+           n.payload::jsonb, n.max_attempts, n.backoff_base_ms, n.backoff_max_ms, n.timeout_ms,
+           n.misfire_policy, n.overlap_policy, n.jitter_ms, 'active',
+           -- An immediate schedule is due at the database's now, as in insert_schedule.
+           coalesce(n.next_fire_at, now())
+      from new n
+      join keyed k on k.schedule_id = n.id
+    returning *
+), audited as (
+    insert into audit_log (actor, action, entity, entity_id, old_value, new_value)
+    select n.actor, 'create', 'schedule', i.id::text, null, to_jsonb(i)
+      from inserted i
+      join new n on n.id = i.id
+)
+select id from inserted;
+
+-- name: replace_schedule_spec
+-- An update command: every field of the spec replaced at once, on the version the caller read.
+update schedules
+   set name = %(name)s::text,
+       kind = %(kind)s::text,
+       cron = %(cron)s::text,
+       tz = %(tz)s::text,
+       run_at = %(run_at)s::timestamptz,
+       start_at = %(start_at)s::timestamptz,
+       end_at = %(end_at)s::timestamptz,
+       handler = %(handler)s::text,
+       payload = %(payload)s::jsonb,
+       max_attempts = %(max_attempts)s::int,
+       backoff_base_ms = %(backoff_base_ms)s::int,
+       backoff_max_ms = %(backoff_max_ms)s::int,
+       timeout_ms = %(timeout_ms)s::int,
+       misfire_policy = %(misfire_policy)s::text,
+       overlap_policy = %(overlap_policy)s::text,
+       jitter_ms = %(jitter_ms)s::int,
+       next_fire_at = coalesce(%(next_fire_at)s::timestamptz, now()),
+       version = version + 1,
+       updated_at = now()
+ where id = %(id)s::uuid
+   and version = %(version)s::int
+returning *;
+
+-- name: record_rejections
+-- A message already rejected at the same position (a replayed batch) is left as it was and not
+-- returned, so its rejection is published once.
+insert into ingest_rejections (code, reason, command_id, schedule_key, app, operation, original_bytes,
+                               source_topic, source_partition, source_offset)
+select *
+  from unnest(%(codes)s::text[], %(reasons)s::text[], %(command_ids)s::text[], %(keys)s::text[],
+              %(apps)s::text[], %(operations)s::text[], %(original_bytes)s::bytea[], %(topics)s::text[],
+              %(partitions)s::int[], %(offsets)s::bigint[])
+on conflict (source_topic, source_partition, source_offset) do nothing
+returning source_topic, source_partition, source_offset, rejected_at;
+
+-- name: list_rejections
+select id, rejected_at, code, reason, command_id, schedule_key, app, operation,
+       octet_length(original_bytes) as original_size, source_topic, source_partition, source_offset
+  from ingest_rejections
+ where (%(code)s::text is null or code = %(code)s::text)
+   and (%(app)s::text is null or app = %(app)s::text)
+ order by rejected_at desc, id desc
+ limit %(limit)s::int;

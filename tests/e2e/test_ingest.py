@@ -1,0 +1,283 @@
+"""Schedule commands over Kafka as a user runs them: `scheduler produce`, the ingestor as a process,
+the rejected topic, and `scheduler run all` taking a command all the way to a finished run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer as RawProducer
+
+from scheduler.client import spec
+from scheduler.config import Settings
+from scheduler.kafka.avro import AvroCodec
+from scheduler.kafka.messages import ScheduleCommand, ScheduleCommandRejected
+from scheduler.kafka.transport import TopicAdmin
+from scheduler.store import connect
+from tests.support import SCHEDULER, Component, components, read_topic, wait_for
+
+pytestmark = pytest.mark.e2e
+
+APP = "bulk"
+CODEC = AvroCodec()
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+def cli(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SCHEDULER, *args], env=env, input=stdin, capture_output=True, text=True, check=False, timeout=300
+    )
+
+
+@pytest.fixture
+def stack(settings: Settings, settings_env: dict[str, str]) -> Settings:
+    """Core topics and the app. The commands and rejected topics take messages of up to 4 MiB, so that
+    a command whose payload is over the 1 MiB limit reaches the ingestor and its rejection the topic."""
+    big = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
+    TopicAdmin(settings.kafka_bootstrap).ensure_topics(
+        [settings.schedules_topic, settings.rejected_topic], 3, config=big
+    )
+    assert cli(settings_env, "init").returncode == 0
+    done = cli(settings_env, "apps", "create", APP, "--partitions", "3")
+    assert done.returncode == 0, done.stderr
+    return settings
+
+
+@pytest.fixture
+def ingestor(stack: Settings, settings_env: dict[str, str], tmp_path: Path) -> Iterator[Settings]:
+    with components(settings_env, tmp_path, "ingestor"):
+        yield stack
+
+
+def count(settings: Settings, sql: str) -> int:
+    with connect(settings.database_url) as conn:
+        row = conn.execute(sql).fetchone()  # type: ignore[arg-type]
+    assert row is not None
+    return int(next(iter(row.values())) or 0)
+
+
+def rejections(settings: Settings) -> list[ScheduleCommandRejected]:
+    return [
+        CODEC.decode(ScheduleCommandRejected, value)
+        for _, value, _ in read_topic(settings.kafka_bootstrap, settings.rejected_topic)
+    ]
+
+
+def test_thousands_of_creates_produced_twice_make_each_schedule_once(
+    ingestor: Settings, settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    n = 2000
+    commands = tmp_path / "commands.jsonl"
+    with commands.open("w") as out:
+        for i in range(n):
+            line = {
+                "schedule_key": f"job-{i}", "app": APP, "operation": "create",
+                "spec": {"cron": f"{i % 60} {i % 24} * * *", "tz": "Europe/Berlin", "handler": "builtin:noop",
+                         "payload": {"i": i}},
+            }  # fmt: skip
+            out.write(json.dumps(line) + "\n")
+
+    first = cli(settings_env, "produce", "--file", str(commands), "--json")
+    assert first.returncode == 0, first.stderr
+    summary = json.loads(first.stdout)
+    assert (summary["produced"], summary["failed"]) == (n, 0) and summary["rate"] > 0
+    wait_for(lambda: count(ingestor, "select count(*) from schedules") == n, 120, f"{n} schedules")
+
+    second = cli(settings_env, "produce", "--file", str(commands), "--json")
+    assert second.returncode == 0 and json.loads(second.stdout)["produced"] == n
+    wait_for(
+        lambda: count(ingestor, "select sum(duplicates) from applied_commands") == n,
+        120,
+        "the second copy of every command recognised as a duplicate",
+    )
+    assert count(ingestor, "select count(*) from schedules") == n
+    assert count(ingestor, "select count(distinct schedule_key) from schedule_keys") == n
+    assert count(ingestor, "select count(*) from ingest_rejections") == 0
+    with connect(ingestor.database_url) as conn:
+        row = conn.execute(
+            "select s.* from schedules s join schedule_keys k on k.schedule_id = s.id "
+            "where k.schedule_key = 'job-61'"
+        ).fetchone()
+    assert row is not None
+    assert (row["cron"], row["tz"], row["payload"], row["state"]) == (
+        "1 13 * * *",
+        "Europe/Berlin",
+        {"i": 61},
+        "active",
+    )
+
+
+def test_bad_commands_are_rejected_with_reasons_and_never_hold_up_good_ones(
+    ingestor: Settings, settings_env: dict[str, str]
+) -> None:
+    def create(key: str, **fields: Any) -> bytes:
+        values: dict[str, Any] = {"handler": "builtin:noop", "cron": "0 6 * * *"}
+        command = ScheduleCommand(
+            command_id=f"id-{key}",
+            schedule_key=key,
+            app=APP,
+            operation="create",
+            spec=spec(**(values | fields)),
+        )
+        return CODEC.encode(command)
+
+    header = CODEC.catalog.current("ScheduleCommand").header
+    random_blob = os.urandom(700 * 1024).hex()  # 1.4 MB of JSON that compression cannot shrink
+    bad = {
+        "malformed": header + b"\x7f\xff\xff\xff\xff\xff",
+        "fingerprint": b"\xc3\x01" + bytes.fromhex("0123456789abcdef") + create("x")[10:],
+        "cron": create("bad-cron", cron="0 25 * * *"),
+        "payload": create("too-big", payload={"blob": random_blob}),
+        "garbage": b"hello, scheduler",
+        "empty": b"",
+    }
+    good = [create(f"good-{i}") for i in range(10)]
+    producer = RawProducer(
+        {"bootstrap.servers": ingestor.kafka_bootstrap, "message.max.bytes": MAX_MESSAGE_BYTES}
+    )
+    # Good and bad interleaved on one partition (one key), then more good after the last bad one.
+    for value in [good[0], *bad.values(), *good[1:5]]:
+        producer.produce(ingestor.schedules_topic, value, key=b"mixed")
+    for value in good[5:]:
+        producer.produce(ingestor.schedules_topic, value)
+    assert producer.flush(30) == 0
+
+    wait_for(
+        lambda: count(ingestor, "select count(*) from schedules") == 10, 120, "every good command applied"
+    )
+    rejected = wait_for(
+        lambda: len(r := rejections(ingestor)) == len(bad) and r, 120, "every bad one rejected"
+    )
+    by_bytes = {r.original_bytes: r for r in rejected}
+    reason = {name: (by_bytes[value].code, by_bytes[value].reason) for name, value in bad.items()}
+    assert reason["malformed"][0] == "undecodable" and "corrupt or truncated" in reason["malformed"][1]
+    assert reason["fingerprint"] == (
+        "undecodable",
+        "unknown schema fingerprint 0123456789abcdef: written with a schema version this scheduler does not "
+        "know (a newer producer?)",
+    )
+    assert reason["cron"][0] == "invalid" and "25" in reason["cron"][1]
+    assert reason["payload"][0] == "invalid" and "the limit is 1048576 (1 MiB)" in reason["payload"][1]
+    assert reason["garbage"][0] == "undecodable" and "unknown framing" in reason["garbage"][1]
+    assert reason["empty"] == ("undecodable", "empty message where a ScheduleCommand was expected")
+    assert by_bytes[bad["cron"]].command_id == "id-bad-cron" and by_bytes[bad["garbage"]].command_id is None
+    assert all(r.source.topic == ingestor.schedules_topic for r in rejected)
+
+    listed = cli(settings_env, "schedules", "rejected", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(r["code"] for r in json.loads(listed.stdout)) == sorted(c for c, _ in reason.values())
+
+
+def test_produce_reports_each_bad_line_and_exits_non_zero(
+    stack: Settings, settings_env: dict[str, str]
+) -> None:
+    lines = [
+        json.dumps(
+            {"schedule_key": "a", "app": APP, "operation": "create", "spec": {"handler": "builtin:noop"}}
+        ),
+        "{not json",
+        json.dumps({"schedule_key": "b", "operation": "pause"}),
+        "",
+        json.dumps(
+            {
+                "schedule_key": "c",
+                "app": APP,
+                "operation": "create",
+                "spec": {"handler": "builtin:noop", "colour": "red"},
+            }
+        ),
+        json.dumps({"schedule_key": "d", "app": APP, "operation": "create"}),
+        json.dumps(
+            {
+                "schedule_key": "e",
+                "app": APP,
+                "operation": "create",
+                "spec": {"handler": "builtin:noop", "run_at": "2027-01-01T09:00:00"},
+            }
+        ),
+        json.dumps({"command_id": "fixed", "schedule_key": "a", "app": APP, "operation": "trigger"}),
+    ]
+    done = cli(settings_env, "produce", "--json", stdin="\n".join(lines) + "\n")
+    assert done.returncode == 1
+    summary = json.loads(done.stdout)
+    assert (summary["produced"], summary["failed"]) == (2, 5)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("line ")]
+    assert errors == [
+        errors[0],
+        "line 3: app is required (a non-empty string)",
+        "line 5: unknown spec field(s): colour",
+        "line 6: the create command needs a spec",
+        "line 7: spec.run_at '2027-01-01T09:00:00' needs an offset (e.g. 2027-01-01T09:00:00Z)",
+    ]
+    assert errors[0].startswith("line 2: not JSON:")
+
+    produced = [
+        CODEC.decode(ScheduleCommand, value)
+        for _, value, _ in read_topic(stack.kafka_bootstrap, stack.schedules_topic)
+    ]
+    assert sorted((c.schedule_key, c.operation) for c in produced) == [("a", "create"), ("a", "trigger")]
+    again = cli(settings_env, "produce", "--json", stdin=lines[0] + "\n")
+    assert again.returncode == 0
+    creates = [
+        CODEC.decode(ScheduleCommand, value).command_id
+        for _, value, _ in read_topic(stack.kafka_bootstrap, stack.schedules_topic)
+        if CODEC.decode(ScheduleCommand, value).operation == "create"
+    ]
+    assert len(creates) == 2 and len(set(creates)) == 1, (
+        "a line without a command id gets the same one every time"
+    )
+
+
+def test_run_all_takes_a_produced_command_to_a_finished_run(
+    stack: Settings, settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = settings_env | {"SCHEDULER_MAX_SCAN_SLEEP": "0.2"}
+    everything = Component("all", env, tmp_path, "--app", APP)
+    try:
+        line = {"schedule_key": "now", "app": APP, "operation": "create",
+                "spec": {"kind": "immediate", "handler": "builtin:noop"}}  # fmt: skip
+        done = cli(env, "produce", stdin=json.dumps(line))
+        assert done.returncode == 0, done.stderr
+        assert "produced 1 commands" in done.stdout and "0 failed" in done.stdout
+        wait_for(
+            lambda: count(stack, "select count(*) from runs where state = 'succeeded'") == 1,
+            120,
+            "the run of the produced schedule succeeded",
+        )
+    finally:
+        assert everything.stop(60) == 0, everything.output()[-3000:]
+
+
+def test_two_ingestors_apply_a_command_once_when_its_copies_land_on_different_partitions(
+    stack: Settings, settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    n = 1000
+    values = [
+        CODEC.encode(
+            ScheduleCommand(
+                command_id=f"cmd-{i}", schedule_key=f"k-{i}", app=APP, operation="create",
+                spec=spec(handler="builtin:noop", cron="0 6 * * *"),
+            )
+        )
+        for i in range(n)
+    ]  # fmt: skip
+    with components(settings_env, tmp_path, "ingestor", "ingestor"):
+        # A producer that retries without a key: each copy goes to a random partition, so the two
+        # ingestors may well meet the same command at the same moment.
+        producer = RawProducer({"bootstrap.servers": stack.kafka_bootstrap, "partitioner": "random"})
+        for value in values + values:
+            producer.produce(stack.schedules_topic, value)
+        assert producer.flush(30) == 0
+        wait_for(
+            lambda: count(stack, "select coalesce(sum(duplicates), 0) from applied_commands") == n,
+            120,
+            "every second copy recognised as a duplicate",
+        )
+    assert count(stack, "select count(*) from schedules") == n
+    assert count(stack, "select count(*) from applied_commands") == n
+    assert count(stack, "select count(*) from ingest_rejections") == 0

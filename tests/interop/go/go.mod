@@ -1,0 +1,3 @@
+module example.com/scheduler-interop
+
+go 1.22
