@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer as RawConsumer
 from confluent_kafka import Producer as RawProducer
+from confluent_kafka import TopicPartition
 
 from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
@@ -20,6 +22,7 @@ from scheduler.kafka.transport import TopicAdmin
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect
+from scheduler.worker.worker import worker_group
 from tests.support import SCHEDULER, Component, components, read_records, read_topic, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -218,3 +221,38 @@ def test_a_worker_killed_mid_job_loses_nothing(
         f"\nworker kill -9: {outcomes['re_executed']} runs re-executed, "
         f"{outcomes['extra']} extra outcomes fenced"
     )
+
+
+def test_sigterm_lets_running_jobs_finish_publish_and_commit(
+    settings: Settings, settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    subprocess.run([SCHEDULER, "init"], env=settings_env, check=True, capture_output=True)
+    with connect(settings.database_url) as conn:
+        service.create_app(conn, TopicAdmin(settings.kafka_bootstrap), settings, APP, 4, "test")
+    jobs = 20
+    for _ in range(jobs):
+        create(settings, handler="builtin:sleep", payload={"seconds": 3})
+    env = settings_env | {"SCHEDULER_MAX_SCAN_SLEEP": "0.2"}
+    with components(env, tmp_path, "scanner", "relay", "reconciler"):
+        worker = Component("worker", env, tmp_path, "--app", APP, "--concurrency", "50", "--grace", "30")
+        wait_for(lambda: len(runs(settings, "state = 'running'")) == jobs, 60, "every job running")
+        assert worker.stop(timeout_s=40) == 0, worker.output()[-3000:]
+        # No other worker exists: every success below was published by the one that was stopped.
+        wait_for(lambda: len(runs(settings, "state = 'succeeded'")) == jobs, 30, "every run succeeded")
+    with connect(settings.database_url) as conn:
+        executions = conn.execute(
+            "select count(*) as n from attempts where kind = 'succeeded' and outcome = 'applied'"
+        ).fetchone()
+    assert executions == {"n": jobs}
+    # Its offsets were committed up to the end of every partition: nothing would be re-delivered.
+    topic = settings.jobs_topic(APP)
+    reader = RawConsumer(
+        {"bootstrap.servers": settings.kafka_bootstrap, "group.id": worker_group(settings, APP)}
+    )
+    try:
+        partitions = [TopicPartition(topic, p) for p in range(4)]
+        committed = {tp.partition: tp.offset for tp in reader.committed(partitions, timeout=10)}
+        ends = {tp.partition: reader.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions}
+    finally:
+        reader.close()
+    assert {p: max(o, 0) for p, o in committed.items() if ends[p]} == {p: e for p, e in ends.items() if e}

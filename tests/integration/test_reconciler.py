@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -18,6 +18,8 @@ from scheduler.kafka.messages import JobResult
 from scheduler.kafka.transport import OutgoingMessage, Producer, TopicAdmin, producer_config
 from scheduler.reconcile.reconciler import Reconciler
 from scheduler.scan.scanner import Scanner
+from scheduler.schedule import service
+from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, reconcile
 from tests.support import wait_for
 
@@ -115,3 +117,58 @@ def test_a_failed_batch_is_applied_again_not_skipped_and_fencing_holds(
     with connect(settings.database_url) as conn:
         states = conn.execute("select state, attempt, count(*) as n from runs group by 1, 2").fetchall()
     assert states == [{"state": "succeeded", "attempt": 1, "n": RUNS}]
+
+
+def test_buffer_one_keeps_one_waiting_fire_and_dispatches_it_when_the_running_one_ends(
+    settings: Settings,
+) -> None:
+    TopicAdmin(settings.kafka_bootstrap).ensure_topics(settings.core_topics, partitions=3)
+    with connect(settings.database_url) as conn:
+        conn.execute("insert into apps (name, partitions) values ('rec', 1)")
+        conn.commit()
+        row = service.create_schedule(
+            conn,
+            ScheduleSpec(
+                app="rec",
+                kind="cron",
+                cron="* * * * * *",
+                handler="builtin:noop",
+                overlap_policy="buffer_one",
+            ),
+            "test",
+        )
+        first = row["next_fire_at"]
+        scanner = Scanner(settings)
+        for seconds in range(3):  # three fires while the first run never ends
+            scanner.scan_once(conn, now=first + timedelta(seconds=seconds))
+        runs = conn.execute(
+            "select r.id, r.schedule_id, r.attempt, r.state, r.buffered, r.skip_reason, "
+            "exists (select 1 from outbox o where o.run_id = r.id) as queued "
+            "from runs r order by scheduled_for"
+        ).fetchall()
+    assert [(r["state"], r["buffered"], r["skip_reason"], r["queued"]) for r in runs] == [
+        ("pending", False, None, True),
+        ("pending", True, None, False),
+        ("skipped", False, "overlap", False),
+    ]
+
+    reconciler = Reconciler(settings)
+    stop = threading.Event()
+    thread = threading.Thread(target=reconciler.run, args=(stop,))
+    thread.start()
+    try:
+        publish(settings, [result(runs[0])])
+
+        def buffered_released() -> bool:
+            with connect(settings.database_url) as conn:
+                waiting = conn.execute(
+                    "select r.buffered, exists (select 1 from outbox o where o.run_id = r.id) as queued "
+                    "from runs r where id = %s",
+                    (runs[1]["id"],),
+                ).fetchone()
+            return waiting == {"buffered": False, "queued": True}
+
+        wait_for(buffered_released, 60, "the waiting fire to be dispatched")
+    finally:
+        stop.set()
+        thread.join(30)
