@@ -46,6 +46,11 @@ lint: install
 clean: down
 	rm -rf $(VENV) .stack .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
-# Figures, never assertions: see bench/README.md. JOBS, WORKERS, CONCURRENCY override the e2e run.
+# Figures, never assertions: see bench/README.md. JOBS, WORKERS, CONCURRENCY size the runs;
+# BENCH_ARGS passes step flags (e.g. BENCH_ARGS="--only e2e,lag"). The peers (PgQueuer, Celery)
+# get a virtualenv of their own under bench/results; Celery's Redis comes from Debian's packages.
 bench: up
-	$(BIN)/python -m bench.e2e --jobs $(or $(JOBS),10000) --workers $(or $(WORKERS),4) --concurrency $(or $(CONCURRENCY),64)
+	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server) \
+		|| echo "redis-server unavailable: the Celery peer will be skipped"
+	$(BIN)/python -m bench.run_all --jobs $(or $(JOBS),10000) --workers $(or $(WORKERS),4) \
+		--concurrency $(or $(CONCURRENCY),64) $(BENCH_ARGS)

@@ -218,3 +218,53 @@ def latest() -> dict[str, Any]:
     """What ``results/latest.json`` holds so far (empty before the first run)."""
     path = RESULTS / "latest.json"
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+@contextmanager
+def running_logged(
+    commands: Sequence[Sequence[str]], env: dict[str, str], log_dir: Path, grace_s: float = 30
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``running``, with each component's output kept in ``log_dir`` (one file per process) so a
+    stall or a crash can be read afterwards."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for index, args in enumerate(commands):
+        name = "-".join(a for a in args if not a.startswith("-") and not a.isdigit())
+        with (log_dir / f"{index:02d}-{name}.log").open("wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "scheduler", "run", *args],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def stack_database_url() -> str:
+    """The local stack's server (started if needed), for peers that make their own database."""
+    url = os.environ.get("SCHEDULER_DATABASE_URL")
+    if url and os.environ.get("SCHEDULER_KAFKA_BOOTSTRAP"):
+        return url
+    stack = LocalStack(load_settings())
+    stack.up()
+    return stack.env()["SCHEDULER_DATABASE_URL"]
+
+
+def console() -> Any:
+    """A rich console wide enough for the tables when output is not a terminal (``make bench | tee``)."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=150)

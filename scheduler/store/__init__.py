@@ -16,4 +16,8 @@ __all__ = ["connect", "query"]
 
 
 def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[dict[str, object]]:
-    return psycopg.connect(url, autocommit=autocommit, row_factory=dict_row, application_name="scheduler")
+    conn = psycopg.connect(url, autocommit=autocommit, row_factory=dict_row, application_name="scheduler")
+    # No server-side prepared statements: a batch statement runs once per batch, so planning it
+    # costs little, while a cached generic plan built on "1 row" estimates can cost seconds a batch.
+    conn.prepare_threshold = None
+    return conn

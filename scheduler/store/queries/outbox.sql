@@ -2,18 +2,20 @@
 -- Claims up to %(limit)s publishable rows for one relay. SKIP LOCKED lets any number of relays
 -- claim side by side without waiting on each other; a claim is a status (claimed_until), not a
 -- held transaction, so a relay that dies mid-publish only delays its rows until the claim lapses.
+-- The ids are collected once (array of a subquery, an init plan): as a joined subquery the
+-- planner may re-run the locking scan for every outbox row, which stalls a large burst.
 update outbox o
    set claimed_until = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(claim_seconds)s::float8),
        claimed_by = %(relay)s::text,
        publish_count = o.publish_count + 1
-  from (select id
-          from outbox
-         where claimed_until is null
-            or claimed_until < coalesce(%(now)s::timestamptz, now())
-         order by id
-         limit %(limit)s::int
-           for update skip locked) due
- where o.id = due.id
+ where o.id = any(array(
+           select id
+             from outbox
+            where claimed_until is null
+               or claimed_until < coalesce(%(now)s::timestamptz, now())
+            order by id
+            limit %(limit)s::int
+              for update skip locked))
 returning o.id, o.topic, o.key, o.value, o.headers, o.run_id, o.attempt, o.publish_count;
 
 -- name: complete_outbox
@@ -27,9 +29,10 @@ with published as (
     returning run_id, attempt, publish_count
 ), locked as (
     -- Locked in id order, as the reconciler locks them: a relay and a reconciler never deadlock.
+    -- By primary key (array of a subquery), whatever the statistics say about `published`.
     select r.id
       from runs r
-     where r.id in (select run_id from published)
+     where r.id = any(array(select run_id from published))
      order by r.id
        for update
 ), dispatched as (
@@ -38,8 +41,8 @@ with published as (
            dispatched_at = coalesce(%(now)s::timestamptz, now()),
            version = r.version + 1
       from published p
-     where r.id = p.run_id and r.attempt = p.attempt and r.state = 'pending'
-       and r.id in (select id from locked)
+     where r.id = any(array(select id from locked))
+       and r.id = p.run_id and r.attempt = p.attempt and r.state = 'pending'
     returning r.id
 )
 select (select count(*) from published) as published,

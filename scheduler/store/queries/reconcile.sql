@@ -21,7 +21,7 @@ with event as (
     select r.id, r.attempt, r.state, s.timeout_ms
       from runs r
       join schedules s on s.id = r.schedule_id
-     where r.id in (select run_id from event)
+     where r.id = any(array(select run_id from event))
      order by r.id
        for update of r
 ), accepted as (

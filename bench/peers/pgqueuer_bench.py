@@ -1,0 +1,135 @@
+"""PgQueuer on the same PostgreSQL: no-op jobs drained by worker processes, then delayed jobs.
+
+Runs in the peers' virtualenv (see ``harness``). A fresh database gets PgQueuer's schema
+(``pgq install``, durable tables, as ours); each worker process runs one ``QueueManager`` on an
+asyncpg connection with an async no-op entrypoint. Throughput: N jobs enqueued in one batch
+statement, timed from before the enqueue until PgQueuer's queue table is empty (every job done and
+acknowledged). Delayed jobs: ``execute_after`` spread evenly over the window; lag is the handler's
+start minus the job's ``execute_after`` as PostgreSQL stored it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import timedelta
+
+import asyncpg
+import harness
+import psycopg
+from pgqueuer import AsyncpgDriver, Job, Queries, QueueManager
+
+ENTRYPOINT = "noop"
+QUEUE_TABLE = "pgqueuer"
+
+
+def worker(dsn: str, work_dir: str, batch_size: int) -> None:
+    async def main() -> None:
+        connection = await asyncpg.connect(dsn)
+        manager = QueueManager(Queries(AsyncpgDriver(connection)))
+        recorder = harness.Recorder(work_dir)
+
+        @manager.entrypoint(ENTRYPOINT)
+        async def noop(job: Job) -> None:
+            recorder.started((job.payload or b"?").decode(), job.execute_after.timestamp())
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, manager.shutdown.set)
+        await manager.run(batch_size=batch_size)
+
+    asyncio.run(main())
+
+
+def enqueue(dsn: str, keys: list[str], delays: list[timedelta] | None) -> None:
+    async def main() -> None:
+        connection = await asyncpg.connect(dsn)
+        try:
+            queries = Queries(AsyncpgDriver(connection))
+            await queries.enqueue(
+                [ENTRYPOINT] * len(keys), [key.encode() for key in keys], [0] * len(keys), delays
+            )
+        finally:
+            await connection.close()
+
+    asyncio.run(main())
+
+
+def queued(conn: psycopg.Connection) -> int:
+    row = conn.execute(f"select count(*) from {QUEUE_TABLE}").fetchone()
+    return int(row[0]) if row else 0
+
+
+def main() -> None:
+    args = harness.arguments(__doc__.splitlines()[0])
+    dsn_arg = sys.argv[sys.argv.index("--dsn") + 1]
+    batch_size = int(sys.argv[sys.argv.index("--batch-size") + 1]) if "--batch-size" in sys.argv else 10
+    if args.worker:
+        worker(dsn_arg, args.work_dir, batch_size)
+        return
+    name = f"bench_pgq_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(dsn_arg, autocommit=True) as admin:
+        admin.execute(f'create database "{name}"')
+    dsn = dsn_arg.rsplit("/", 1)[0] + f"/{name}"
+    workers: list[subprocess.Popen[bytes]] = []
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "pgqueuer", "--pg-dsn", dsn, "install"],
+            check=True,
+            capture_output=True,
+        )
+        work_dir = tempfile.mkdtemp(prefix="pgq-", dir=args.work_dir)
+        command = [sys.executable, __file__, "--worker", "--dsn", dsn, "--work-dir", work_dir]
+        workers = harness.start([[*command, "--batch-size", str(batch_size), "--out", "-"]] * args.workers)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            enqueue(dsn, [f"w{i}" for i in range(200)], None)
+            harness.wait_until(lambda: queued(conn) == 0, 120)
+
+            started = time.monotonic()
+            enqueue(dsn, [f"t{i}" for i in range(args.jobs)], None)
+            enqueued = time.monotonic()
+            finished = harness.wait_until(lambda: queued(conn) == 0, 600)
+
+            fires = max(1, round(args.rate * args.window))
+            lead_s = 2.0 + fires / 20_000
+            step_s = args.window / fires
+            enqueue(
+                dsn,
+                [f"l{i}" for i in range(fires)],
+                [timedelta(seconds=lead_s + i * step_s) for i in range(fires)],
+            )
+            row = conn.execute(
+                "select extract(epoch from min(execute_after) - clock_timestamp())::float8 "
+                f"from {QUEUE_TABLE}"
+            ).fetchone()
+            ahead_s = float(row[0]) if row and row[0] is not None else 0.0
+            harness.wait_until(lambda: queued(conn) == 0, lead_s + args.window + 300, interval_s=0.2)
+        harness.stop(workers)
+        lag = harness.read_starts(work_dir, "l")
+        throughput_keys = {key for key, _, _ in harness.read_starts(work_dir, "t")}
+        harness.write(
+            args.out,
+            {
+                "system": "pgqueuer",
+                "config": f"{args.workers} processes x QueueManager(batch_size={batch_size}), asyncpg",
+                "jobs": args.jobs,
+                "jobs_done": len(throughput_keys),
+                "seconds": finished - started,
+                "enqueue_s": enqueued - started,
+                "fires": fires,
+                "lag_ms": harness.lag_ms(lag),
+                "lag_duplicates": len(lag) - len({key for key, _, _ in lag}),
+                "inserted_ahead_s": ahead_s,
+            },
+        )
+    finally:
+        harness.stop(workers)
+        with psycopg.connect(dsn_arg, autocommit=True) as admin:
+            admin.execute(f'drop database if exists "{name}" with (force)')
+
+
+if __name__ == "__main__":
+    main()
