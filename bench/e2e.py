@@ -33,13 +33,15 @@ STAGES = {
 }
 
 
-def run_e2e(jobs: int, partitions: int, workers: int, concurrency: int) -> dict[str, Any]:
+def run_e2e(
+    jobs: int, partitions: int, workers: int, concurrency: int, scanners: int = 1, relays: int = 1
+) -> dict[str, Any]:
     with isolated_settings("e2e") as settings:
         with connect(settings.database_url) as conn:
             service.create_app(
                 conn, TopicAdmin(settings.kafka_bootstrap), settings, "bench", partitions, "bench"
             )
-        commands = [["scanner"], ["relay"], ["reconciler"]]
+        commands = [["scanner"]] * scanners + [["relay"]] * relays + [["reconciler"]]
         commands += [["worker", "--app", "bench", "--concurrency", str(concurrency)]] * workers
         env = component_env(
             settings, {"SCHEDULER_SCAN_BATCH_SIZE": "2000", "SCHEDULER_RELAY_BATCH_SIZE": "2000"}
@@ -86,6 +88,8 @@ def run_e2e(jobs: int, partitions: int, workers: int, concurrency: int) -> dict[
         "partitions": partitions,
         "workers": workers,
         "concurrency": concurrency,
+        "scanners": scanners,
+        "relays": relays,
         "seconds": round(elapsed, 2),
         "jobs_per_s": round(jobs / elapsed, 1),
         "latency_ms": stages["end_to_end"],
@@ -113,8 +117,10 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--scanners", type=int, default=1)
+    parser.add_argument("--relays", type=int, default=1)
     args = parser.parse_args()
-    figures = run_e2e(args.jobs, args.partitions, args.workers, args.concurrency)
+    figures = run_e2e(args.jobs, args.partitions, args.workers, args.concurrency, args.scanners, args.relays)
     show(figures)
     print(f"written to {record('e2e', figures)}")
 
