@@ -37,7 +37,7 @@ from scheduler.ingest.commands import ValidCommand, rejection
 from scheduler.scan.dispatch import JobDispatcher
 from scheduler.schedule import service
 from scheduler.schedule.service import InvalidTransition, ScheduleNotFound
-from scheduler.schedule.spec import InvalidSchedule, ScheduleSpec
+from scheduler.schedule.spec import InvalidSchedule, ScheduleSpec, spec_columns
 from scheduler.store import ingest as store
 from scheduler.store import schedules
 from scheduler.store.ingest import CommandClaim, NewKeyedSchedule, Rejection
@@ -120,25 +120,12 @@ def replace_spec(
         now = schedules.db_now(conn)
         new = store.replace_schedule_spec(
             conn,
-            {
+            spec_columns(spec)
+            | {
                 "id": schedule_id,
                 "version": old["version"],
                 "name": spec.name or old["name"],
-                "kind": spec.kind,
-                "cron": spec.cron,
-                "tz": spec.tz,
-                "run_at": spec.run_at,
-                "start_at": spec.start_at,
-                "end_at": spec.end_at,
-                "handler": spec.handler,
                 "payload": payload,
-                "max_attempts": spec.max_attempts,
-                "backoff_base_ms": spec.backoff_base_ms,
-                "backoff_max_ms": spec.backoff_max_ms,
-                "timeout_ms": spec.timeout_ms,
-                "misfire_policy": spec.misfire_policy,
-                "overlap_policy": spec.overlap_policy,
-                "jitter_ms": spec.jitter_ms,
                 "next_fire_at": service.first_fire(spec, schedule_id, now),
             },
         )

@@ -21,6 +21,7 @@ from scheduler.scan.dispatch import JobDispatcher, lease_expiry
 from scheduler.schedule.spec import (
     InvalidSchedule,
     ScheduleSpec,
+    spec_columns,
     validate,
     validate_app_name,
 )
@@ -99,25 +100,10 @@ def create_schedule(
         now = schedules.db_now(conn)
         row = schedules.insert_schedule(
             conn,
-            {
+            spec_columns(spec)
+            | {
                 "id": schedule_id,
-                "app": spec.app,
                 "name": spec.name or f"{spec.kind}-{str(schedule_id)[:8]}",
-                "kind": spec.kind,
-                "cron": spec.cron,
-                "tz": spec.tz,
-                "run_at": spec.run_at,
-                "start_at": spec.start_at,
-                "end_at": spec.end_at,
-                "handler": spec.handler,
-                "payload": spec.payload,
-                "max_attempts": spec.max_attempts,
-                "backoff_base_ms": spec.backoff_base_ms,
-                "backoff_max_ms": spec.backoff_max_ms,
-                "timeout_ms": spec.timeout_ms,
-                "misfire_policy": spec.misfire_policy,
-                "overlap_policy": spec.overlap_policy,
-                "jitter_ms": spec.jitter_ms,
                 "next_fire_at": first_fire(spec, schedule_id, now),
             },
         )

@@ -7,6 +7,7 @@ bad input the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -123,3 +124,8 @@ def validate(spec: ScheduleSpec) -> ScheduleSpec:
     if spec.jitter_ms < 0:
         raise InvalidSchedule("jitter must not be negative")
     return spec
+
+
+def spec_columns(spec: ScheduleSpec) -> dict[str, Any]:
+    """The schedule table's columns as the spec sets them (the caller adds id, name and next fire)."""
+    return dataclasses.asdict(spec)
