@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from typing import Any
 
 import psycopg
 
+from scheduler.cli.supervise import stop_processes
 from scheduler.config import Settings, load_settings
 from scheduler.devstack import LocalStack
 from scheduler.kafka.transport import TopicAdmin
@@ -66,31 +66,6 @@ def component_env(settings: Settings, extra: dict[str, str] | None = None) -> di
         }
         | (extra or {})
     )
-
-
-@contextmanager
-def running(
-    commands: Sequence[Sequence[str]], env: dict[str, str]
-) -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "scheduler", "run", *args],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for args in commands
-    ]
-    try:
-        yield procs
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def wait_until(condition: Any, timeout_s: float, interval_s: float = 0.05) -> float:
@@ -221,16 +196,17 @@ def latest() -> dict[str, Any]:
 
 
 @contextmanager
-def running_logged(
-    commands: Sequence[Sequence[str]], env: dict[str, str], log_dir: Path, grace_s: float = 30
+def running(
+    commands: Sequence[Sequence[str]], env: dict[str, str], log_dir: Path | None = None, grace_s: float = 30
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """``running``, with each component's output kept in ``log_dir`` (one file per process) so a
-    stall or a crash can be read afterwards."""
-    log_dir.mkdir(parents=True, exist_ok=True)
+    """``scheduler run`` components as processes, stopped on exit. With ``log_dir`` each one's output
+    is kept there (one file per process) so that a stall or a crash can be read afterwards."""
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     for index, args in enumerate(commands):
         name = "-".join(a for a in args if not a.startswith("-") and not a.isdigit())
-        with (log_dir / f"{index:02d}-{name}.log").open("wb") as log:
+        with open(log_dir / f"{index:02d}-{name}.log" if log_dir else os.devnull, "wb") as log:
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "scheduler", "run", *args],
@@ -242,15 +218,7 @@ def running_logged(
     try:
         yield procs
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for proc in procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(procs, grace_s)
 
 
 def stack_database_url() -> str:

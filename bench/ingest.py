@@ -35,7 +35,7 @@ from bench.common import (
     create_bench_app,
     isolated_settings,
     record,
-    running_logged,
+    running,
     wait_until,
 )
 from scheduler.store import connect
@@ -93,7 +93,7 @@ def run_avro(commands: int, partitions: int) -> dict[str, Any]:
         write_commands(warm, 10, "warm")
         write_commands(batch, commands, "avro")
         with (
-            running_logged([["ingestor"]], env, RESULTS / "logs" / "ingest"),
+            running([["ingestor"]], env, RESULTS / "logs" / "ingest"),
             connect(settings.database_url) as conn,
         ):
             produce(env, warm)

@@ -39,7 +39,7 @@ from bench.common import (
     ms_percentiles,
     pipeline_commands,
     record,
-    running_logged,
+    running,
     warm_up,
 )
 from scheduler.store import connect, query
@@ -147,7 +147,7 @@ def run_lag(
             | ({"PGOPTIONS": pg_options} if pg_options else {}),
         )
         with (
-            running_logged(pipeline_commands(workers, concurrency), env, LOGS / f"lag-{rate}-{idle}"),
+            running(pipeline_commands(workers, concurrency), env, LOGS / f"lag-{rate}-{idle}"),
             connect(settings.database_url) as conn,
         ):
             time.sleep(3)  # the workers join their group

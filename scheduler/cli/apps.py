@@ -9,6 +9,7 @@ from rich.table import Table
 from scheduler.cli.common import actor, database, echo_json, settings_or_exit
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.schedule import service
+from scheduler.store import schedules
 
 
 @click.group()
@@ -39,8 +40,6 @@ def create(name: str, partitions: int, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def list_(as_json: bool) -> None:
     """List apps."""
-    from scheduler.store import schedules
-
     settings = settings_or_exit()
     with database(settings) as conn:
         rows = schedules.list_apps(conn)

@@ -26,7 +26,7 @@ from rich.text import Text
 
 from scheduler.cli.common import actor, database, settings_or_exit
 from scheduler.cli.init import initialise
-from scheduler.cli.supervise import supervise
+from scheduler.cli.supervise import pipeline_commands, supervise
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
@@ -121,8 +121,7 @@ def demo(duration: float | None, workers: int) -> None:
         for name, spec in specs.items():
             service.create_schedule(conn, replace(spec, name=name), actor())
 
-    commands = [["scanner"], ["relay"], ["reconciler"], ["ingestor"]]
-    commands += [["worker", "--app", APP, "--concurrency", "16"]] * workers
+    commands = pipeline_commands([APP], workers, concurrency=16)
     started = time.monotonic()
     with Live(Group(Text("starting components…")), refresh_per_second=4, transient=False) as live:
         last = 0.0

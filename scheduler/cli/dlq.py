@@ -10,8 +10,7 @@ from rich.console import Console
 from rich.progress import Progress, TextColumn
 from rich.table import Table
 
-from scheduler.cli.common import actor, database, echo_json, parse_instant, settings_or_exit
-from scheduler.cli.runs import run_id_arg
+from scheduler.cli.common import actor, database, echo_json, parse_instant, settings_or_exit, uuid_arg
 from scheduler.reconcile.replay import Replayer, ReplayFilter
 from scheduler.store import runs as store
 
@@ -23,7 +22,7 @@ def dlq() -> None:
 
 @dlq.command("list")
 @click.option("--app")
-@click.option("--schedule", "schedule_id", type=run_id_arg)
+@click.option("--schedule", "schedule_id", type=uuid_arg)
 @click.option("--since", help="ISO 8601: dead at or after.")
 @click.option("--until", help="ISO 8601: dead before.")
 @click.option("--limit", type=click.IntRange(1, 1_000_000), default=100, show_default=True)
@@ -56,7 +55,7 @@ def list_(
 
 @dlq.command("replay")
 @click.option("--app")
-@click.option("--schedule", "schedule_id", type=run_id_arg)
+@click.option("--schedule", "schedule_id", type=uuid_arg)
 @click.option("--error-class", help="Only runs whose error is of this class (e.g. PlannedFailure, HTTP503).")
 @click.option("--since", help="ISO 8601: dead at or after.")
 @click.option("--until", help="ISO 8601: dead before.")

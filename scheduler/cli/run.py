@@ -88,14 +88,11 @@ def worker(app: str, concurrency: int, grace: float) -> None:
 def all_(apps: tuple[str, ...], workers: int, concurrency: int) -> None:
     """Every component as its own process; Ctrl-C or SIGTERM stops them all."""
     from scheduler.cli.common import database
-    from scheduler.cli.supervise import supervise
+    from scheduler.cli.supervise import pipeline_commands, supervise
     from scheduler.store import schedules
 
     settings = settings_or_exit()
     if not apps:
         with database(settings) as conn:
             apps = tuple(row["name"] for row in schedules.list_apps(conn))
-    commands = [["scanner"], ["relay"], ["reconciler"], ["ingestor"]]
-    for app in apps:
-        commands += [["worker", "--app", app, "--concurrency", str(concurrency)]] * workers
-    raise SystemExit(supervise(commands))
+    raise SystemExit(supervise(pipeline_commands(apps, workers, concurrency)))

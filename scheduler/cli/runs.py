@@ -8,17 +8,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from scheduler.cli.common import database, echo_json, fail, settings_or_exit
+from scheduler.cli.common import database, echo_json, fail, settings_or_exit, uuid_arg
 from scheduler.store import runs as store
 
 RUN_STATES = ("pending", "dispatched", "running", "retry_wait", "succeeded", "dead", "skipped", "cancelled")
-
-
-def run_id_arg(value: str) -> UUID:
-    try:
-        return UUID(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not an id (a UUID)") from None
 
 
 @click.group()
@@ -27,7 +20,7 @@ def runs() -> None:
 
 
 @runs.command("list")
-@click.option("--schedule", "schedule_id", type=run_id_arg)
+@click.option("--schedule", "schedule_id", type=uuid_arg)
 @click.option("--app")
 @click.option("--state", type=click.Choice(RUN_STATES))
 @click.option("--limit", type=click.IntRange(1, 1_000_000), default=100, show_default=True)
@@ -56,7 +49,7 @@ def list_(schedule_id: UUID | None, app: str | None, state: str | None, limit: i
 
 
 @runs.command("get")
-@click.argument("run_id", type=run_id_arg)
+@click.argument("run_id", type=uuid_arg)
 def get(run_id: UUID) -> None:
     """Print one run with its attempts as JSON."""
     settings = settings_or_exit()

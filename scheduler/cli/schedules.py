@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from scheduler.cli.common import actor, database, echo_json, fail, parse_instant, settings_or_exit
+from scheduler.cli.common import actor, database, echo_json, fail, parse_instant, settings_or_exit, uuid_arg
 from scheduler.schedule import service
 from scheduler.schedule.spec import MISFIRE_POLICIES, OVERLAP_POLICIES, ScheduleSpec
 from scheduler.store import schedules as store
@@ -26,13 +26,6 @@ SCHEDULE_FIELDS = (
 
 def shown(row: dict[str, Any]) -> dict[str, Any]:
     return {name: row.get(name) for name in SCHEDULE_FIELDS}
-
-
-def schedule_id_arg(value: str) -> UUID:
-    try:
-        return UUID(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a schedule id (a UUID)") from None
 
 
 @click.group()
@@ -107,7 +100,7 @@ def create(
 
 
 @schedules.command("get")
-@click.argument("schedule_id", type=schedule_id_arg)
+@click.argument("schedule_id", type=uuid_arg)
 def get(schedule_id: UUID) -> None:
     """Print one schedule as JSON."""
     settings = settings_or_exit()
@@ -143,7 +136,7 @@ def list_(app: str | None, state: str | None, limit: int, as_json: bool) -> None
 
 def _versioned(name: str, operation: Any, help_text: str) -> click.Command:
     @click.command(name, help=help_text)
-    @click.argument("schedule_id", type=schedule_id_arg)
+    @click.argument("schedule_id", type=uuid_arg)
     @click.option("--expect-version", type=int, help="Fail unless the schedule is at this version.")
     def command(schedule_id: UUID, expect_version: int | None) -> None:
         settings = settings_or_exit()
@@ -161,7 +154,7 @@ schedules.add_command(_versioned("cancel", service.cancel, "Cancel a schedule fo
 
 
 @schedules.command("trigger")
-@click.argument("schedule_id", type=schedule_id_arg)
+@click.argument("schedule_id", type=uuid_arg)
 def trigger(schedule_id: UUID) -> None:
     """Fire a schedule now, outside its timetable; prints the new run id."""
     settings = settings_or_exit()

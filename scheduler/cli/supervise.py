@@ -12,7 +12,30 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def pipeline_commands(apps: Sequence[str], workers: int, concurrency: int) -> list[list[str]]:
+    """Every component of the pipeline, with ``workers`` worker processes for each app."""
+    commands = [["scanner"], ["relay"], ["reconciler"], ["ingestor"]]
+    for app in apps:
+        commands += [["worker", "--app", app, "--concurrency", str(concurrency)]] * workers
+    return commands
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[Any]], grace_s: float) -> None:
+    """SIGTERM every process still running, then SIGKILL whatever outlives the grace period."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def component_argv(args: list[str]) -> list[str]:
@@ -42,12 +65,5 @@ def supervise(
                 tick()
             time.sleep(0.2)
     finally:
-        stop_all()
-        deadline = time.monotonic() + grace_s
-        for proc in procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(procs, grace_s)
     return 0 if all(proc.returncode == 0 for proc in procs) else 1

@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -105,6 +106,7 @@ class Worker:
         self._paused = False
         self._full_since: float | None = None
         self._slot_freed = threading.Event()
+        self._skipped: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
         self._consumer = Consumer(
             consumer_config(
                 settings.kafka_bootstrap,
@@ -136,6 +138,7 @@ class Worker:
             while not stop.is_set():
                 self._fetch()
                 self._producer.poll(0)
+                self._settle_skipped()
                 if time.monotonic() - last_commit >= COMMIT_EVERY_S:
                     self._commit(asynchronous=True)
                     last_commit = time.monotonic()
@@ -235,12 +238,20 @@ class Worker:
             if err is not None:
                 # The outcome is not on Kafka: leave the offset unfinished so the job is re-delivered.
                 log.error("outcome of offset %s not delivered: %s", delivery.offset, err)
-            else:
-                self.progress.finished(delivery.topic, delivery.partition, delivery.offset)
-            with self._counts_lock:
-                self._unacked -= 1
+            self._settle(delivery, finished=err is None)
 
         return on_delivery
+
+    def _settle(self, delivery: Delivery, finished: bool) -> None:
+        """A fetched job needs nothing more from this worker; main thread only (it owns Progress)."""
+        if finished:
+            self.progress.finished(delivery.topic, delivery.partition, delivery.offset)
+        with self._counts_lock:
+            self._unacked -= 1
+
+    def _settle_skipped(self) -> None:
+        while not self._skipped.empty():
+            self._settle(self._skipped.get_nowait(), finished=True)
 
     def _drain(self) -> None:
         """Stop fetching; wait for in-flight jobs within the grace period, then publish and commit."""
@@ -248,8 +259,10 @@ class Worker:
         self._consumer.pause(self._consumer.assignment())
         while self._unacked > 0 and time.monotonic() < deadline:
             self._producer.poll(0.05)
+            self._settle_skipped()
         self._producer.flush(max(1.0, deadline - time.monotonic()))
         self._producer.poll(0)
+        self._settle_skipped()
         self._commit(asynchronous=False)
 
     def _shutdown(self) -> None:
@@ -284,8 +297,8 @@ class Worker:
         started = datetime.now(UTC)
         if started > job.deadline:
             # The lease is over: the sweeper dispatches the next attempt; running this one too
-            # would only add a duplicate.
-            self._finished(delivery)(None, None)  # type: ignore[arg-type]
+            # would only add a duplicate. Settled by the main thread, which owns the watermarks.
+            self._skipped.put(delivery)
             return
         try:
             result = await self._run_handler(delivery, job, started)
