@@ -19,10 +19,10 @@ from typing import Any
 
 import psycopg
 
-from scheduler.cli.supervise import stop_processes
 from scheduler.config import Settings, load_settings
 from scheduler.devstack import LocalStack
 from scheduler.kafka.transport import TopicAdmin
+from scheduler.runtime.supervisor import stop_processes
 from scheduler.store import connect
 from scheduler.store.migrate import migrate
 

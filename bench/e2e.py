@@ -59,13 +59,15 @@ def run_e2e(
             conn.commit()
 
             def all_done() -> bool:
-                row = conn.execute("select count(*) as n from runs where state = 'succeeded'").fetchone()
+                row: dict[str, Any] | None = conn.execute(
+                    "select count(*) as n from runs where state = 'succeeded'"
+                ).fetchone()
                 conn.commit()
                 return row is not None and row["n"] >= jobs
 
             finished = wait_until(all_done, timeout_s=600, interval_s=0.05)
             elapsed = finished - started
-            rows = conn.execute(
+            rows: list[dict[str, Any]] = conn.execute(
                 "select r.scheduled_for, r.created_at, r.dispatched_at, r.started_at, r.finished_at, "
                 "       (select min(a.received_at) from attempts a where a.run_id = r.id "
                 "          and a.kind = 'succeeded' and a.outcome = 'applied') as reconciled_at "

@@ -162,7 +162,7 @@ def run_lag(
             # The measurement is over: fresh statistics keep the planner honest on the query below.
             conn.execute("analyze schedules, runs")
             # A fire that never started counts with the lag it had when the wait ended: a lower bound.
-            rows = conn.execute(
+            rows: list[dict[str, Any]] = conn.execute(
                 "select extract(epoch from coalesce(r.started_at, clock_timestamp()) - x.scheduled_for) "
                 "         * 1000 as start_ms, "
                 "       extract(epoch from r.dispatched_at - x.scheduled_for) * 1000 as dispatch_ms, "

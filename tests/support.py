@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -45,7 +45,7 @@ def read_records(
     )
     try:
         metadata = consumer.list_topics(topic, timeout=10)
-        partitions = list(metadata.topics[topic].partitions)
+        partitions: list[int] = list(metadata.topics[topic].partitions)
         ends = {
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions
         }
@@ -57,14 +57,23 @@ def read_records(
             for message in consumer.consume(1000, 0.5):
                 if message.error():
                     continue
-                headers = {name: value or b"" for name, value in message.headers() or []}
-                messages.append((message.key(), message.value(), message.timestamp()[1], headers))
-                if message.offset() + 1 >= ends[message.partition()]:
-                    remaining.discard(message.partition())
+                headers = header_bytes(message.headers())
+                messages.append((message.key(), message.value() or b"", message.timestamp()[1], headers))
+                partition, offset = message.partition(), message.offset()
+                if partition is not None and offset is not None and offset + 1 >= ends[partition]:
+                    remaining.discard(partition)
         assert not remaining, f"could not read {topic} to its end within {timeout_s} s"
         return messages
     finally:
         consumer.close()
+
+
+def header_bytes(
+    headers: Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]] | None,
+) -> dict[str, bytes]:
+    """A message's headers by name, each value as bytes (``b""`` for a header without one)."""
+    pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+    return {name: value.encode() if isinstance(value, str) else value or b"" for name, value in pairs}
 
 
 class Component:

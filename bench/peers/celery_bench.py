@@ -56,6 +56,7 @@ def start_redis(work_dir: str) -> subprocess.Popen[bytes]:
         raise SystemExit("redis-server not found: apt-get install -y redis-server")
     if port_in_use(REDIS_PORT):
         raise SystemExit(f"port {REDIS_PORT} is taken; set BENCH_REDIS_PORT to a free one")
+    redis: subprocess.Popen[bytes]
     (redis,) = harness.start(
         [
             [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ def test_the_demo_runs_every_schedule_kind_and_stops_cleanly(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     with connect(settings.database_url) as conn:
-        rows = conn.execute(
+        rows: list[dict[str, Any]] = conn.execute(
             "select s.name, r.state, r.attempt from runs r join schedules s on s.id = r.schedule_id"
         ).fetchall()
     by_name: dict[str, list[tuple[str, int]]] = {}

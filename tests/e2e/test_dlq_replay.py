@@ -58,7 +58,9 @@ def test_replaying_dead_runs(pipeline: Settings, settings_env: dict[str, str]) -
             "select run_id, count(*) as n from attempts where kind = 'succeeded' and outcome = 'applied' "
             "group by run_id"
         ).fetchall()
-        audit = conn.execute("select actor, entity_id from audit_log where action = 'replay'").fetchall()
+        audit: list[dict[str, Any]] = conn.execute(
+            "select actor, entity_id from audit_log where action = 'replay'"
+        ).fetchall()
     assert {e["run_id"] for e in executions} == replayed and {e["n"] for e in executions} == {1}
     assert {a["entity_id"] for a in audit} == {str(r) for r in replayed}
     assert all(a["actor"].startswith("cli:") for a in audit)

@@ -54,7 +54,7 @@ def create(settings: Settings, **fields: Any) -> Any:
 
 def runs(settings: Settings, sql_filter: str = "true") -> list[dict[str, Any]]:
     with connect(settings.database_url) as conn:
-        return conn.execute(f"select * from runs where {sql_filter}").fetchall()  # type: ignore[arg-type]
+        return conn.execute(f"select * from runs where {sql_filter}").fetchall()
 
 
 def attempts_of(settings: Settings, schedule_id: Any) -> list[dict[str, Any]]:
@@ -96,6 +96,7 @@ def test_failing_twice_succeeds_on_the_third_attempt_with_jittered_backoff(pipel
         pipeline, handler="builtin:fail", payload={"times": 2}, backoff_base_ms=200, backoff_max_ms=1000
     )
     run = wait_for(lambda: terminal(pipeline, sid), 60, "the run to end")
+    assert run is not None
     assert (run["state"], run["attempt"]) == ("succeeded", 3)
     history = [(a["attempt"], a["kind"], a["outcome"]) for a in attempts_of(pipeline, sid)]
     assert [h for h in history if h[1] != "started"] == [
@@ -119,6 +120,7 @@ def test_failing_past_max_attempts_is_dead_on_the_dlq_and_listed(
 ) -> None:
     sid = create(pipeline, handler="builtin:fail", payload={"times": 5}, max_attempts=3, backoff_base_ms=100)
     run = wait_for(lambda: terminal(pipeline, sid), 60, "the run to end")
+    assert run is not None
     assert (run["state"], run["attempt"]) == ("dead", 3)
     codec = AvroCodec()
     letters = [
@@ -137,6 +139,7 @@ def test_failing_past_max_attempts_is_dead_on_the_dlq_and_listed(
 def test_non_retryable_failure_goes_straight_to_dead(pipeline: Settings) -> None:
     sid = create(pipeline, handler="builtin:fail", payload={"times": 1, "retryable": False})
     run = wait_for(lambda: terminal(pipeline, sid), 60, "the run to end")
+    assert run is not None
     assert (run["state"], run["attempt"]) == ("dead", 1)
 
 
@@ -161,6 +164,7 @@ def test_random_bytes_are_dead_lettered_and_the_partition_moves_on(pipeline: Set
 def test_http_job_to_a_private_address_is_dead_and_not_retried(pipeline: Settings, url: str) -> None:
     sid = create(pipeline, handler="builtin:http", payload={"url": url})
     run = wait_for(lambda: terminal(pipeline, sid), 60, "the run to end")
+    assert run is not None
     assert (run["state"], run["attempt"]) == ("dead", 1)
     assert "refused" in run["error"]
 
@@ -203,7 +207,7 @@ def test_a_worker_killed_mid_job_loses_nothing(
     done = runs(settings)
     assert len(done) == jobs and {r["state"] for r in done} == {"succeeded"}
     with connect(settings.database_url) as conn:
-        outcomes = conn.execute(
+        outcomes: dict[str, Any] | None = conn.execute(
             "select count(*) filter (where kind = 'succeeded' and outcome = 'applied') as applied, "
             "count(*) filter (where kind = 'succeeded' and outcome <> 'applied') as extra, "
             "count(distinct run_id) filter (where worker = %(victim)s) as started_on_victim, "

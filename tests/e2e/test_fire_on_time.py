@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,7 +47,9 @@ def create_delayed(settings: Settings, count: int, over_s: float, lead_s: float 
 
 def dispatched_count(settings: Settings) -> int:
     with connect(settings.database_url) as conn:
-        row = conn.execute("select count(*) as n from runs where state = 'dispatched'").fetchone()
+        row: dict[str, Any] | None = conn.execute(
+            "select count(*) as n from runs where state = 'dispatched'"
+        ).fetchone()
     return int(row["n"]) if row else 0
 
 
@@ -57,7 +60,9 @@ def check_runs_and_messages(settings: Settings) -> list[float]:
             "select s.id, count(r.id) as runs from schedules s left join runs r on r.schedule_id = s.id "
             "group by s.id"
         ).fetchall()
-        runs = conn.execute("select id, scheduled_for, dispatched_at, state, created_at from runs").fetchall()
+        runs: list[dict[str, Any]] = conn.execute(
+            "select id, scheduled_for, dispatched_at, state, created_at from runs"
+        ).fetchall()
     assert len(per_schedule) == SCHEDULES
     assert all(row["runs"] == 1 for row in per_schedule)
     assert {run["state"] for run in runs} == {"dispatched"}
@@ -112,7 +117,7 @@ def test_a_sleeping_scanner_wakes_at_once_when_a_schedule_is_created(
 
     def runs_count() -> int:
         with connect(settings.database_url) as conn:
-            row = conn.execute("select count(*) as n from runs").fetchone()
+            row: dict[str, Any] | None = conn.execute("select count(*) as n from runs").fetchone()
         return int(row["n"]) if row else 0
 
     with components(env, tmp_path, "scanner"):
@@ -122,8 +127,8 @@ def test_a_sleeping_scanner_wakes_at_once_when_a_schedule_is_created(
                 service.create_schedule(
                     conn, ScheduleSpec(app="fire", kind="immediate", handler="builtin:noop"), "t"
                 )
-            wait_for(
-                lambda n=expected: runs_count() == n,
-                10,
-                f"run {expected} created without waiting out the sleep",
-            )
+
+            def created(n: int = expected) -> bool:
+                return runs_count() == n
+
+            wait_for(created, 10, f"run {expected} created without waiting out the sleep")

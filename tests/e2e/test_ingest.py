@@ -56,7 +56,7 @@ def ingestor(stack: Settings, settings_env: dict[str, str], tmp_path: Path) -> I
 
 def count(settings: Settings, sql: str) -> int:
     with connect(settings.database_url) as conn:
-        row = conn.execute(sql).fetchone()  # type: ignore[arg-type]
+        row: dict[str, Any] | None = conn.execute(sql).fetchone()
     assert row is not None
     return int(next(iter(row.values())) or 0)
 
@@ -151,8 +151,9 @@ def test_bad_commands_are_rejected_with_reasons_and_never_hold_up_good_ones(
         lambda: count(ingestor, "select count(*) from schedules") == 10, 120, "every good command applied"
     )
     rejected = wait_for(
-        lambda: len(r := rejections(ingestor)) == len(bad) and r, 120, "every bad one rejected"
+        lambda: r if len(r := rejections(ingestor)) == len(bad) else None, 120, "every bad one rejected"
     )
+    assert rejected is not None
     by_bytes = {r.original_bytes: r for r in rejected}
     reason = {name: (by_bytes[value].code, by_bytes[value].reason) for name, value in bad.items()}
     assert reason["malformed"][0] == "undecodable" and "corrupt or truncated" in reason["malformed"][1]

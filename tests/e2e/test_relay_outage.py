@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,7 +61,7 @@ def schedule_due_runs(settings: Settings, count: int) -> None:
 
 def counts(settings: Settings) -> dict[str, int]:
     with connect(settings.database_url) as conn:
-        row = conn.execute(
+        row: dict[str, Any] | None = conn.execute(
             "select (select count(*) from runs where state = 'dispatched') as dispatched, "
             "(select count(*) from outbox) as outbox"
         ).fetchone()

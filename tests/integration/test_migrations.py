@@ -56,7 +56,7 @@ def test_every_query_the_code_runs_is_valid_against_the_migrated_schema(database
             params = {p: None for p in _PARAM_RE.findall(sql)}
             try:
                 # EXPLAIN plans without executing: column, type and syntax errors all surface here.
-                conn.execute("explain " + sql, params)  # type: ignore[arg-type]
+                conn.execute("explain " + sql, params)
             except Exception as exc:
                 pytest.fail(f"query {name!r} does not fit the schema: {exc}")
             finally:

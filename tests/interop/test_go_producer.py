@@ -63,7 +63,7 @@ def keyed(settings: Settings) -> dict[str, dict[str, Any]]:
         rows = conn.execute(
             "select k.schedule_key, s.* from schedule_keys k join schedules s on s.id = k.schedule_id"
         ).fetchall()
-    return {row["schedule_key"]: row for row in rows}
+    return {str(row["schedule_key"]): row for row in rows}
 
 
 def test_commands_encoded_in_go_from_the_readme_are_applied(
@@ -90,10 +90,9 @@ def test_commands_encoded_in_go_from_the_readme_are_applied(
     with components(settings_env, tmp_path, "ingestor"):
         found = wait_for(
             lambda: (
-                (k := keyed(settings))
-                and len(k) == CRON_SCHEDULES + 2
-                and k["go-cron-1"]["version"] == 2
-                and k
+                k
+                if len(k := keyed(settings)) == CRON_SCHEDULES + 2 and k["go-cron-1"]["version"] == 2
+                else None
             ),
             120,
             "every schedule the Go program created, and its update applied",
@@ -111,6 +110,7 @@ def test_commands_encoded_in_go_from_the_readme_are_applied(
             )
             rejected = conn.execute("select code, reason from ingest_rejections").fetchall()
     assert rejected == []
+    assert found is not None
 
     cron7 = found["go-cron-7"]
     assert (cron7["name"], cron7["kind"], cron7["cron"], cron7["tz"], cron7["handler"]) == (

@@ -1,0 +1,51 @@
+"""Metrics of the reconciler component, in a registry of its own: its ``/metrics`` shows only these.
+
+The component is three services in one process (``scheduler run reconciler``): the reconciler
+proper, the lease sweeper and the buffer release; each moves its own metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+REGISTRY = CollectorRegistry()
+
+EVENTS = Counter(
+    "scheduler_reconciler_events_total",
+    "Outcome events by what became of them (applied, stale, duplicate)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+UNDECODABLE = Counter(
+    "scheduler_reconciler_undecodable_total",
+    "Messages on the outcome topics that could not be decoded",
+    registry=REGISTRY,
+)
+DEAD_LETTERS = Counter(
+    "scheduler_dead_letters_total",
+    "Runs that became dead, by app (from workers' dead letters and expired leases)",
+    ["app"],
+    registry=REGISTRY,
+)
+CONSUMER_LAG = Gauge(
+    "scheduler_consumer_lag",
+    "Messages behind the high watermark, per assigned partition of the outcome topics",
+    ["topic", "partition"],
+    registry=REGISTRY,
+)
+LAST_BATCH = Gauge(
+    "scheduler_reconciler_last_batch_timestamp_seconds",
+    "Unix time of the reconciler's last applied batch or empty poll",
+    registry=REGISTRY,
+)
+
+LEASE_EXPIRIES = Counter(
+    "scheduler_lease_expiries_total",
+    "Runs whose lease expired without an outcome, by what became of them (retry, dead)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+BUFFERED_RELEASED = Counter(
+    "scheduler_buffered_runs_released_total",
+    "Fires that buffer_one kept waiting, dispatched once the run before them ended",
+    registry=REGISTRY,
+)

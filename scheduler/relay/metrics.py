@@ -1,0 +1,31 @@
+"""The relay's metrics, in a registry of its own: its ``/metrics`` shows only these."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry()
+
+PUBLISHED = Counter(
+    "scheduler_relay_published_total", "Outbox messages acknowledged by Kafka", registry=REGISTRY
+)
+REPUBLISHED = Counter(
+    "scheduler_relay_republished_total",
+    "Outbox messages published more than once (a relay died or lost its claim): duplicates on Kafka",
+    registry=REGISTRY,
+)
+FAILURES = Counter(
+    "scheduler_relay_publish_failures_total", "Batches Kafka did not acknowledge", registry=REGISTRY
+)
+DISPATCH_LAG = Histogram(
+    "scheduler_dispatch_lag_seconds",
+    "From an outbox row's creation to Kafka's acknowledgement of its message",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+    registry=REGISTRY,
+)
+OUTBOX_DEPTH = Gauge("scheduler_outbox_depth", "Outbox rows waiting to be published", registry=REGISTRY)
+OUTBOX_OLDEST_AGE = Gauge(
+    "scheduler_outbox_oldest_age_seconds",
+    "Age of the oldest outbox row (0 when the outbox is empty)",
+    registry=REGISTRY,
+)

@@ -1,0 +1,197 @@
+"""The health and metrics endpoints of a component process, on its own port.
+
+- ``/live``: the loop of every service in the process turned recently (a wedged loop is restarted
+  by whoever probes this; a loop backing off from a failed dependency is still turning).
+- ``/startup``: every service completed a first step.
+- ``/ready``: started, not stopping, and every dependency answers (PostgreSQL, Kafka, and for
+  consumers an assigned or joining group).
+- ``/health``: the JSON document operators read: ``status``, ``timestamp``, ``components`` (each
+  dependency and each service loop with ``status`` and ``latency_ms``), ``uptime_seconds``,
+  ``version``. 503 when unhealthy.
+- ``/metrics``: the Prometheus exposition of this component's own registry only.
+
+Every other path answers 404. Dependency probes are cached for a second, so that a probe storm
+(several kubelets, Prometheus, a person with curl) costs the dependencies one probe a second.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from scheduler import __version__
+from scheduler.runtime.service import Check, Service
+
+PROBE_CACHE_S = 1.0
+# A loop that has not turned for this long is wedged. Generous: one step may wait on Kafka's
+# acknowledgement of a batch for most of a relay claim (45 s by default).
+LIVE_TIMEOUT_S = 90.0
+
+
+@dataclass(frozen=True)
+class Probe:
+    status: str  # "up" | "down"
+    latency_ms: float
+    detail: str | None
+
+
+class Health:
+    """Evaluates a process's services and their dependencies."""
+
+    def __init__(
+        self,
+        component: str,
+        services: Sequence[Service],
+        registry: CollectorRegistry,
+        live_timeout_s: float = LIVE_TIMEOUT_S,
+    ) -> None:
+        self.component = component
+        self.services = list(services)
+        self.registry = registry
+        self.live_timeout_s = live_timeout_s
+        self.started_at = time.monotonic()
+        checks: dict[str, Check] = {}
+        for service in services:
+            for check in service.checks():
+                checks.setdefault(check.name, check)  # one PostgreSQL probe for the whole process
+        self.checks = list(checks.values())
+        self._cache: tuple[float, dict[str, Probe]] | None = None
+        self._lock = threading.Lock()
+
+    def live(self) -> bool:
+        return all(s.status.seconds_since_turn() < self.live_timeout_s for s in self.services)
+
+    def started(self) -> bool:
+        return all(s.status.started for s in self.services)
+
+    def probes(self) -> dict[str, Probe]:
+        with self._lock:
+            now = time.monotonic()
+            if self._cache is not None and now - self._cache[0] < PROBE_CACHE_S:
+                return self._cache[1]
+            results = {check.name: _probe(check) for check in self.checks}
+            self._cache = (time.monotonic(), results)
+            return results
+
+    def ready(self) -> bool:
+        if not self.started() or any(s.status.stopping for s in self.services):
+            return False
+        return all(p.status == "up" for p in self.probes().values())
+
+    def document(self) -> dict[str, Any]:
+        components: dict[str, dict[str, Any]] = {}
+        for name, probe in self.probes().items():
+            components[name] = {"status": probe.status, "latency_ms": round(probe.latency_ms, 2)}
+            if probe.detail:
+                components[name]["detail"] = probe.detail
+        for service in self.services:
+            st = service.status
+            turning = st.seconds_since_turn() < self.live_timeout_s
+            entry: dict[str, Any] = {
+                "status": "up" if turning and st.started and not st.stopping else "down",
+                "latency_ms": round(st.seconds_since_turn() * 1000, 2),
+                "started": st.started,
+                "stopping": st.stopping,
+                "consecutive_failures": st.failures,
+            }
+            if st.last_error:
+                entry["last_error"] = st.last_error
+            components[f"loop:{service.name}"] = entry
+        healthy = self.live() and self.ready()
+        return {
+            "status": "healthy" if healthy else "unhealthy",
+            "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "component": self.component,
+            "components": components,
+            "uptime_seconds": round(time.monotonic() - self.started_at, 3),
+            "version": __version__,
+        }
+
+
+def _probe(check: Check) -> Probe:
+    started = time.perf_counter()
+    try:
+        detail = check.probe()
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
+        return Probe("down", (time.perf_counter() - started) * 1000, reason)
+    return Probe("up", (time.perf_counter() - started) * 1000, detail)
+
+
+class HealthServer:
+    """Serves :class:`Health` over HTTP from a daemon thread."""
+
+    def __init__(self, health: Health, port: int, host: str = "0.0.0.0") -> None:
+        self.health = health
+        handler = _handler_for(health)
+        self._server = ThreadingHTTPServer((host, port), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="health", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _handler_for(health: Health) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "scheduler-health"
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0].rstrip("/") or "/"
+            if path == "/metrics":
+                self._send(HTTPStatus.OK, generate_latest(health.registry), CONTENT_TYPE_LATEST)
+            elif path == "/live":
+                self._status(health.live(), "live")
+            elif path == "/startup":
+                self._status(health.started(), "started")
+            elif path == "/ready":
+                ok = health.ready()
+                self._json(HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, health.document())
+            elif path == "/health":
+                document = health.document()
+                ok = document["status"] == "healthy"
+                self._json(HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, document)
+            else:
+                self._json(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: {path}"})
+
+        def do_HEAD(self) -> None:
+            self.do_GET()
+
+        def _status(self, ok: bool, what: str) -> None:
+            body = {"status": what if ok else f"not {what}"}
+            self._json(HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, body)
+
+        def _json(self, status: HTTPStatus, body: dict[str, Any]) -> None:
+            self._send(status, json.dumps(body).encode(), "application/json")
+
+        def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            # Probes every few seconds would drown the component's log.
+            pass
+
+    return Handler

@@ -1,0 +1,94 @@
+"""One component process: its services, signals, logs, traces and health endpoints.
+
+``scheduler run <component>`` builds the component's services in the composition root and hands
+them here. Each service runs in a thread of its own; the main thread only waits. SIGTERM or
+Ctrl-C sets the shared stop event, and every service drains and closes within its grace period;
+a service that dies of a non-transient error stops the others and the process exits 1, so that
+its supervisor restarts it whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from scheduler import __version__
+from scheduler.runtime.health import Health, HealthServer
+from scheduler.runtime.service import Service
+
+log = logging.getLogger("scheduler.process")
+
+# After the grace period the process exits even if a thread (a handler that ignores cancellation)
+# does not: a stop that never ends is worse than an unfinished job, which is redelivered.
+EXIT_MARGIN_S = 5.0
+
+
+def build_info(registry: CollectorRegistry, component: str) -> None:
+    try:
+        info = Gauge(
+            "scheduler_build_info", "The running version", ["component", "version"], registry=registry
+        )
+    except ValueError:
+        return  # registered by an earlier run in this process (tests)
+    info.labels(component, __version__).set(1)
+
+
+def run_component(
+    component: str,
+    services: Sequence[Service],
+    registry: CollectorRegistry,
+    *,
+    metrics_port: int | None,
+    metrics_host: str = "0.0.0.0",
+    grace_s: float = 30.0,
+) -> int:
+    """Run ``services`` until a signal (0) or a service's failure (1)."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if not stop.is_set():
+            log.info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    build_info(registry, component)
+    server: HealthServer | None = None
+    if metrics_port is not None:
+        server = HealthServer(Health(component, services, registry), metrics_port, metrics_host)
+        server.start()
+        log.info("health and metrics on port %d", server.port)
+
+    failed: list[str] = []
+
+    def guarded(service: Service) -> None:
+        try:
+            service.run(stop)
+        except Exception:
+            log.exception("service %s failed", service.name)
+            failed.append(service.name)
+            stop.set()
+
+    threads = [threading.Thread(target=guarded, args=(s,), name=s.name, daemon=True) for s in services]
+    for thread in threads:
+        thread.start()
+    while not stop.is_set() and any(t.is_alive() for t in threads):
+        stop.wait(0.5)
+    stop.set()
+    deadline = time.monotonic() + grace_s + EXIT_MARGIN_S
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for t in threads if t.is_alive()]
+    if server is not None:
+        server.close()
+    if stuck:
+        log.error("services %s did not stop within the grace period; exiting anyway", stuck)
+        logging.shutdown()
+        os._exit(1)
+    return 1 if failed else 0

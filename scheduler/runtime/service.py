@@ -1,0 +1,168 @@
+"""The one lifecycle every long-running component has.
+
+A :class:`Service` is a loop of :meth:`Service.step` calls: one unit of work each (a scan batch, a
+relay batch, a polled batch of outcomes). The base class owns everything around the work, so that
+every component behaves the same way:
+
+1. It runs until the ``stop`` event is set, idling between steps when no work is waiting.
+2. A transient failure (the service declares which exceptions are transient: PostgreSQL or Kafka
+   unavailable) is retried with capped full-jitter exponential backoff (tenacity), and before each
+   retry :meth:`Service.reset` drops the clients the failure may have broken, so the next step
+   rebuilds them: a broken Kafka consumer or PostgreSQL connection is always rebuilt, never reused.
+3. Any other exception ends the service; the process exits non-zero and its supervisor (``run
+   all``, Kubernetes) restarts it.
+4. Once stopped it drains (finishes in-flight work within its grace period) and closes.
+
+The :class:`ServiceStatus` it keeps is what the health endpoints report: whether the loop is
+turning, whether it has completed a first step, and the last failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_when_event_set,
+    wait_random_exponential,
+)
+
+log = logging.getLogger(__name__)
+
+BACKOFF_INITIAL_S = 0.2
+BACKOFF_MAX_S = 5.0
+
+
+class ServiceStatus:
+    """What the health endpoints read: written by the service's thread, read by the HTTP thread.
+
+    Single attribute writes are atomic under the GIL and a reader only needs a recent value, so
+    there is no lock.
+    """
+
+    def __init__(self) -> None:
+        self.started_at = time.monotonic()
+        self.last_turn = self.started_at
+        self.started = False  # a first step completed: /startup
+        self.stopping = False
+        self.failures = 0  # consecutive transient failures
+        self.last_error: str | None = None
+
+    def turned(self) -> None:
+        self.last_turn = time.monotonic()
+
+    def succeeded(self) -> None:
+        self.turned()
+        self.started = True
+        self.failures = 0
+        self.last_error = None
+
+    def failed(self, error: BaseException) -> None:
+        self.turned()
+        self.failures += 1
+        self.last_error = f"{type(error).__name__}: {error}".strip().splitlines()[0][:500]
+
+    def seconds_since_turn(self) -> float:
+        return time.monotonic() - self.last_turn
+
+
+@dataclass(frozen=True)
+class Check:
+    """A dependency the service needs to be ready: ``probe`` raises when it does not answer, and
+    returns a short detail otherwise. Probes run on the health server's thread, so they must use
+    their own clients (never the service's) and bound their own time."""
+
+    name: str
+    probe: Callable[[], str | None]
+
+
+class Service(ABC):
+    """Base of every long-running component; see the module docstring for the lifecycle."""
+
+    #: Exceptions that mean "a dependency failed, try again later", not "this is a bug".
+    transient: tuple[type[BaseException], ...] = ()
+    backoff_initial_s: float = BACKOFF_INITIAL_S
+    backoff_max_s: float = BACKOFF_MAX_S
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.status = ServiceStatus()
+        self.log = logging.getLogger(f"scheduler.{name}")
+
+    @abstractmethod
+    def step(self) -> bool:
+        """One unit of work; True when more work is waiting right now (so no idling)."""
+
+    def idle(self, stop: threading.Event) -> None:
+        """Wait for work: until a wake-up, a timeout, or ``stop``. The default polls every second."""
+        stop.wait(1.0)
+
+    def reset(self) -> None:
+        """Drop the clients a transient failure may have broken; the next step rebuilds them."""
+
+    def drain(self) -> None:
+        """After ``stop``: finish in-flight work within the service's grace period."""
+
+    def close(self) -> None:
+        """Release every client; called once, last."""
+
+    def checks(self) -> Sequence[Check]:
+        """The dependencies ``/ready`` probes for this service."""
+        return ()
+
+    def run(self, stop: threading.Event) -> None:
+        """Step until ``stop`` is set, retrying transient failures; then drain and close."""
+        retrying = Retrying(
+            retry=retry_if_exception_type(self.transient),
+            wait=wait_random_exponential(multiplier=self.backoff_initial_s, max=self.backoff_max_s),
+            stop=stop_when_event_set(stop),
+            sleep=lambda seconds: None if stop.wait(seconds) else None,
+            before_sleep=self._before_retry,
+            reraise=True,
+        )
+        self.log.info("started")
+        try:
+            while not stop.is_set():
+                try:
+                    more = retrying(self.step)
+                except self.transient:
+                    if stop.is_set():
+                        break  # stopped while backing off: not a failure of the service
+                    raise
+                if self.status.failures:
+                    self.log.info("recovered after %d failed attempts", self.status.failures)
+                self.status.succeeded()
+                if not more and not stop.is_set():
+                    self.idle(stop)
+                    self.status.turned()
+            self.status.stopping = True
+            self.drain()
+        finally:
+            self.status.stopping = True
+            self.close()
+            self.log.info("stopped")
+
+    def _before_retry(self, state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        if error is None:
+            return
+        self.status.failed(error)
+        delay = state.next_action.sleep if state.next_action is not None else 0.0
+        self.log.warning(
+            "%s (attempt %d); rebuilding clients and retrying in %.1f s",
+            self.status.last_error,
+            state.attempt_number,
+            delay,
+        )
+        try:
+            self.reset()
+        except Exception:
+            # A client that fails to close is dropped all the same; the retry builds a new one.
+            self.log.debug("reset after a failure raised", exc_info=True)

@@ -1,0 +1,175 @@
+"""Runs several components as child processes, for ``scheduler run all`` and ``make run``.
+
+Each component is a process of its own (they scale and fail independently, and use both cores).
+A child that dies on its own is logged with its name and exit status and restarted with capped
+full-jitter backoff; the others go on, since each component recovers from the others' absence
+(that is what the outbox and the consumer groups are for). Ctrl-C or SIGTERM stops every child:
+SIGTERM first, SIGKILL for whatever outlives the grace period.
+
+When a base metrics port is given, the children get consecutive ports starting at it, in the
+order the table printed at start shows.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("scheduler.supervisor")
+
+RESTART_INITIAL_S = 0.5
+RESTART_MAX_S = 10.0
+# A child that ran this long before dying starts its backoff afresh: it was not crash-looping.
+STABLE_AFTER_S = 60.0
+DEFAULT_GRACE_S = 40.0
+PIPELINE = ("scanner", "relay", "reconciler", "ingestor")
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """A component to run: its name in logs, and its arguments after ``scheduler run``."""
+
+    name: str
+    args: tuple[str, ...]
+
+
+def pipeline_children(apps: Sequence[str], workers: int, concurrency: int) -> list[ChildSpec]:
+    """Every component of the pipeline, with ``workers`` worker processes for each app."""
+    children = [ChildSpec(name, (name,)) for name in PIPELINE]
+    for app in apps:
+        for index in range(1, workers + 1):
+            suffix = f"-{index}" if workers > 1 else ""
+            children.append(
+                ChildSpec(f"worker-{app}{suffix}", ("worker", "--app", app, "--concurrency", str(concurrency)))
+            )
+    return children
+
+
+def component_argv(args: Sequence[str], metrics_port: int | None = None) -> list[str]:
+    port = [] if metrics_port is None else ["--metrics-port", str(metrics_port)]
+    return [sys.executable, "-m", "scheduler", "run", *args, *port]
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[Any]], grace_s: float) -> None:
+    """SIGTERM every process still running, then SIGKILL whatever outlives the grace period."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+@dataclass
+class _Child:
+    spec: ChildSpec
+    port: int | None
+    proc: subprocess.Popen[Any] | None = None
+    started_at: float = 0.0
+    failures: int = 0
+    restart_at: float | None = None
+    history: list[int] = field(default_factory=list)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        children: Sequence[ChildSpec],
+        *,
+        metrics_port: int | None = None,
+        env: Mapping[str, str] | None = None,
+        tick: Callable[[], None] | None = None,
+        grace_s: float = DEFAULT_GRACE_S,
+        echo: Callable[[str], None] = print,
+    ) -> None:
+        self._children = [
+            _Child(spec, None if metrics_port is None else metrics_port + index)
+            for index, spec in enumerate(children)
+        ]
+        self._env = None if env is None else dict(env)
+        self._tick = tick
+        self._grace_s = grace_s
+        self._echo = echo
+        self._stopping = False
+
+    def _start(self, child: _Child) -> None:
+        child.proc = subprocess.Popen(component_argv(child.spec.args, child.port), env=self._env)
+        child.started_at = time.monotonic()
+        child.restart_at = None
+
+    def _stop_all(self, signum: int = 0, _frame: object = None) -> None:
+        if not self._stopping and signum:
+            log.info("received %s, stopping every component", signal.Signals(signum).name)
+        self._stopping = True
+        for child in self._children:
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+
+    def run(self) -> int:
+        """Until Ctrl-C or SIGTERM; 0 when every child stopped cleanly at the end."""
+        signal.signal(signal.SIGTERM, self._stop_all)
+        signal.signal(signal.SIGINT, self._stop_all)
+        for child in self._children:
+            self._start(child)
+        width = max(len(c.spec.name) for c in self._children)
+        for child in self._children:
+            assert child.proc is not None
+            where = f"  health and metrics on port {child.port}" if child.port is not None else ""
+            self._echo(f"{child.spec.name:<{width}}  pid {child.proc.pid}{where}")
+        try:
+            while not self._stopping:
+                self._watch()
+                if self._tick is not None and not self._stopping:
+                    self._tick()
+                time.sleep(0.1)
+        finally:
+            self._stopping = True
+            stop_processes([c.proc for c in self._children if c.proc is not None], self._grace_s)
+        return 0 if all(c.proc is not None and c.proc.returncode == 0 for c in self._children) else 1
+
+    def _watch(self) -> None:
+        now = time.monotonic()
+        for child in self._children:
+            if child.restart_at is not None:
+                if now >= child.restart_at and not self._stopping:
+                    self._start(child)
+                    assert child.proc is not None
+                    log.info("restarted %s (pid %d)", child.spec.name, child.proc.pid)
+                continue
+            assert child.proc is not None
+            code = child.proc.poll()
+            if code is None or self._stopping:
+                continue
+            if now - child.started_at >= STABLE_AFTER_S:
+                child.failures = 0
+            delay = random.uniform(0, min(RESTART_MAX_S, RESTART_INITIAL_S * 2**child.failures))
+            child.failures += 1
+            child.history.append(code)
+            child.restart_at = now + delay
+            log.error(
+                "%s (pid %d) died: %s; restarting in %.1f s",
+                child.spec.name,
+                child.proc.pid,
+                describe_exit(code),
+                delay,
+            )
