@@ -1,0 +1,324 @@
+"""Redaction: what keeps secrets and sensitive values out of logs, PostgreSQL error columns and Kafka.
+
+The log formatter of :mod:`scheduler.telemetry.logs` runs every line through it, and code that stores
+an error text (a run's ``last_error``, a dead letter's reason, a rejected command) calls it before
+writing, because those texts outlive the process and are read by people who do not hold the secrets:
+
+- :func:`redact_text` masks, in free text, the password of any ``scheme://user:password@host`` URL,
+  every query-string and fragment value of a URL, the token after ``Bearer`` anywhere, and the value
+  of every ``key=value``, ``key: value`` or ``"key": "value"`` whose key is sensitive (after its auth
+  scheme, as in ``Authorization: Basic ***``).
+- :func:`redact_mapping` masks, in a nested mapping, the values of the sensitive keys and redacts the
+  text of the others.
+- :func:`describe_payload` says what a job payload is shaped like without saying what is in it, for
+  a component that wants to mention a payload (payload values are never logged).
+
+A key is sensitive when one of the patterns matches part of its name, case-insensitively: the
+defaults (:data:`DEFAULT_SENSITIVE_KEYS`) plus the comma-separated regular expressions of
+``SCHEDULER_REDACT_KEYS``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Final, TypeVar
+
+MASK: Final = "***"
+
+K = TypeVar("K")
+
+DEFAULT_SENSITIVE_KEYS: Final[tuple[str, ...]] = (
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "authorization",
+    "api[-_]?key",
+    "credential",
+    "cookie",
+    "session",
+    "private[-_]?key",
+    "sasl",
+)
+
+REDACT_KEYS_ENV: Final = "SCHEDULER_REDACT_KEYS"
+
+# Deeper than any real error or config mapping; past it the value is masked rather than walked, so a
+# cyclic structure ends instead of recursing without end.
+_MAX_DEPTH: Final = 32
+
+# scheme://[userinfo@]authority[path][?query][#fragment], for any scheme (postgresql, https, redis,
+# and Kafka's listener names, hence "_"). The userinfo is greedy up to the last "@" of the authority
+# because passwords are often written with an unescaped "@".
+_URL: Final = re.compile(
+    r"""(?P<scheme>\b[a-zA-Z][\w+.\-]*://)
+        (?:(?P<userinfo>[^\s/?#"'<>`]*)@)?
+        (?P<rest>[^\s?#"'<>`]*)
+        (?:\?(?P<query>[^\s#"'<>`]*))?
+        (?:\#(?P<fragment>[^\s"'<>`]*))?""",
+    re.VERBOSE,
+)
+# Schemes whose lone userinfo is a role name, never a secret (postgresql://scheduler@host/db).
+_USER_ONLY_SCHEMES: Final = frozenset({"postgresql://", "postgres://"})
+_QUERY_PARAM: Final = re.compile(r"(?P<name>[^&;=]*)(?P<eq>=?)(?P<value>[^&;]*)")
+
+# A key, optionally quoted, then ":" or "=" on the same line, then a value: quoted (with escapes), or
+# bare up to a separator. A value that opens an object or a list is left to the keys inside it, and
+# "name://" is a URL (a Kafka listener such as SASL_SSL://host:9092), not a key and its value.
+# The value is in a lookahead, so a match consumes only "key=": the value of a key that is not
+# sensitive ("failed: sasl.password=x") is searched for keys in turn. The key is tested against the
+# sensitive patterns in code, so that configured patterns with anchors keep their meaning.
+_KEY_VALUE: Final = re.compile(
+    r"""(?<![\w.\-])(?P<q>["']?)(?P<key>[A-Za-z_][\w.\-]*)(?P=q)
+        (?P<sep>[ \t]*[:=][ \t]*)(?!//)
+        (?=(?P<scheme>(?:Bearer|Basic|Digest|Token|Negotiate)[ \t]+)?
+           (?P<value>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|(?![{\[])[^\s,;&"'(){}\[\]<>]+))""",
+    re.VERBOSE | re.IGNORECASE,
+)
+# A bearer token wherever it appears, not only after "Authorization:". Only "Bearer": the other
+# scheme names (Basic, Digest) are English words, masked only after a sensitive key.
+_BEARER: Final = re.compile(r"\b(?P<scheme>Bearer)[ \t]+[\w.~+/\-]+=*", re.IGNORECASE)
+
+
+# Every default pattern begins with a literal that any match contains, so a text with none of them
+# (lowercased) cannot hold a default key: a few substring tests instead of a regex scan, which is
+# what keeps an ordinary log line in microseconds. (A pattern without one gives "", which every text
+# contains: slower, never wrong.)
+def _leading_literal(pattern: str) -> str:
+    literal = re.match(r"[a-z0-9_]*", pattern)
+    text = literal[0] if literal else ""
+    # "tokens?" requires "token", not "tokens": a quantifier applies to the last character.
+    return text[:-1] if pattern[len(text) : len(text) + 1] in ("?", "*", "{") else text
+
+
+_DEFAULT_HINTS: Final = tuple(sorted({_leading_literal(p) for p in DEFAULT_SENSITIVE_KEYS}))
+
+# Keys repeat (the same extras on every line): their verdicts are kept, up to this many.
+_VERDICTS_KEPT: Final = 4096
+
+
+class Redactor:
+    """The compiled patterns: build one per configuration, then call it from any thread."""
+
+    __slots__ = ("_extra", "_keys", "_verdicts", "patterns")
+
+    def __init__(self, extra_keys: Iterable[str] = ()) -> None:
+        extra = tuple(extra_keys)
+        self.patterns: tuple[str, ...] = (*DEFAULT_SENSITIVE_KEYS, *extra)
+        self._keys = re.compile("|".join(f"(?:{p})" for p in self.patterns), re.IGNORECASE)
+        # Configured patterns have no known literal, so a text is searched for them directly.
+        self._extra = re.compile("|".join(f"(?:{p})" for p in extra), re.IGNORECASE) if extra else None
+        self._verdicts: dict[str, bool] = {}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Redactor:
+        """The defaults plus ``SCHEDULER_REDACT_KEYS``; a pattern that does not compile is a ValueError."""
+        env = os.environ if environ is None else environ
+        extra = [p.strip() for p in env.get(REDACT_KEYS_ENV, "").split(",") if p.strip()]
+        for pattern in extra:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(
+                    f"{REDACT_KEYS_ENV}: {pattern!r} is not a regular expression ({exc})"
+                ) from None
+        return cls(extra)
+
+    def is_sensitive(self, key: object) -> bool:
+        """Whether a key named ``key`` holds a value to mask."""
+        name = str(key)
+        verdict = self._verdicts.get(name)
+        if verdict is None:
+            verdict = self._keys.search(name) is not None
+            if len(self._verdicts) >= _VERDICTS_KEPT:
+                self._verdicts.clear()  # keys made of data (ids) must not grow it without end
+            self._verdicts[name] = verdict
+        return verdict
+
+    def text(self, text: str) -> str:
+        """``text`` with URL credentials, query values, bearer tokens and sensitive values masked."""
+        # Each pass runs only when the text holds what it looks for.
+        lowered = text.lower()
+        if "://" in text:
+            text = _URL.sub(self._url, text)
+        if ("=" in text or ":" in text) and self._may_hold_key(text, lowered):
+            text = self._mask_values(text)
+        if "bearer" in lowered:
+            text = _BEARER.sub(_bearer, text)
+        return text
+
+    def _may_hold_key(self, text: str, lowered: str) -> bool:
+        if any(hint in lowered for hint in _DEFAULT_HINTS):
+            return True
+        return self._extra is not None and self._extra.search(text) is not None
+
+    def mapping(self, value: Mapping[K, object]) -> dict[K, object]:
+        """A copy of ``value`` (recursively) with sensitive keys' values masked and texts redacted."""
+        return self._mapping(value, 0)
+
+    def value(self, value: object) -> object:
+        """``value`` with the sensitive parts of its text, mappings and sequences masked."""
+        return self._value(value, 0)
+
+    def _value(self, value: object, depth: int) -> object:
+        if isinstance(value, str):
+            return self.text(value)
+        if depth >= _MAX_DEPTH:
+            return MASK
+        if isinstance(value, Mapping):
+            return self._mapping(value, depth)
+        if isinstance(value, list | tuple | set | frozenset):
+            return [self._value(item, depth + 1) for item in value]
+        return value
+
+    def _mapping(self, value: Mapping[K, object], depth: int) -> dict[K, object]:
+        # None stays None: "the password is not set" is what an operator needs to see, and it
+        # reveals nothing.
+        return {
+            key: (MASK if item is not None else None)
+            if self.is_sensitive(key)
+            else self._value(item, depth + 1)
+            for key, item in value.items()
+        }
+
+    def _url(self, match: re.Match[str]) -> str:
+        out = [match["scheme"]]
+        userinfo = match["userinfo"]
+        if userinfo is not None:
+            user, colon, _password = userinfo.partition(":")
+            if colon:
+                # The name helps whoever reads the error ("role does not exist"); the password goes.
+                out.append(f"{user}:{MASK}@")
+            elif match["scheme"].lower() in _USER_ONLY_SCHEMES:
+                out.append(f"{user}@")
+            else:
+                # Elsewhere a lone "x@" is often a token (https://TOKEN@github.com).
+                out.append(f"{MASK}@")
+        out.append(match["rest"])
+        if match["query"] is not None:
+            # Parameter names say what the URL was for; any value may be a token or a signature.
+            out.append("?" + _QUERY_PARAM.sub(_mask_param, match["query"]))
+        if match["fragment"] is not None:
+            out.append(f"#{MASK}" if match["fragment"] else "#")
+        return "".join(out)
+
+    def _mask_values(self, text: str) -> str:
+        out: list[str] = []
+        done = 0  # text[:done] is in out
+        for match in _KEY_VALUE.finditer(text):
+            # A key inside a value already masked goes with it.
+            if match.start() < done or not self.is_sensitive(match["key"]):
+                continue
+            value = match["value"]
+            quote = value[0] if value[0] in "\"'" else ""
+            out += (text[done : match.end()], match["scheme"] or "", quote, MASK, quote)
+            done = match.end("value")
+        if not out:
+            return text
+        out.append(text[done:])
+        return "".join(out)
+
+
+def _mask_param(match: re.Match[str]) -> str:
+    if not match[0]:
+        return ""
+    return f"{match['name']}={MASK}" if match["eq"] else match[0]
+
+
+def _bearer(match: re.Match[str]) -> str:
+    return f"{match['scheme']} {MASK}"
+
+
+_default: Redactor | None = None
+
+
+def default_redactor() -> Redactor:
+    """The process's redactor: the one :func:`install` set, else built from the environment once."""
+    global _default
+    if _default is None:
+        _default = Redactor.from_env()
+    return _default
+
+
+def install(redactor: Redactor) -> None:
+    """Make ``redactor`` the one the module functions use (``configure_logging`` installs its own)."""
+    global _default
+    _default = redactor
+
+
+def redact_text(text: str) -> str:
+    """``text`` with URL credentials, query values, auth tokens and sensitive ``key=value`` masked."""
+    return default_redactor().text(text)
+
+
+def redact_mapping(value: Mapping[K, object]) -> dict[K, object]:
+    """A copy of ``value`` (recursively) with the values of sensitive keys masked and texts redacted."""
+    return default_redactor().mapping(value)
+
+
+# A few key names are enough to recognise a payload; all of them could be a long line.
+_PAYLOAD_KEYS_SHOWN: Final = 10
+_PAYLOAD_KEY_CHARS: Final = 40
+
+
+def describe_payload(payload: object) -> str:
+    """The shape of ``payload`` (type, top-level key names or length, size in bytes), never its values.
+
+    A job's payload travels as JSON text, so a ``str`` or ``bytes`` holding a JSON object or array is
+    described by what it decodes to:
+
+    >>> describe_payload('{"url": "https://example.com", "retries": 3}')
+    'JSON object with 2 keys [retries, url], 44 bytes'
+    >>> describe_payload({"url": "https://example.com"})
+    'dict with 1 key [url], 29 bytes'
+    """
+    if isinstance(payload, str | bytes | bytearray):
+        raw = payload.encode() if isinstance(payload, str) else bytes(payload)
+        decoded = _json_container(raw)
+        if isinstance(decoded, dict):
+            return f"JSON object with {_keys(decoded)}, {len(raw)} bytes"
+        if isinstance(decoded, list):
+            return f"JSON array with {_items(decoded)}, {len(raw)} bytes"
+        return f"{type(payload).__name__}, {len(raw)} bytes"
+    if payload is None:
+        return "None"
+    kind = type(payload).__name__
+    try:
+        # The JSON size stands for the size on the wire, where the payload is JSON text.
+        size = f"{len(json.dumps(payload, separators=(',', ':'), default=str).encode())} bytes"
+    except (TypeError, ValueError):
+        size = "size unknown"
+    if isinstance(payload, Mapping):
+        return f"{kind} with {_keys(payload)}, {size}"
+    if isinstance(payload, list | tuple):
+        return f"{kind} with {_items(payload)}, {size}"
+    return f"{kind}, {size}"
+
+
+def _json_container(raw: bytes) -> object:
+    # Only an object or an array has a shape worth telling; a scalar would be its own value.
+    if raw.lstrip()[:1] not in (b"{", b"["):
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _keys(mapping: Mapping[object, object]) -> str:
+    names = sorted(_key_name(key) for key in mapping)
+    shown = ", ".join(names[:_PAYLOAD_KEYS_SHOWN])
+    more = f", +{len(names) - _PAYLOAD_KEYS_SHOWN} more" if len(names) > _PAYLOAD_KEYS_SHOWN else ""
+    return f"{len(names)} {'key' if len(names) == 1 else 'keys'} [{shown}{more}]"
+
+
+def _items(items: list[object] | tuple[object, ...]) -> str:
+    return f"{len(items)} {'item' if len(items) == 1 else 'items'}"
+
+
+def _key_name(key: object) -> str:
+    name = key if isinstance(key, str) else f"<{type(key).__name__}>"
+    return name if len(name) <= _PAYLOAD_KEY_CHARS else name[: _PAYLOAD_KEY_CHARS - 1] + "…"
