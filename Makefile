@@ -8,7 +8,14 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install up down status run test test-unit lint bench clean
+.PHONY: install system-deps up down status run test test-unit lint bench clean
+
+# Debian packages the tests use as real parts: Prometheus (server and promtool) for the alert
+# rules and the scrape test. Installed only when missing; needs root, as on this project's machines.
+system-deps:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; } \
+		|| { echo "error: cannot install Debian's prometheus package (promtool, prometheus): run as root with apt" >&2; exit 1; }
 
 $(INSTALLED): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +38,7 @@ status: install
 run: up
 	$(BIN)/scheduler demo $(if $(DURATION),--duration $(DURATION))
 
-test: install
+test: install system-deps
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-unit: install

@@ -128,14 +128,20 @@ def _probe(check: Check) -> Probe:
     return Probe("up", (time.perf_counter() - started) * 1000, detail)
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver's default backlog of 5 drops the SYNs of a probe burst, which then wait a
+    # second for the kernel's retry: longer than a kubelet's default probe timeout.
+    request_queue_size = 128
+    daemon_threads = True
+
+
 class HealthServer:
     """Serves :class:`Health` over HTTP from a daemon thread."""
 
     def __init__(self, health: Health, port: int, host: str = "0.0.0.0") -> None:
         self.health = health
         handler = _handler_for(health)
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="health", daemon=True)
 
     @property
@@ -146,7 +152,8 @@ class HealthServer:
         self._thread.start()
 
     def close(self) -> None:
-        self._server.shutdown()
+        if self._thread.is_alive():  # shutdown() waits for a serve_forever that must have started
+            self._server.shutdown()
         self._server.server_close()
 
 
@@ -164,7 +171,10 @@ def _handler_for(health: Health) -> type[BaseHTTPRequestHandler]:
                 self._status(health.started(), "started")
             elif path == "/ready":
                 ok = health.ready()
-                self._json(HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, health.document())
+                document = health.document()
+                # Readiness is about the dependencies, not liveness: the body says which.
+                document["status"] = "ready" if ok else "not ready"
+                self._json(HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, document)
             elif path == "/health":
                 document = health.document()
                 ok = document["status"] == "healthy"

@@ -40,6 +40,10 @@ BACKOFF_INITIAL_S = 0.2
 BACKOFF_MAX_S = 5.0
 
 
+class _Stopped(Exception):
+    """Raised out of a backoff wait when ``stop`` is set during it: no further attempt may start."""
+
+
 class ServiceStatus:
     """What the health endpoints read: written by the service's thread, read by the HTTP thread.
 
@@ -119,11 +123,16 @@ class Service(ABC):
 
     def run(self, stop: threading.Event) -> None:
         """Step until ``stop`` is set, retrying transient failures; then drain and close."""
+
+        def backoff(seconds: float) -> None:
+            if stop.wait(seconds):
+                raise _Stopped
+
         retrying = Retrying(
             retry=retry_if_exception_type(self.transient),
             wait=wait_random_exponential(multiplier=self.backoff_initial_s, max=self.backoff_max_s),
             stop=stop_when_event_set(stop),
-            sleep=lambda seconds: None if stop.wait(seconds) else None,
+            sleep=backoff,
             before_sleep=self._before_retry,
             reraise=True,
         )
@@ -132,6 +141,8 @@ class Service(ABC):
             while not stop.is_set():
                 try:
                     more = retrying(self.step)
+                except _Stopped:
+                    break  # stopped while backing off: not a failure of the service
                 except self.transient:
                     if stop.is_set():
                         break  # stopped while backing off: not a failure of the service

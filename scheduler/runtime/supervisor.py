@@ -47,7 +47,9 @@ def pipeline_children(apps: Sequence[str], workers: int, concurrency: int) -> li
         for index in range(1, workers + 1):
             suffix = f"-{index}" if workers > 1 else ""
             children.append(
-                ChildSpec(f"worker-{app}{suffix}", ("worker", "--app", app, "--concurrency", str(concurrency)))
+                ChildSpec(
+                    f"worker-{app}{suffix}", ("worker", "--app", app, "--concurrency", str(concurrency))
+                )
             )
     return children
 
@@ -100,7 +102,7 @@ class Supervisor:
         env: Mapping[str, str] | None = None,
         tick: Callable[[], None] | None = None,
         grace_s: float = DEFAULT_GRACE_S,
-        echo: Callable[[str], None] = print,
+        echo: Callable[[str], None] = lambda line: print(line, flush=True),
     ) -> None:
         self._children = [
             _Child(spec, None if metrics_port is None else metrics_port + index)
@@ -131,7 +133,7 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._stop_all)
         for child in self._children:
             self._start(child)
-        width = max(len(c.spec.name) for c in self._children)
+        width = max((len(c.spec.name) for c in self._children), default=0)
         for child in self._children:
             assert child.proc is not None
             where = f"  health and metrics on port {child.port}" if child.port is not None else ""

@@ -1,0 +1,547 @@
+"""The health and metrics endpoints (``scheduler.runtime.health``) over real HTTP on an ephemeral port.
+
+The services are fakes whose :class:`ServiceStatus` the tests set directly, and whose checks probe
+nothing real: a :class:`FakeProbe` answers or raises as the test says and counts its calls.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+import scheduler
+from scheduler.runtime import health as health_module
+from scheduler.runtime.health import Health, HealthServer
+from scheduler.runtime.service import Check, Service
+
+
+class FakeProbe:
+    """A dependency probe: raises ``error`` when set, otherwise answers ``detail``."""
+
+    def __init__(self, detail: str | None = "ok", delay_s: float = 0.0) -> None:
+        self.detail = detail
+        self.error: Exception | None = None
+        self.delay_s = delay_s  # a simulated round trip, not a wait for a condition
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> str | None:
+        with self._lock:
+            self.calls += 1
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if self.error is not None:
+            raise self.error
+        return self.detail
+
+
+class FakeService(Service):
+    def __init__(self, name: str, checks: Sequence[Check] = ()) -> None:
+        super().__init__(name)
+        self._checks = list(checks)
+
+    def step(self) -> bool:
+        raise AssertionError("the health tests never run a service")
+
+    def checks(self) -> Sequence[Check]:
+        return self._checks
+
+
+def started(service: FakeService) -> FakeService:
+    service.status.succeeded()
+    return service
+
+
+class Serve(Protocol):
+    def __call__(
+        self,
+        services: Sequence[Service],
+        registry: CollectorRegistry | None = None,
+        live_timeout_s: float | None = None,
+    ) -> httpx.Client: ...
+
+
+@pytest.fixture(scope="module")
+def closing() -> Iterator[list[threading.Thread]]:
+    """Servers close in the background and the module waits for them all at its end: a close
+    waits out the serving loop's half-second poll, which would otherwise add up test by test."""
+    closers: list[threading.Thread] = []
+    yield closers
+    for closer in closers:
+        closer.join(5)
+    assert not any(closer.is_alive() for closer in closers), "a health server did not close"
+
+
+@pytest.fixture
+def serve(closing: list[threading.Thread]) -> Iterator[Serve]:
+    """``serve(services, registry=None, live_timeout_s=None)``: a running server and a client to it."""
+    servers: list[HealthServer] = []
+    clients: list[httpx.Client] = []
+
+    def factory(
+        services: Sequence[Service],
+        registry: CollectorRegistry | None = None,
+        live_timeout_s: float | None = None,
+    ) -> httpx.Client:
+        health = (
+            Health("testcomp", services, registry or CollectorRegistry())
+            if live_timeout_s is None
+            else Health("testcomp", services, registry or CollectorRegistry(), live_timeout_s=live_timeout_s)
+        )
+        server = HealthServer(health, 0, "127.0.0.1")
+        server.start()
+        servers.append(server)
+        assert server.port > 0
+        client = httpx.Client(base_url=f"http://127.0.0.1:{server.port}", timeout=5.0)
+        clients.append(client)
+        return client
+
+    yield factory
+    for client in clients:
+        client.close()
+    for server in servers:
+        closer = threading.Thread(target=server.close, daemon=True)
+        closer.start()
+        closing.append(closer)
+
+
+@pytest.fixture
+def no_probe_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every request probes afresh, for tests that change a dependency between requests."""
+    monkeypatch.setattr(health_module, "PROBE_CACHE_S", 0.0)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.005)
+
+
+# /live --------------------------------------------------------------------------------------------
+
+
+def test_live_while_the_loop_turns_and_not_once_it_is_wedged(serve: Serve) -> None:
+    service = FakeService("scan")
+    client = serve([service])
+
+    response = client.get("/live")
+    assert response.status_code == 200
+    assert response.json() == {"status": "live"}
+
+    service.status.last_turn = time.monotonic() - 10 * health_module.LIVE_TIMEOUT_S
+    response = client.get("/live")
+    assert response.status_code == 503
+    assert response.json() == {"status": "not live"}
+
+    service.status.turned()
+    assert client.get("/live").status_code == 200
+
+
+def test_live_needs_every_loop_turning(serve: Serve) -> None:
+    turning, wedged = FakeService("relay"), FakeService("sweeper")
+    client = serve([turning, wedged])
+    wedged.status.last_turn = time.monotonic() - 10 * health_module.LIVE_TIMEOUT_S
+    assert client.get("/live").status_code == 503
+
+
+def test_live_fails_when_no_turn_within_a_tiny_timeout(serve: Serve) -> None:
+    service = FakeService("scan")
+    client = serve([service], live_timeout_s=0.05)
+    service.status.turned()
+    wait_until(lambda: client.get("/live").status_code == 503, what="/live to fail")
+    service.status.turned()
+    assert client.get("/live").status_code == 200
+
+
+def test_live_does_not_probe_the_dependencies(serve: Serve) -> None:
+    probe = FakeProbe()
+    probe.error = ConnectionError("down")
+    client = serve([FakeService("scan", [Check("postgres", probe)])])
+    assert client.get("/live").status_code == 200  # a dependency outage is not a wedged loop
+    assert probe.calls == 0
+
+
+def test_a_failing_loop_that_keeps_retrying_is_still_live(serve: Serve) -> None:
+    service = FakeService("scan")
+    client = serve([service], live_timeout_s=0.2)
+    service.status.last_turn = time.monotonic() - 1.0
+    assert client.get("/live").status_code == 503
+    service.status.failed(ConnectionError("pg down"))  # a retry turns the loop
+    assert client.get("/live").status_code == 200
+
+
+# /startup -----------------------------------------------------------------------------------------
+
+
+def test_startup_only_after_the_first_successful_step(serve: Serve) -> None:
+    service = FakeService("scan")
+    client = serve([service])
+
+    response = client.get("/startup")
+    assert response.status_code == 503
+    assert response.json() == {"status": "not started"}
+
+    service.status.failed(ConnectionError("still down"))
+    assert client.get("/startup").status_code == 503
+
+    service.status.succeeded()
+    response = client.get("/startup")
+    assert response.status_code == 200
+    assert response.json() == {"status": "started"}
+
+
+def test_startup_needs_every_service(serve: Serve) -> None:
+    first, second = started(FakeService("relay")), FakeService("sweeper")
+    client = serve([first, second])
+    assert client.get("/startup").status_code == 503
+    second.status.succeeded()
+    assert client.get("/startup").status_code == 200
+
+
+# /ready -------------------------------------------------------------------------------------------
+
+
+def test_ready_follows_the_dependencies(serve: Serve, no_probe_cache: None) -> None:
+    postgres, kafka = FakeProbe("pg 17"), FakeProbe()
+    service = started(FakeService("relay", [Check("postgres", postgres), Check("kafka", kafka)]))
+    client = serve([service])
+
+    assert client.get("/ready").status_code == 200
+
+    kafka.error = ConnectionError("broker unreachable\nsecond line")
+    response = client.get("/ready")
+    assert response.status_code == 503
+    components = response.json()["components"]
+    assert components["kafka"]["status"] == "down"
+    assert components["kafka"]["detail"] == "ConnectionError: broker unreachable"
+    assert components["postgres"] == {"status": "up", "latency_ms": components["postgres"]["latency_ms"],
+                                      "detail": "pg 17"}  # fmt: skip
+
+    kafka.error = None
+    assert client.get("/ready").status_code == 200
+
+
+def test_not_ready_before_the_first_step(serve: Serve) -> None:
+    client = serve([FakeService("scan", [Check("postgres", FakeProbe())])])
+    assert client.get("/ready").status_code == 503
+
+
+def test_not_ready_once_stopping_even_with_every_dependency_up(serve: Serve) -> None:
+    service = started(FakeService("scan", [Check("postgres", FakeProbe())]))
+    client = serve([service])
+    assert client.get("/ready").status_code == 200
+    service.status.stopping = True
+    response = client.get("/ready")
+    assert response.status_code == 503
+    assert response.json()["components"]["loop:scan"]["stopping"] is True
+
+
+def test_ready_with_no_dependencies_is_just_started(serve: Serve) -> None:
+    service = FakeService("scan")
+    client = serve([service])
+    assert client.get("/ready").status_code == 503
+    service.status.succeeded()
+    assert client.get("/ready").status_code == 200
+
+
+# /health ------------------------------------------------------------------------------------------
+
+
+def test_health_document_shape(serve: Serve) -> None:
+    postgres = FakeProbe("PostgreSQL 17.2")
+    service = started(FakeService("scan", [Check("postgres", postgres)]))
+    client = serve([service])
+
+    before = datetime.now(UTC)
+    response = client.get("/health")
+    after = datetime.now(UTC)
+
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    document = response.json()
+    assert {"status", "timestamp", "components", "uptime_seconds", "version"} <= document.keys()
+    assert document["status"] == "healthy"
+    assert document["version"] == scheduler.__version__
+
+    timestamp = datetime.fromisoformat(document["timestamp"])
+    assert timestamp.utcoffset() == timedelta(0)  # an explicit offset, not a naive time
+    assert before - timedelta(seconds=1) <= timestamp <= after + timedelta(seconds=1)
+
+    assert isinstance(document["uptime_seconds"], int | float)
+    assert document["uptime_seconds"] >= 0
+
+    components = document["components"]
+    assert components["postgres"]["status"] == "up"
+    assert components["postgres"]["detail"] == "PostgreSQL 17.2"
+    for name, entry in components.items():
+        assert entry["status"] in {"up", "down"}, name
+        assert isinstance(entry["latency_ms"], int | float), name
+        assert entry["latency_ms"] >= 0, name
+    loop = components["loop:scan"]
+    assert loop["status"] == "up"
+    assert loop["started"] is True
+    assert loop["stopping"] is False
+    assert loop["consecutive_failures"] == 0
+
+
+def test_health_latency_reflects_the_probe_round_trip(serve: Serve) -> None:
+    service = started(FakeService("scan", [Check("postgres", FakeProbe(delay_s=0.05))]))
+    document = serve([service]).get("/health").json()
+    assert document["components"]["postgres"]["latency_ms"] >= 50
+
+
+def test_health_uptime_grows(serve: Serve) -> None:
+    client = serve([started(FakeService("scan"))])
+    first = client.get("/health").json()["uptime_seconds"]
+    wait_until(lambda: client.get("/health").json()["uptime_seconds"] > first, what="uptime to grow")
+
+
+def test_health_is_503_and_unhealthy_when_a_dependency_is_down(serve: Serve) -> None:
+    probe = FakeProbe()
+    probe.error = TimeoutError("no answer within 2 s")
+    service = started(FakeService("scan", [Check("postgres", probe)]))
+    response = serve([service]).get("/health")
+    assert response.status_code == 503
+    document = response.json()
+    assert document["status"] == "unhealthy"
+    assert document["components"]["postgres"]["status"] == "down"
+    assert document["components"]["postgres"]["detail"] == "TimeoutError: no answer within 2 s"
+    assert document["components"]["postgres"]["latency_ms"] >= 0
+
+
+def test_health_is_unhealthy_when_a_loop_is_wedged(serve: Serve) -> None:
+    service = started(FakeService("scan"))
+    client = serve([service])
+    service.status.last_turn = time.monotonic() - 10 * health_module.LIVE_TIMEOUT_S
+    response = client.get("/health")
+    assert response.status_code == 503
+    assert response.json()["status"] == "unhealthy"
+    assert response.json()["components"]["loop:scan"]["status"] == "down"
+
+
+def test_health_is_unhealthy_before_startup_and_reports_the_last_error(serve: Serve) -> None:
+    service = FakeService("scan")
+    service.status.failed(ConnectionError("connection refused"))
+    response = serve([service]).get("/health")
+    assert response.status_code == 503
+    loop = response.json()["components"]["loop:scan"]
+    assert loop["status"] == "down"
+    assert loop["started"] is False
+    assert loop["consecutive_failures"] == 1
+    assert loop["last_error"] == "ConnectionError: connection refused"
+
+
+def test_health_is_unhealthy_while_stopping(serve: Serve) -> None:
+    service = started(FakeService("scan"))
+    service.status.stopping = True
+    response = serve([service]).get("/health")
+    assert response.status_code == 503
+    assert response.json()["status"] == "unhealthy"
+
+
+def test_a_dependency_shared_by_services_is_probed_once(serve: Serve) -> None:
+    shared = FakeProbe()
+    other = FakeProbe()
+    services = [
+        started(FakeService("relay", [Check("postgres", shared)])),
+        started(FakeService("sweeper", [Check("postgres", other), Check("kafka", FakeProbe())])),
+    ]
+    document = serve(services).get("/health").json()
+    assert sorted(document["components"]) == ["kafka", "loop:relay", "loop:sweeper", "postgres"]
+    assert shared.calls == 1
+    assert other.calls == 0
+
+
+# Routing ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/", "/nope", "/livez", "/live/extra", "/health.json", "/metrics/x"])
+def test_unknown_paths_are_404(serve: Serve, path: str) -> None:
+    response = serve([started(FakeService("scan"))]).get(path)
+    assert response.status_code == 404
+    assert "error" in response.json()
+
+
+@pytest.mark.parametrize("path", ["/live/", "/live?verbose=1", "/live/?x=y"])
+def test_a_trailing_slash_or_a_query_is_the_same_endpoint(serve: Serve, path: str) -> None:
+    assert serve([FakeService("scan")]).get(path).status_code == 200
+
+
+def test_head_answers_the_status_without_a_body(serve: Serve) -> None:
+    service = FakeService("scan")
+    client = serve([service])
+    response = client.head("/startup")
+    assert response.status_code == 503
+    assert response.content == b""
+    service.status.succeeded()
+    assert client.head("/startup").status_code == 200
+
+
+# /metrics -----------------------------------------------------------------------------------------
+
+
+def test_metrics_serves_only_the_given_registry(serve: Serve) -> None:
+    mine, theirs = CollectorRegistry(), CollectorRegistry()
+    Counter("health_test_mine_total", "In the served registry", registry=mine).inc(3)
+    Counter("health_test_theirs_total", "In another registry", registry=theirs).inc()
+
+    response = serve([FakeService("scan")], registry=mine).get("/metrics")
+
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    body = response.text
+    assert "health_test_mine_total 3.0" in body
+    assert "health_test_theirs_total" not in body
+    # Nor the process-wide default registry (process_*, python_gc_* collectors).
+    assert "python_gc_objects_collected_total" not in body
+    assert "process_" not in body
+
+
+def test_metrics_are_read_at_request_time(serve: Serve) -> None:
+    registry = CollectorRegistry()
+    counter = Counter("health_test_live_total", "Incremented between requests", registry=registry)
+    client = serve([FakeService("scan")], registry=registry)
+    assert "health_test_live_total 0.0" in client.get("/metrics").text
+    counter.inc(2)
+    assert "health_test_live_total 2.0" in client.get("/metrics").text
+
+
+# Probe cache --------------------------------------------------------------------------------------
+
+
+def test_a_burst_of_requests_probes_each_dependency_once(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A long cache so that a slow machine cannot spread the burst over two cache periods.
+    monkeypatch.setattr(health_module, "PROBE_CACHE_S", 30.0)
+    probe = FakeProbe(delay_s=0.05)  # slow enough that the concurrent requests overlap it
+    client = serve([started(FakeService("scan", [Check("postgres", probe)]))])
+    # Concurrent requests on a cold cache: no more than the listen backlog (see the test below).
+    concurrent = 5
+    barrier = threading.Barrier(concurrent)
+    codes: list[int] = []
+    lock = threading.Lock()
+
+    def request(path: str) -> None:
+        connection = _connected(client)
+        try:
+            barrier.wait()
+            connection.request("GET", path)
+            code = connection.getresponse().status
+        finally:
+            connection.close()
+        with lock:
+            codes.append(code)
+
+    threads = [
+        threading.Thread(target=request, args=("/ready" if i % 2 else "/health",)) for i in range(concurrent)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    for i in range(20):  # and a stream of them after
+        codes.append(client.get("/ready" if i % 2 else "/health").status_code)
+
+    assert codes == [200] * (concurrent + 20)
+    assert probe.calls == 1
+
+
+def _connected(client: httpx.Client) -> http.client.HTTPConnection:
+    port = client.base_url.port
+    assert port is not None
+    return http.client.HTTPConnection("127.0.0.1", port, timeout=10.0)
+
+
+def test_a_burst_of_concurrent_probes_all_answer_within_a_second(serve: Serve) -> None:
+    client = serve([FakeService("scan")])
+    port = client.base_url.port
+    assert port is not None
+    burst = 24
+    barrier = threading.Barrier(burst)
+    took: list[float] = []
+    lock = threading.Lock()
+
+    def probe() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10.0)
+        barrier.wait()
+        started = time.monotonic()
+        connection.connect()
+        connection.request("GET", "/live")
+        connection.getresponse().read()
+        connection.close()
+        with lock:
+            took.append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=probe) for _ in range(burst)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+
+    assert len(took) == burst
+    assert max(took) < 0.9, sorted(round(t, 3) for t in took)
+
+
+def test_probe_results_expire_after_about_a_second(serve: Serve) -> None:
+    probe = FakeProbe()
+    client = serve([started(FakeService("scan", [Check("postgres", probe)]))])
+    first = time.monotonic()
+    client.get("/ready")
+    client.get("/health")
+    client.get("/ready")
+    assert probe.calls == 1
+
+    wait_until(lambda: client.get("/ready") is not None and probe.calls == 2, what="a fresh probe")
+    elapsed = time.monotonic() - first
+    assert 0.9 <= elapsed < 3.0, elapsed
+
+
+def test_a_cached_outage_clears_once_the_cache_expires(serve: Serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(health_module, "PROBE_CACHE_S", 0.2)
+    probe = FakeProbe()
+    probe.error = ConnectionError("down")
+    client = serve([started(FakeService("scan", [Check("postgres", probe)]))])
+    assert client.get("/ready").status_code == 503
+    probe.error = None
+    wait_until(lambda: client.get("/ready").status_code == 200, what="ready after recovery")
+
+
+def test_a_probe_that_raises_any_exception_is_down_not_a_500(serve: Serve, no_probe_cache: None) -> None:
+    probe = FakeProbe()
+    probe.error = KeyError("missing")
+    response = serve([started(FakeService("scan", [Check("kafka", probe)]))]).get("/health")
+    assert response.status_code == 503
+    assert response.json()["components"]["kafka"]["detail"] == "KeyError: 'missing'"
+
+
+# The server ---------------------------------------------------------------------------------------
+
+
+def test_the_port_is_bound_at_construction_and_freed_by_close() -> None:
+    server = HealthServer(Health("testcomp", [], CollectorRegistry()), 0, "127.0.0.1")
+    port = server.port
+    server.start()
+    with httpx.Client(timeout=5.0) as client:
+        assert client.get(f"http://127.0.0.1:{port}/live").status_code == 200
+    server.close()
+    with httpx.Client(timeout=1.0) as client, pytest.raises(httpx.ConnectError):
+        client.get(f"http://127.0.0.1:{port}/live")
+
+
+def test_close_without_start_returns() -> None:
+    server = HealthServer(Health("testcomp", [], CollectorRegistry()), 0, "127.0.0.1")
+    closer = threading.Thread(target=server.close, daemon=True)
+    closer.start()
+    closer.join(0.5)
+    assert not closer.is_alive()
