@@ -110,12 +110,15 @@ class Service(ABC):
 
     def reset(self) -> None:
         """Drop the clients a transient failure may have broken; the next step rebuilds them."""
+        return None
 
     def drain(self) -> None:
         """After ``stop``: finish in-flight work within the service's grace period."""
+        return None
 
     def close(self) -> None:
         """Release every client; called once, last."""
+        return None
 
     def checks(self) -> Sequence[Check]:
         """The dependencies ``/ready`` probes for this service."""
