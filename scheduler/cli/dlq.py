@@ -91,15 +91,15 @@ def replay(
         candidates = replayer.candidates(conn, where, limit)
         if dry_run:
             if as_json:
-                echo_json([{k: r[k] for k in DRY_RUN_FIELDS} for r in candidates])
+                echo_json([{k: getattr(dead.run, k) for k in DRY_RUN_FIELDS} for dead in candidates])
                 return
             table = Table(
                 "run", "app", "attempt", "dead at", "error", title=f"would replay {len(candidates)} runs"
             )
-            for r in candidates:
-                table.add_row(
-                    str(r["id"]), r["app"], str(r["attempt"]), r["finished_at"].isoformat(), r["error"] or ""
-                )
+            for dead in candidates:
+                run = dead.run
+                dead_at = run.finished_at.isoformat() if run.finished_at else "-"
+                table.add_row(str(run.id), run.app, str(run.attempt), dead_at, run.error or "")
             Console().print(table)
             return
         started = time.monotonic()

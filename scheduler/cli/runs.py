@@ -9,9 +9,10 @@ from rich.console import Console
 from rich.table import Table
 
 from scheduler.cli.common import database, echo_json, fail, settings_or_exit, uuid_arg
+from scheduler.domain.run_state import RunState
 from scheduler.store import runs as store
 
-RUN_STATES = ("pending", "dispatched", "running", "retry_wait", "succeeded", "dead", "skipped", "cancelled")
+RUN_STATES = tuple(str(s) for s in RunState)
 
 
 @click.group()

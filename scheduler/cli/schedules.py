@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scheduler.cli.common import actor, database, echo_json, fail, parse_instant, settings_or_exit, uuid_arg
+from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleState
 from scheduler.schedule import service
 from scheduler.schedule.spec import MISFIRE_POLICIES, OVERLAP_POLICIES, ScheduleSpec
 from scheduler.store import schedules as store
@@ -44,8 +45,12 @@ def schedules() -> None:
 @click.option("--payload", default="{}", show_default=True, help="JSON argument of the handler, or @FILE.")
 @click.option("--max-attempts", type=int, default=3, show_default=True)
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds per attempt.")
-@click.option("--misfire", type=click.Choice(MISFIRE_POLICIES), default="fire_once", show_default=True)
-@click.option("--overlap", type=click.Choice(OVERLAP_POLICIES), default="allow", show_default=True)
+@click.option(
+    "--misfire", type=click.Choice(MISFIRE_POLICIES), default=str(MisfirePolicy.FIRE_ONCE), show_default=True
+)
+@click.option(
+    "--overlap", type=click.Choice(OVERLAP_POLICIES), default=str(OverlapPolicy.ALLOW), show_default=True
+)
 @click.option("--start", "start", help="Cron: not before this ISO 8601 time.")
 @click.option("--end", "end", help="Cron: not after this ISO 8601 time.")
 def create(
@@ -78,10 +83,11 @@ def create(
         payload_value = json.loads(payload)
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from None
+    kind = ScheduleKind.IMMEDIATE if now_ else ScheduleKind.DELAYED if at is not None else ScheduleKind.CRON
     spec = ScheduleSpec(
         app=app,
         name=name,
-        kind="immediate" if now_ else "delayed" if at is not None else "cron",
+        kind=kind,
         cron=cron,
         tz=tz,
         run_at=parse_instant(at, "--at") if at is not None else None,
@@ -113,7 +119,7 @@ def get(schedule_id: UUID) -> None:
 
 @schedules.command("list")
 @click.option("--app")
-@click.option("--state", type=click.Choice(["active", "paused", "cancelled", "completed"]))
+@click.option("--state", type=click.Choice([str(s) for s in ScheduleState]))
 @click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def list_(app: str | None, state: str | None, limit: int, as_json: bool) -> None:

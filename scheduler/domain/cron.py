@@ -1,7 +1,7 @@
 """Cron expressions and time zones: when a cron schedule fires, as UTC instants.
 
 The scanner asks this module for a schedule's next fire time after the one it just fired, and the
-API asks it to validate what a user typed. The dialect is DESIGN section 4: five fields (minute
+CLI and the ingestor ask it to validate what a user sent. The dialect: five fields (minute
 first) or six (seconds first, as in Quartz and Spring), names, ranges, steps, ``L``, ``W``, ``#``,
 ``?``, the ``@`` aliases, and Jenkins' ``H`` spread by a stable hash of the schedule id. croniter
 matches wall-clock times; this module owns everything croniter gets wrong for us: the
@@ -127,7 +127,7 @@ class CronExpression:
     """A validated cron expression, bound to the schedule id its ``H`` fields were hashed with.
 
     ``fields`` holds the six fields, seconds first, with aliases expanded and ``H`` replaced by its
-    values; ``fixed_time`` says which of DESIGN section 4's daylight-saving rules apply;
+    values; ``fixed_time`` says which of Vixie cron's daylight-saving rules apply;
     ``schedule_id`` is the id ``H`` was hashed with, None when the expression has no ``H``.
     """
 

@@ -1,13 +1,16 @@
-"""Misfire and overlap policies: which fires of a schedule become runs when the scanner finds them.
+"""Fire rules, misfire and overlap policies: which fires of a schedule become runs when the scanner
+finds them.
 
-The scanner leases a due cron schedule and asks :func:`plan_fires` what to insert in the same
+The scanner leases a due schedule and asks :func:`fires_of` what to insert in the same
 transaction: runs to dispatch, fires to record as skipped, and the schedule's new
-``next_fire_at``. A fire found no later than the catch-up window is on time and simply runs; a
-later one is a misfire (downtime, a paused schedule resumed) and the schedule's misfire policy
-decides (DESIGN section 4). Every answer is bounded: downtime of a year on an every-second
-schedule costs one plan of at most 100 runs and 100 skipped records, never a storm, and the
-schedule always keeps a next fire time. :func:`overlap_action` then decides, per fire, what an
-unfinished previous run means for it.
+``next_fire_at``. A one-shot (immediate or delayed) schedule fires once and is then completed; a
+cron schedule is planned by :func:`plan_fires` and stops at its ``end_at``. A fire found no later
+than the catch-up window is on time and simply runs; a later one is a misfire (downtime, a paused
+schedule resumed) and the schedule's misfire policy decides. Every answer is bounded: downtime of
+a year on an every-second schedule costs one plan of at most 100 runs and 100 skipped records,
+never a storm, and a cron schedule keeps a next fire time for as long as its expression and end
+bound give it one. :func:`overlap_action` then decides, per fire, what an unfinished previous run
+means for it.
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ from scheduler.domain.schedule import (
     MAX_CATCHUP_FIRES,
     MisfirePolicy,
     OverlapPolicy,
+    Schedule,
+    ScheduleKind,
+    ScheduleState,
     SkipReason,
 )
 
-__all__ = ["FirePlan", "OverlapAction", "SkippedFire", "overlap_action", "plan_fires"]
+__all__ = ["FirePlan", "OverlapAction", "SkippedFire", "fires_of", "overlap_action", "plan_fires"]
 
 
 @dataclass(frozen=True)
@@ -38,13 +44,14 @@ class SkippedFire:
 
 @dataclass(frozen=True)
 class FirePlan:
-    """What one scan does with one due cron schedule.
+    """What one scan does with one due schedule.
 
     ``fires``: create a pending run for each, oldest first. ``skipped``: record each as a skipped
     run; at most ``MAX_CATCHUP_FIRES`` of them, the oldest, and ``more_skipped`` says whether
-    further missed fires went unrecorded (counting them all would mean walking every one).
-    ``next_fire_at``: the schedule's new next fire time, None when the expression has no more
-    (the schedule is completed). It is after ``now`` except when ``fire_all`` (or an on-time
+    further missed fires may have gone unrecorded (counting them all would mean walking every
+    one). ``next_fire_at``: the schedule's new next fire time, None when it fires no more (a
+    one-shot that fired, a cron expression without further fire times or past its end bound): the
+    schedule is then completed. It is after ``now`` except when ``fire_all`` (or an on-time
     backlog) hit the cap, in which case it is the first fire not yet run and the next scan
     continues from there.
     """
@@ -54,6 +61,51 @@ class FirePlan:
     more_skipped: bool
     next_fire_at: datetime | None
     misfired: bool
+
+    @property
+    def schedule_state(self) -> ScheduleState:
+        """The schedule's state once the plan is applied."""
+        return ScheduleState.ACTIVE if self.next_fire_at is not None else ScheduleState.COMPLETED
+
+
+def fires_of(
+    schedule: Schedule, now: datetime, catchup_window: timedelta = DEFAULT_CATCHUP_WINDOW
+) -> FirePlan:
+    """What a scan at ``now`` does with ``schedule``, an active schedule the scanner leased.
+
+    A one-shot fires once at its ``next_fire_at``, however late, unless its misfire policy is
+    ``skip`` and it is later than ``catchup_window``: then the fire is recorded as skipped. Either
+    way the schedule is completed. A cron schedule follows :func:`plan_fires`, and nothing after its
+    ``end_at`` fires, is recorded, or stays its next fire time.
+    """
+    due = schedule.next_fire_at
+    if due is None:
+        raise ValueError(f"schedule {schedule.id} has no next fire time, so nothing of it is due")
+    if schedule.kind is not ScheduleKind.CRON:
+        if due > now:
+            return FirePlan(fires=(), skipped=(), more_skipped=False, next_fire_at=due, misfired=False)
+        late = now - due > catchup_window
+        if late and schedule.misfire_policy is MisfirePolicy.SKIP:
+            missed = (SkippedFire(due, SkipReason.MISFIRE),)
+            return FirePlan(fires=(), skipped=missed, more_skipped=False, next_fire_at=None, misfired=True)
+        return FirePlan(fires=(due,), skipped=(), more_skipped=False, next_fire_at=None, misfired=late)
+    if schedule.cron is None:
+        raise ValueError(f"cron schedule {schedule.id} has no cron expression")
+    cron = CronSchedule.of(schedule.cron, schedule.tz, schedule_id=schedule.id)
+    plan = plan_fires(cron, due, now, schedule.misfire_policy, catchup_window)
+    end = schedule.end_at
+    if end is None:
+        return plan
+    skipped = tuple(s for s in plan.skipped if s.scheduled_for <= end)
+    following = plan.next_fire_at
+    return FirePlan(
+        fires=tuple(at for at in plan.fires if at <= end),
+        skipped=skipped,
+        # Unrecorded misfires come after the recorded ones: past the end bound if any recorded was.
+        more_skipped=plan.more_skipped and len(skipped) == len(plan.skipped),
+        next_fire_at=following if following is not None and following <= end else None,
+        misfired=plan.misfired,
+    )
 
 
 def plan_fires(

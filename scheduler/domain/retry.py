@@ -2,8 +2,8 @@
 
 The reconciler applies this when a worker reports a failure: a retryable failure with attempts
 left moves the run to ``retry_wait`` with ``next_attempt_at`` = failure time + backoff, and the
-scanner re-dispatches it when due; anything else is dead. Backoff is exponential with full jitter
-(DESIGN section 4), which spreads a burst of failures instead of retrying it in lockstep. The
+scanner re-dispatches it when due; anything else is dead. Backoff is exponential with full jitter,
+which spreads a burst of failures instead of retrying it in lockstep. The
 random source is injectable so that tests and replays are deterministic.
 """
 
@@ -64,7 +64,7 @@ class RetryPolicy:
 
 
 def http_status_is_retryable(status: int) -> bool:
-    """Whether an HTTP job's failure status is worth retrying (DESIGN section 4).
+    """Whether an HTTP job's failure status is worth retrying.
 
     A 4xx says the request itself is wrong and will be wrong again, except 408 (timeout) and 429
     (rate limited), which are about timing; server errors are retried.

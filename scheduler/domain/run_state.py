@@ -1,8 +1,9 @@
 """The life of a run: its states, which component moves it into each, and the legal moves.
 
-A run is one fire of a schedule (DESIGN section 2). Every component that updates ``runs.state``
-checks the move here first, so the state machine exists once; the store's SQL guards the same
-moves with ``WHERE state = ...`` so that concurrent components cannot race past it.
+A run is one fire of a schedule. The moves happen in the store's SQL, each guarded by
+``WHERE state ...`` so that concurrent components cannot race past one another; ``TRANSITIONS``
+is the same machine in code, and ``tests/unit/test_state_literals.py`` reads every statement that
+updates ``runs.state`` and fails unless the two allow exactly the same moves.
 """
 
 from __future__ import annotations
@@ -36,18 +37,21 @@ class RunState(StrEnum):
     DISPATCHED = "dispatched"
     # Set by the reconciler: a worker reported the start of a long job, or a heartbeat.
     RUNNING = "running"
-    # Set by the reconciler: an attempt failed retryably (or its lease expired) and
-    # next_attempt_at is set; the scanner re-dispatches it, as pending, when that is due.
+    # Set by the reconciler (an attempt failed retryably) or the lease sweeper (its lease expired):
+    # next_attempt_at is set and the scanner re-dispatches it, as pending, when that is due. Until
+    # then the attempt number is unchanged, so a late outcome of that same attempt still counts.
     RETRY_WAIT = "retry_wait"
     # Set by the reconciler: terminal.
     SUCCEEDED = "succeeded"
-    # Set by the reconciler: retries exhausted or a non-retryable error; the dead letter is in
-    # sched.dlq and PostgreSQL. Terminal, except that an operator's DLQ replay re-queues it.
+    # Set by the reconciler or the lease sweeper: retries exhausted or a non-retryable error; the
+    # dead letter is in sched.dlq and PostgreSQL. Terminal, except that an operator's DLQ replay
+    # re-queues it.
     DEAD = "dead"
     # Set by the scanner: never run because of the misfire or overlap policy; reason recorded.
     # Terminal.
     SKIPPED = "skipped"
-    # Set by the API/CLI: terminal.
+    # Terminal. The schema admits it, but no component cancels a run yet: cancelling a schedule
+    # stops its fires and leaves its runs as they are. Nothing moves a run here.
     CANCELLED = "cancelled"
 
 
@@ -68,12 +72,19 @@ INITIAL: frozenset[RunState] = frozenset({RunState.PENDING, RunState.SKIPPED})
 _OUTCOMES = frozenset({RunState.RUNNING, RunState.RETRY_WAIT, RunState.SUCCEEDED, RunState.DEAD})
 
 TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
-    RunState.PENDING: _OUTCOMES | {RunState.DISPATCHED, RunState.CANCELLED},
-    RunState.DISPATCHED: _OUTCOMES | {RunState.CANCELLED},
+    RunState.PENDING: _OUTCOMES | {RunState.DISPATCHED},
+    RunState.DISPATCHED: _OUTCOMES,
     # running -> running is a heartbeat: it extends the lease and changes nothing else.
-    RunState.RUNNING: _OUTCOMES | {RunState.CANCELLED},
-    # Not running: a late heartbeat or result of the attempt that failed is stale, not a move.
-    RunState.RETRY_WAIT: frozenset({RunState.PENDING, RunState.CANCELLED}),
+    RunState.RUNNING: _OUTCOMES,
+    # The attempt that failed is still the run's current one until the scanner re-dispatches, and
+    # the run is not terminal, so that attempt's outcomes still apply (the fencing rule): a worker
+    # the sweeper gave up on, or a second execution of the same attempt (a redelivered job), may
+    # yet report success, a non-retryable error, or its own retry decision (retry_wait ->
+    # retry_wait, with its own next_attempt_at). Only a start or heartbeat does not revive it:
+    # retry_wait -> running is refused.
+    RunState.RETRY_WAIT: frozenset(
+        {RunState.PENDING, RunState.RETRY_WAIT, RunState.SUCCEEDED, RunState.DEAD}
+    ),
     RunState.SUCCEEDED: frozenset(),
     # DLQ replay (an operator's explicit act) dispatches a dead run again, as a new attempt: the
     # run keeps its (schedule_id, scheduled_for) identity, so it cannot be a new row.

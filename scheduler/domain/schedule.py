@@ -1,21 +1,25 @@
-"""What a schedule is, in the domain's words: its kind, its state and its policies.
+"""What a schedule is, in the domain's words: the :class:`Schedule` itself, its kind, its state and
+its policies, and the :class:`ExecutionSettings` every attempt of its runs carries.
 
-These are the values the API accepts, the store persists and the scanner acts on (DESIGN
-sections 2 and 4). String enums, so that each value is also its spelling in JSON, SQL and the CLI.
+The enums are the values the CLI and the ingestor accept, the store persists and the scanner acts
+on. String enums, so that each value is also its spelling in JSON, SQL and the CLI.
 """
 
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import NewType
+from typing import Any, NewType
 
 __all__ = [
     "DEFAULT_CATCHUP_WINDOW",
     "MAX_CATCHUP_FIRES",
+    "ExecutionSettings",
     "MisfirePolicy",
     "OverlapPolicy",
+    "Schedule",
     "ScheduleId",
     "ScheduleKind",
     "ScheduleState",
@@ -65,3 +69,67 @@ class SkipReason(StrEnum):
 
     MISFIRE = "misfire"
     OVERLAP = "overlap"
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionSettings:
+    """What a job message carries from its schedule: where it goes, what runs, and under which limits.
+
+    ``max_attempts`` is the attempt budget the message announces: the schedule's for a first
+    attempt, the run's own for a retry, and the raised one for a replay.
+    """
+
+    app: str
+    handler: str
+    payload: Any
+    """The handler's argument: any JSON value."""
+    timeout_ms: int
+    max_attempts: int
+    backoff_base_ms: int
+    backoff_max_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A schedule as stored: when it fires, what each fire runs, and where it stands."""
+
+    id: ScheduleId
+    app: str
+    name: str
+    kind: ScheduleKind
+    cron: str | None
+    """Set exactly for cron schedules."""
+    tz: str
+    run_at: datetime | None
+    """Set for delayed schedules."""
+    start_at: datetime | None
+    end_at: datetime | None
+    """No fire after this instant (cron schedules)."""
+    handler: str
+    payload: Any
+    max_attempts: int
+    backoff_base_ms: int
+    backoff_max_ms: int
+    timeout_ms: int
+    misfire_policy: MisfirePolicy
+    overlap_policy: OverlapPolicy
+    jitter_ms: int
+    state: ScheduleState
+    next_fire_at: datetime | None
+    """When it is next due; None once it fires no more (completed or cancelled)."""
+    version: int
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def execution(self) -> ExecutionSettings:
+        """The settings the first attempt of each of its runs is dispatched with."""
+        return ExecutionSettings(
+            app=self.app,
+            handler=self.handler,
+            payload=self.payload,
+            timeout_ms=self.timeout_ms,
+            max_attempts=self.max_attempts,
+            backoff_base_ms=self.backoff_base_ms,
+            backoff_max_ms=self.backoff_max_ms,
+        )

@@ -12,7 +12,7 @@ The second step of the ingestor. The steps, in the batch's transaction:
 4. Insert every accepted create in one multi-row statement (schedules, keys, audit rows).
 5. Run the other operations in order, each through :mod:`scheduler.schedule.service` (pause,
    resume, cancel, trigger) or :func:`replace_spec` (update), in a savepoint of its own, so that
-   versions, states and audit rows follow exactly the rules of the CLI and API.
+   versions, states and audit rows follow exactly the rules of the CLI.
 6. Record the rejections (one statement), release the claims of commands rejected after being
    claimed, and hand the newly recorded rejections to ``before_commit`` (the ingestor publishes
    them there, so a rejection is on Kafka whenever it is in PostgreSQL).

@@ -1,7 +1,7 @@
 """Decoding and validating one consumed ``ScheduleCommand``, before any database is involved.
 
 The first step of the ingestor: every message of a batch becomes either a :class:`ValidCommand`
-(decoded, its spec checked by the same :func:`scheduler.schedule.spec.validate` the CLI and API use)
+(decoded, its spec checked by the same :func:`scheduler.schedule.spec.validate` the CLI uses)
 or a :class:`~scheduler.store.ingest.Rejection` with a code and a one-line reason. Nothing here
 raises for bad input, so one malformed message can never stop a batch; only an unreachable schema
 registry propagates (the message may be fine, so it must be retried, not rejected).

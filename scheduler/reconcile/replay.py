@@ -9,6 +9,7 @@ a worker and the reconciler treat it like any other attempt. Each replay is writ
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -19,6 +20,7 @@ import psycopg
 from scheduler.config import Settings
 from scheduler.scan.dispatch import JobDispatcher, lease_expiry
 from scheduler.store import dlq, scan
+from scheduler.store.dlq import DeadRun
 from scheduler.store.scan import NextAttempt
 
 Row = dict[str, Any]
@@ -38,7 +40,7 @@ class Replayer:
     def __init__(self, settings: Settings, dispatcher: JobDispatcher | None = None) -> None:
         self.dispatcher = dispatcher or JobDispatcher(settings)
 
-    def candidates(self, conn: psycopg.Connection[Row], where: ReplayFilter, limit: int) -> list[Row]:
+    def candidates(self, conn: psycopg.Connection[Row], where: ReplayFilter, limit: int) -> list[DeadRun]:
         """What a replay would take now; changes nothing (the locks end with the rollback)."""
         with conn.transaction(force_rollback=True):
             return self._select(conn, where, limit)
@@ -46,13 +48,13 @@ class Replayer:
     def replay(self, conn: psycopg.Connection[Row], where: ReplayFilter, limit: int, actor: str) -> int:
         """Replay up to ``limit`` matching dead runs in one transaction; returns how many."""
         with conn.transaction():
-            rows = self._select(conn, where, limit)
-            replayed = dlq.replay_runs(conn, [self._next_attempt(row) for row in rows], actor)
+            dead = self._select(conn, where, limit)
+            replayed = dlq.replay_runs(conn, [self._next_attempt(run) for run in dead], actor)
             if replayed:
                 scan.notify_outbox(conn)
         return replayed
 
-    def _select(self, conn: psycopg.Connection[Row], where: ReplayFilter, limit: int) -> list[Row]:
+    def _select(self, conn: psycopg.Connection[Row], where: ReplayFilter, limit: int) -> list[DeadRun]:
         return dlq.dead_runs_for_replay(
             conn,
             app=where.app,
@@ -64,17 +66,18 @@ class Replayer:
             limit=limit,
         )
 
-    def _next_attempt(self, row: Row) -> tuple[NextAttempt, int]:
-        attempt = row["attempt"] + 1
-        max_attempts = row["attempt"] + row["budget"]
-        deadline = lease_expiry(row["now"], row["timeout_ms"])
+    def _next_attempt(self, dead: DeadRun) -> tuple[NextAttempt, int]:
+        run = dead.run
+        attempt = run.attempt + 1
+        # A fresh budget counted on from the attempts spent: attempt numbers only grow (fencing).
+        job = dataclasses.replace(dead.job, max_attempts=run.attempt + dead.budget)
+        deadline = lease_expiry(dead.now, job.timeout_ms)
         message = self.dispatcher.message(
-            run_id=row["id"],
-            schedule_id=row["schedule_id"],
-            job=row,
-            scheduled_for=row["scheduled_for"],
+            run_id=run.id,
+            schedule_id=run.schedule_id,
+            job=job,
+            scheduled_for=run.scheduled_for,
             attempt=attempt,
             deadline=deadline,
-            max_attempts=max_attempts,
         )
-        return NextAttempt(row["id"], attempt, deadline, message), max_attempts
+        return NextAttempt(run.id, attempt, deadline, message), job.max_attempts

@@ -8,12 +8,13 @@ covers the dispatch lag plus the attempt's timeout, and is stored on the run as 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
 from uuid import UUID
 
 from scheduler.config import Settings
+from scheduler.domain.run import FailedAttempt
+from scheduler.domain.schedule import ExecutionSettings
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import AttemptSummary, JobMessage, RetryPolicy, idempotency_key_for
 from scheduler.kafka.tracing import HEADER, new_traceparent
@@ -28,12 +29,7 @@ def lease_expiry(now: datetime, timeout_ms: int) -> datetime:
 
 
 class JobDispatcher:
-    """Builds the outbox message of a run attempt.
-
-    ``job`` is any row with the schedule's execution settings (app, handler, payload, timeout_ms,
-    max_attempts, backoff_base_ms, backoff_max_ms): a schedule row, or a run row joined to its
-    schedule, as each query that dispatches selects them under these names.
-    """
+    """Builds the outbox message of a run attempt: the one way a job message is made."""
 
     def __init__(self, settings: Settings, codec: AvroCodec | None = None) -> None:
         self.settings = settings
@@ -44,33 +40,32 @@ class JobDispatcher:
         *,
         run_id: UUID,
         schedule_id: UUID,
-        job: Mapping[str, Any],
+        job: ExecutionSettings,
         scheduled_for: datetime,
         attempt: int,
         deadline: datetime,
-        max_attempts: int | None = None,
-        previous_attempts: tuple[AttemptSummary, ...] = (),
+        previous_attempts: Sequence[FailedAttempt] = (),
     ) -> Message:
         message = JobMessage(
             run_id=run_id,
             schedule_id=schedule_id,
-            app=job["app"],
+            app=job.app,
             attempt=attempt,
             idempotency_key=idempotency_key_for(run_id),
             scheduled_for=scheduled_for,
-            handler=job["handler"],
-            payload=json.dumps(job["payload"], separators=(",", ":"), ensure_ascii=False),
-            timeout_ms=job["timeout_ms"],
+            handler=job.handler,
+            payload=json.dumps(job.payload, separators=(",", ":"), ensure_ascii=False),
+            timeout_ms=job.timeout_ms,
             deadline=deadline,
             retry=RetryPolicy(
-                max_attempts=max_attempts or job["max_attempts"],
-                backoff_base_ms=job["backoff_base_ms"],
-                backoff_max_ms=job["backoff_max_ms"],
+                max_attempts=job.max_attempts,
+                backoff_base_ms=job.backoff_base_ms,
+                backoff_max_ms=job.backoff_max_ms,
             ),
-            previous_attempts=previous_attempts,
+            previous_attempts=tuple(_summary(a) for a in previous_attempts),
         )
         return Message(
-            topic=self.settings.jobs_topic(job["app"]),
+            topic=self.settings.jobs_topic(job.app),
             # Keyed by schedule: the runs of one schedule stay in order on one partition.
             key=str(schedule_id).encode(),
             value=self.codec.encode(message),
@@ -78,20 +73,14 @@ class JobDispatcher:
         )
 
 
-def attempt_history(rows: list[dict[str, Any]]) -> tuple[AttemptSummary, ...]:
-    """The failed attempts of a run, from the JSON the scanner's retry query aggregates."""
-
-    def instant(text: str | None) -> datetime | None:
-        return None if text is None else datetime.fromisoformat(text)
-
-    return tuple(
-        AttemptSummary(
-            attempt=row["attempt"],
-            finished_at=instant(row["finished_at"]) or datetime.min.replace(tzinfo=UTC),
-            error=row["error"] or "",
-            error_class=row["error_class"] or "Error",
-            worker=row["worker"],
-            started_at=instant(row["started_at"]),
-        )
-        for row in rows
+def _summary(attempt: FailedAttempt) -> AttemptSummary:
+    # The message schema requires an end, an error and a class, which an `attempts` row may lack:
+    # such an attempt still travels, with neutral values, rather than losing the history.
+    return AttemptSummary(
+        attempt=attempt.attempt,
+        finished_at=attempt.finished_at or datetime.min.replace(tzinfo=UTC),
+        error=attempt.error or "",
+        error_class=attempt.error_class or "Error",
+        worker=attempt.worker,
+        started_at=attempt.started_at,
     )

@@ -23,14 +23,14 @@ import psycopg
 
 from scheduler import metrics
 from scheduler.config import Settings
-from scheduler.domain.cron import CronSchedule
-from scheduler.domain.policies import OverlapAction, overlap_action, plan_fires
-from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleState, SkipReason
-from scheduler.scan.dispatch import JobDispatcher, attempt_history, lease_expiry
+from scheduler.domain.policies import OverlapAction, fires_of, overlap_action
+from scheduler.domain.run_state import RunState
+from scheduler.domain.schedule import OverlapPolicy, SkipReason
+from scheduler.scan.dispatch import JobDispatcher, lease_expiry
 from scheduler.store import connect
 from scheduler.store import scan as store
 from scheduler.store.listen import Wakeup
-from scheduler.store.scan import NewRun, NextAttempt
+from scheduler.store.scan import DueRetry, DueSchedule, NewRun, NextAttempt, ScheduleAdvance
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +47,6 @@ class ScanReport:
     queued: int
 
 
-@dataclass(frozen=True)
-class _Fires:
-    fires: tuple[datetime, ...]
-    misfire_skips: tuple[datetime, ...]
-    next_fire_at: datetime | None
-
-
 class Scanner:
     def __init__(self, settings: Settings, dispatcher: JobDispatcher | None = None) -> None:
         self.settings = settings
@@ -63,12 +56,12 @@ class Scanner:
     def scan_once(self, conn: psycopg.Connection[Row], now: datetime | None = None) -> ScanReport:
         """One batch in one transaction. ``now`` replaces the database clock in tests."""
         with conn.transaction():
-            schedules = store.lease_due_schedules(conn, self.settings.scan_batch_size, now)
+            due = store.lease_due_schedules(conn, self.settings.scan_batch_size, now)
             retries = store.lease_due_retries(conn, self.settings.scan_batch_size, now)
-            runs, updates = self._plan(conn, schedules)
+            runs, advances = self._plan(conn, due)
             created = store.create_runs(conn, runs)
-            store.advance_schedules(conn, updates)
-            attempts = [self._next_attempt(row) for row in retries]
+            store.advance_schedules(conn, advances)
+            attempts = [self._next_attempt(retry) for retry in retries]
             store.redispatch_runs(conn, attempts)
             if created.queued or attempts:
                 store.notify_outbox(conn)
@@ -77,36 +70,36 @@ class Scanner:
         metrics.SCANNER_RETRIES_DISPATCHED.inc(len(attempts))
         for run in runs:
             if run.message is not None:
-                metrics.SCANNER_LAG.observe((schedules[0]["scan_now"] - run.scheduled_for).total_seconds())
-        return ScanReport(len(schedules), len(retries), created.created, created.skipped, created.queued)
+                metrics.SCANNER_LAG.observe((due[0].now - run.scheduled_for).total_seconds())
+        return ScanReport(len(due), len(retries), created.created, created.skipped, created.queued)
 
     def _plan(
-        self, conn: psycopg.Connection[Row], schedules: list[Row]
-    ) -> tuple[list[NewRun], list[tuple[uuid.UUID, datetime | None, str]]]:
-        guarded = [s["id"] for s in schedules if s["overlap_policy"] != OverlapPolicy.ALLOW]
+        self, conn: psycopg.Connection[Row], due: list[DueSchedule]
+    ) -> tuple[list[NewRun], list[ScheduleAdvance]]:
+        guarded = [d.schedule.id for d in due if d.schedule.overlap_policy is not OverlapPolicy.ALLOW]
         open_runs = store.open_runs_of(conn, guarded)
         runs: list[NewRun] = []
-        updates: list[tuple[uuid.UUID, datetime | None, str]] = []
-        for schedule in schedules:
-            fires = self._fires(schedule)
-            state = ScheduleState.ACTIVE if fires.next_fire_at is not None else ScheduleState.COMPLETED
-            updates.append((schedule["id"], fires.next_fire_at, state))
-            runs.extend(self._skipped(schedule, at, SkipReason.MISFIRE) for at in fires.misfire_skips)
-            active, waiting = open_runs.get(schedule["id"], (0, 0))
-            for at in fires.fires:
-                action = overlap_action(OverlapPolicy(schedule["overlap_policy"]), active > 0, waiting > 0)
+        advances: list[ScheduleAdvance] = []
+        for leased in due:
+            schedule = leased.schedule
+            plan = fires_of(schedule, leased.now, self.catchup_window)
+            advances.append(ScheduleAdvance(schedule.id, plan.next_fire_at, plan.schedule_state))
+            runs.extend(self._skipped(leased, s.scheduled_for, s.reason) for s in plan.skipped)
+            active, waiting = open_runs.get(schedule.id, (0, 0))
+            for at in plan.fires:
+                action = overlap_action(schedule.overlap_policy, active > 0, waiting > 0)
                 if action is OverlapAction.SKIP:
-                    runs.append(self._skipped(schedule, at, SkipReason.OVERLAP))
+                    runs.append(self._skipped(leased, at, SkipReason.OVERLAP))
                     continue
                 run_id = uuid.uuid4()
-                deadline = lease_expiry(schedule["scan_now"], schedule["timeout_ms"])
+                deadline = lease_expiry(leased.now, schedule.timeout_ms)
                 buffered = action is OverlapAction.BUFFER
                 message = None
                 if not buffered:
                     message = self.dispatcher.message(
                         run_id=run_id,
-                        schedule_id=schedule["id"],
-                        job=schedule,
+                        schedule_id=schedule.id,
+                        job=schedule.execution,
                         scheduled_for=at,
                         attempt=1,
                         deadline=deadline,
@@ -114,11 +107,11 @@ class Scanner:
                 runs.append(
                     NewRun(
                         id=run_id,
-                        schedule_id=schedule["id"],
-                        app=schedule["app"],
+                        schedule_id=schedule.id,
+                        app=schedule.app,
                         scheduled_for=at,
-                        state="pending",
-                        max_attempts=schedule["max_attempts"],
+                        state=RunState.PENDING,
+                        max_attempts=schedule.max_attempts,
                         lease_expires_at=None if buffered else deadline,
                         buffered=buffered,
                         message=message,
@@ -127,55 +120,33 @@ class Scanner:
                 # The run just created is the "previous run" of the next fire in this batch.
                 active += 0 if buffered else 1
                 waiting += 1 if buffered else 0
-        return runs, updates
+        return runs, advances
 
-    def _fires(self, schedule: Row) -> _Fires:
-        now: datetime = schedule["scan_now"]
-        due: datetime = schedule["next_fire_at"]
-        policy = MisfirePolicy(schedule["misfire_policy"])
-        end_at: datetime | None = schedule["end_at"]
-        if schedule["kind"] != ScheduleKind.CRON:
-            # One-shot: fires once, unless found later than the catch-up window under `skip`.
-            late = now - due > self.catchup_window
-            if late and policy is MisfirePolicy.SKIP:
-                return _Fires((), (due,), None)
-            return _Fires((due,), (), None)
-        cron = CronSchedule.of(schedule["cron"], schedule["tz"], schedule_id=schedule["id"])
-        plan = plan_fires(cron, due, now, policy, self.catchup_window)
-        fires = plan.fires
-        skips = tuple(s.scheduled_for for s in plan.skipped)
-        following = plan.next_fire_at
-        if end_at is not None:
-            fires = tuple(at for at in fires if at <= end_at)
-            skips = tuple(at for at in skips if at <= end_at)
-            if following is not None and following > end_at:
-                following = None
-        return _Fires(fires, skips, following)
-
-    def _skipped(self, schedule: Row, at: datetime, reason: SkipReason) -> NewRun:
+    def _skipped(self, leased: DueSchedule, at: datetime, reason: SkipReason) -> NewRun:
         return NewRun(
             id=uuid.uuid4(),
-            schedule_id=schedule["id"],
-            app=schedule["app"],
+            schedule_id=leased.schedule.id,
+            app=leased.schedule.app,
             scheduled_for=at,
-            state="skipped",
-            max_attempts=schedule["max_attempts"],
-            skip_reason=str(reason),
+            state=RunState.SKIPPED,
+            max_attempts=leased.schedule.max_attempts,
+            skip_reason=reason,
         )
 
-    def _next_attempt(self, run: Row) -> NextAttempt:
-        attempt = run["attempt"] + 1
-        deadline = lease_expiry(run["scan_now"], run["timeout_ms"])
+    def _next_attempt(self, retry: DueRetry) -> NextAttempt:
+        run = retry.run
+        attempt = run.attempt + 1
+        deadline = lease_expiry(retry.now, retry.job.timeout_ms)
         message = self.dispatcher.message(
-            run_id=run["id"],
-            schedule_id=run["schedule_id"],
-            job=run,
-            scheduled_for=run["scheduled_for"],
+            run_id=run.id,
+            schedule_id=run.schedule_id,
+            job=retry.job,
+            scheduled_for=run.scheduled_for,
             attempt=attempt,
             deadline=deadline,
-            previous_attempts=attempt_history(run["history"]),
+            previous_attempts=retry.history,
         )
-        return NextAttempt(run["id"], attempt, deadline, message)
+        return NextAttempt(run.id, attempt, deadline, message)
 
     def run(self, stop: threading.Event) -> None:
         """Scan until ``stop`` is set, sleeping until the next due time or a NOTIFY."""

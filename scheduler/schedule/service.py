@@ -1,4 +1,4 @@
-"""Creating and changing schedules: the one path the CLI, the HTTP API and the ingestor share.
+"""Creating and changing schedules: the one path the CLI and the ingestor share.
 
 Each operation runs in the caller's transaction, checks the version it read (optimistic locking),
 writes ``audit_log``, and notifies the scanners when it makes something due sooner (create,
@@ -15,6 +15,7 @@ import psycopg
 
 from scheduler.config import Settings
 from scheduler.domain.cron import CronSchedule, NoFireTime
+from scheduler.domain.run_state import RunState
 from scheduler.domain.schedule import ScheduleKind, ScheduleState
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.scan.dispatch import JobDispatcher, lease_expiry
@@ -26,6 +27,7 @@ from scheduler.schedule.spec import (
     validate_app_name,
 )
 from scheduler.store import scan, schedules
+from scheduler.store.entities import schedule_from_row
 from scheduler.store.scan import NewRun
 
 Row = dict[str, Any]
@@ -189,16 +191,16 @@ def trigger(
     """Fire the schedule now, outside its timetable (also when paused); returns the new run's id."""
     dispatcher = dispatcher or JobDispatcher(settings)
     with conn.transaction():
-        schedule = current_schedule(conn, schedule_id, None)
-        if schedule["state"] in (ScheduleState.CANCELLED, ScheduleState.COMPLETED):
-            raise InvalidTransition(f"cannot trigger schedule {schedule_id}: it is {schedule['state']}")
+        schedule = schedule_from_row(current_schedule(conn, schedule_id, None))
+        if schedule.state in (ScheduleState.CANCELLED, ScheduleState.COMPLETED):
+            raise InvalidTransition(f"cannot trigger schedule {schedule_id}: it is {schedule.state}")
         now = schedules.db_now(conn)
         run_id = uuid.uuid4()
-        deadline = lease_expiry(now, schedule["timeout_ms"])
+        deadline = lease_expiry(now, schedule.timeout_ms)
         message = dispatcher.message(
             run_id=run_id,
             schedule_id=schedule_id,
-            job=schedule,
+            job=schedule.execution,
             scheduled_for=now,
             attempt=1,
             deadline=deadline,
@@ -209,10 +211,10 @@ def trigger(
                 NewRun(
                     id=run_id,
                     schedule_id=schedule_id,
-                    app=schedule["app"],
+                    app=schedule.app,
                     scheduled_for=now,
-                    state="pending",
-                    max_attempts=schedule["max_attempts"],
+                    state=RunState.PENDING,
+                    max_attempts=schedule.max_attempts,
                     lease_expires_at=deadline,
                     message=message,
                 )

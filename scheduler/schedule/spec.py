@@ -1,8 +1,7 @@
 """What a user asks for when creating a schedule, validated before anything is stored.
 
-The CLI, the HTTP API and the Avro ingestor all build a :class:`ScheduleSpec` and call
-:func:`validate`; each rule fails with one line that names the field, so every entry point reports
-bad input the same way.
+The CLI and the Avro ingestor both build a :class:`ScheduleSpec` and call :func:`validate`; each
+rule fails with one line that names the field, so every entry point reports bad input the same way.
 """
 
 from __future__ import annotations
@@ -46,8 +45,8 @@ class ScheduleSpec:
     backoff_base_ms: int = 1000
     backoff_max_ms: int = 300_000
     timeout_ms: int = 300_000
-    misfire_policy: str = "fire_once"
-    overlap_policy: str = "allow"
+    misfire_policy: str = MisfirePolicy.FIRE_ONCE
+    overlap_policy: str = OverlapPolicy.ALLOW
     jitter_ms: int = 0
 
 
@@ -91,7 +90,7 @@ def validate(spec: ScheduleSpec) -> ScheduleSpec:
         time_zone(spec.tz)
     except UnknownTimeZone as exc:
         raise InvalidSchedule(str(exc)) from None
-    if spec.kind == "cron":
+    if spec.kind == ScheduleKind.CRON:
         if not spec.cron:
             raise InvalidSchedule("a cron schedule needs a cron expression")
         try:
@@ -100,7 +99,7 @@ def validate(spec: ScheduleSpec) -> ScheduleSpec:
             raise InvalidSchedule(str(exc)) from None
     elif spec.cron is not None:
         raise InvalidSchedule(f"a {spec.kind} schedule takes no cron expression")
-    if spec.kind == "delayed" and spec.run_at is None:
+    if spec.kind == ScheduleKind.DELAYED and spec.run_at is None:
         raise InvalidSchedule("a delayed schedule needs run_at (--at)")
     for moment, what in ((spec.run_at, "run_at"), (spec.start_at, "start_at"), (spec.end_at, "end_at")):
         _aware(moment, what)

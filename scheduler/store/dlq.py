@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -10,10 +11,25 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
+from scheduler.domain.run import Run
+from scheduler.domain.schedule import ExecutionSettings
+from scheduler.store.entities import execution_from_row, run_from_row
 from scheduler.store.scan import NextAttempt
 from scheduler.store.sql import query
 
 Row = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadRun:
+    """A dead run a replay may take, locked until the replay's transaction ends."""
+
+    run: Run
+    job: ExecutionSettings
+    """Its schedule's settings, with the run's own attempt budget."""
+    budget: int
+    """The schedule's max_attempts: how many more attempts a replay grants."""
+    now: datetime
 
 
 def dead_runs_for_replay(
@@ -26,8 +42,8 @@ def dead_runs_for_replay(
     until: datetime | None,
     force: bool,
     limit: int,
-) -> list[Row]:
-    return conn.execute(
+) -> list[DeadRun]:
+    rows = conn.execute(
         query("dead_runs_for_replay"),
         {
             "app": app,
@@ -39,6 +55,7 @@ def dead_runs_for_replay(
             "limit": limit,
         },
     ).fetchall()
+    return [DeadRun(run_from_row(row), execution_from_row(row), row["budget"], row["now"]) for row in rows]
 
 
 def replay_runs(

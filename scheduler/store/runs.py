@@ -1,4 +1,4 @@
-"""Reading runs and their attempts, for the CLI and the API."""
+"""Reading runs and their attempts, for the CLI."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The scanner's statements: lease due work, create runs with their outbox rows, advance schedules.
 
-Every function takes a whole batch and makes one round trip, whatever the batch size.
+Every function takes a whole batch and makes one round trip, whatever the batch size. What is
+leased comes back as domain entities, each with the scan's clock (``now``): the database's, or the
+one a test injected.
 """
 
 from __future__ import annotations
@@ -14,6 +16,15 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
+from scheduler.domain.run import FailedAttempt, Run
+from scheduler.domain.run_state import RunState
+from scheduler.domain.schedule import ExecutionSettings, Schedule, ScheduleState, SkipReason
+from scheduler.store.entities import (
+    execution_from_row,
+    failed_attempts_from_json,
+    run_from_row,
+    schedule_from_row,
+)
 from scheduler.store.sql import query
 
 Row = dict[str, Any]
@@ -35,10 +46,10 @@ class NewRun:
     schedule_id: UUID
     app: str
     scheduled_for: datetime
-    state: str  # pending or skipped
+    state: RunState  # one of INITIAL: pending or skipped
     max_attempts: int
     lease_expires_at: datetime | None = None
-    skip_reason: str | None = None
+    skip_reason: SkipReason | None = None
     buffered: bool = False
     message: Message | None = None  # None: nothing to dispatch now (skipped or buffered)
 
@@ -58,8 +69,40 @@ class CreatedRuns:
     queued: int
 
 
-def lease_due_schedules(conn: psycopg.Connection[Row], limit: int, now: datetime | None = None) -> list[Row]:
-    return conn.execute(query("lease_due_schedules"), {"limit": limit, "now": now}).fetchall()
+@dataclass(frozen=True, slots=True)
+class DueSchedule:
+    """A due schedule, leased (row-locked) until the scan's transaction ends."""
+
+    schedule: Schedule
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DueRetry:
+    """A run in ``retry_wait`` whose next attempt is due, leased until the scan's transaction ends."""
+
+    run: Run
+    job: ExecutionSettings
+    """Its schedule's settings, with the run's own attempt budget."""
+    history: tuple[FailedAttempt, ...]
+    """The attempts that failed so far, oldest first."""
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleAdvance:
+    """A scanned schedule's new next fire time, and its state (completed once it fires no more)."""
+
+    schedule_id: UUID
+    next_fire_at: datetime | None
+    state: ScheduleState
+
+
+def lease_due_schedules(
+    conn: psycopg.Connection[Row], limit: int, now: datetime | None = None
+) -> list[DueSchedule]:
+    rows = conn.execute(query("lease_due_schedules"), {"limit": limit, "now": now}).fetchall()
+    return [DueSchedule(schedule_from_row(row), row["scan_now"]) for row in rows]
 
 
 def open_runs_of(conn: psycopg.Connection[Row], schedule_ids: Sequence[UUID]) -> dict[UUID, tuple[int, int]]:
@@ -95,24 +138,32 @@ def create_runs(conn: psycopg.Connection[Row], runs: Sequence[NewRun]) -> Create
     return CreatedRuns(row["created"], row["skipped"], row["queued"])
 
 
-def advance_schedules(
-    conn: psycopg.Connection[Row], updates: Sequence[tuple[UUID, datetime | None, str]]
-) -> None:
-    """Set (next_fire_at, state) of each schedule id."""
-    if not updates:
+def advance_schedules(conn: psycopg.Connection[Row], advances: Sequence[ScheduleAdvance]) -> None:
+    if not advances:
         return
     conn.execute(
         query("advance_schedules"),
         {
-            "ids": [u[0] for u in updates],
-            "next_fire_at": [u[1] for u in updates],
-            "states": [u[2] for u in updates],
+            "ids": [a.schedule_id for a in advances],
+            "next_fire_at": [a.next_fire_at for a in advances],
+            "states": [a.state for a in advances],
         },
     )
 
 
-def lease_due_retries(conn: psycopg.Connection[Row], limit: int, now: datetime | None = None) -> list[Row]:
-    return conn.execute(query("lease_due_retries"), {"limit": limit, "now": now}).fetchall()
+def lease_due_retries(
+    conn: psycopg.Connection[Row], limit: int, now: datetime | None = None
+) -> list[DueRetry]:
+    rows = conn.execute(query("lease_due_retries"), {"limit": limit, "now": now}).fetchall()
+    return [
+        DueRetry(
+            run=run_from_row(row),
+            job=execution_from_row(row),
+            history=failed_attempts_from_json(row["history"]),
+            now=row["scan_now"],
+        )
+        for row in rows
+    ]
 
 
 def redispatch_runs(conn: psycopg.Connection[Row], attempts: Sequence[NextAttempt]) -> None:

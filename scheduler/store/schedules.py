@@ -1,4 +1,4 @@
-"""Apps, schedules and the audit log in PostgreSQL: the statements behind the CLI, API and ingestor.
+"""Apps, schedules and the audit log in PostgreSQL: the statements behind the CLI and the ingestor.
 
 Every change a person or a service makes to a schedule goes through here with the version it
 read (optimistic locking) and leaves an ``audit_log`` row with the old and new values.
@@ -14,6 +14,7 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
+from scheduler.domain.schedule import ScheduleState
 from scheduler.store.sql import query
 
 Row = dict[str, Any]
@@ -63,7 +64,7 @@ def set_schedule_state(
     conn: psycopg.Connection[Row],
     schedule_id: UUID,
     version: int,
-    state: str,
+    state: ScheduleState,
     next_fire_at: datetime | None,
 ) -> Row:
     row = conn.execute(

@@ -1,17 +1,27 @@
-"""Misfire and overlap policies of DESIGN section 4, as the scanner applies them."""
+"""Fire rules, misfire and overlap policies, as the scanner applies them."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 from itertools import takewhile
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.domain.cron import CronSchedule
-from scheduler.domain.policies import OverlapAction, overlap_action, plan_fires
-from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, SkipReason
+from scheduler.domain.policies import OverlapAction, SkippedFire, fires_of, overlap_action, plan_fires
+from scheduler.domain.schedule import (
+    MisfirePolicy,
+    OverlapPolicy,
+    Schedule,
+    ScheduleId,
+    ScheduleKind,
+    ScheduleState,
+    SkipReason,
+)
 
 EVERY_10_SECONDS = CronSchedule.of("*/10 * * * * *", "UTC")
 EVERY_SECOND = CronSchedule.of("* * * * * *", "UTC")
@@ -167,3 +177,113 @@ def test_overlap(
     policy: OverlapPolicy, previous_active: bool, fire_waiting: bool, action: OverlapAction
 ) -> None:
     assert overlap_action(policy, previous_active, fire_waiting) is action
+
+
+def schedule(kind: ScheduleKind, next_fire_at: datetime | None, **fields: Any) -> Schedule:
+    values: dict[str, Any] = {
+        "id": ScheduleId(uuid.UUID(int=7)),
+        "app": "billing",
+        "name": "invoices",
+        "kind": kind,
+        "cron": "*/10 * * * * *" if kind is ScheduleKind.CRON else None,
+        "tz": "UTC",
+        "run_at": next_fire_at if kind is ScheduleKind.DELAYED else None,
+        "start_at": None,
+        "end_at": None,
+        "handler": "builtin:noop",
+        "payload": {},
+        "max_attempts": 3,
+        "backoff_base_ms": 1000,
+        "backoff_max_ms": 300_000,
+        "timeout_ms": 300_000,
+        "misfire_policy": MisfirePolicy.FIRE_ONCE,
+        "overlap_policy": OverlapPolicy.ALLOW,
+        "jitter_ms": 0,
+        "state": ScheduleState.ACTIVE,
+        "next_fire_at": next_fire_at,
+        "version": 1,
+        "created_at": NOON - timedelta(days=1),
+        "updated_at": NOON - timedelta(days=1),
+    }
+    return Schedule(**(values | fields))
+
+
+@pytest.mark.parametrize("kind", [ScheduleKind.IMMEDIATE, ScheduleKind.DELAYED])
+@pytest.mark.parametrize("policy", list(MisfirePolicy))
+def test_a_one_shot_on_time_fires_once_and_completes(kind: ScheduleKind, policy: MisfirePolicy) -> None:
+    plan = fires_of(schedule(kind, at(0, 10), misfire_policy=policy), at(0, 40))
+    assert plan.fires == (at(0, 10),) and plan.skipped == ()
+    assert plan.next_fire_at is None and plan.schedule_state is ScheduleState.COMPLETED
+
+
+@pytest.mark.parametrize("policy", [MisfirePolicy.FIRE_ONCE, MisfirePolicy.FIRE_ALL])
+def test_a_late_one_shot_still_fires_unless_its_policy_is_skip(policy: MisfirePolicy) -> None:
+    plan = fires_of(schedule(ScheduleKind.DELAYED, NOON, misfire_policy=policy), at(30, 0))
+    assert plan.misfired and plan.fires == (NOON,) and plan.skipped == ()
+    assert plan.schedule_state is ScheduleState.COMPLETED
+
+
+def test_a_late_one_shot_under_skip_is_recorded_as_skipped_and_completes() -> None:
+    plan = fires_of(schedule(ScheduleKind.DELAYED, NOON, misfire_policy=MisfirePolicy.SKIP), at(30, 0))
+    assert plan.fires == () and plan.skipped == (SkippedFire(NOON, SkipReason.MISFIRE),)
+    assert plan.schedule_state is ScheduleState.COMPLETED
+
+
+def test_a_one_shot_within_the_catchup_window_fires_even_under_skip() -> None:
+    one_shot = schedule(ScheduleKind.DELAYED, NOON, misfire_policy=MisfirePolicy.SKIP)
+    assert fires_of(one_shot, at(1, 0)).fires == (NOON,)
+    assert fires_of(one_shot, at(1, 0), catchup_window=timedelta(seconds=59)).fires == ()
+
+
+def test_a_one_shot_not_yet_due_does_nothing() -> None:
+    plan = fires_of(schedule(ScheduleKind.DELAYED, at(5, 0)), at(4, 59))
+    assert plan.fires == () and plan.skipped == () and plan.next_fire_at == at(5, 0)
+    assert plan.schedule_state is ScheduleState.ACTIVE
+
+
+def test_a_cron_schedule_follows_its_plan_and_stays_active() -> None:
+    cron = schedule(ScheduleKind.CRON, at(0, 10))
+    assert fires_of(cron, at(0, 40)) == plan_fires(EVERY_10_SECONDS, at(0, 10), at(0, 40))
+    assert fires_of(cron, at(0, 40)).schedule_state is ScheduleState.ACTIVE
+
+
+def test_a_cron_schedule_uses_its_own_zone_and_misfire_policy() -> None:
+    cron = schedule(
+        ScheduleKind.CRON, at(0, 10), cron="0 9 * * *", tz="Europe/Berlin", misfire_policy=MisfirePolicy.SKIP
+    )
+    plan = fires_of(cron, at(0, 10) + timedelta(hours=1))
+    assert plan.fires == () and [s.scheduled_for for s in plan.skipped] == [at(0, 10)]
+    assert plan.next_fire_at == datetime(2027, 1, 2, 8, 0, tzinfo=UTC)  # 09:00 in Berlin (CET)
+
+
+def test_nothing_after_end_at_fires_is_recorded_or_stays_due() -> None:
+    cron = schedule(ScheduleKind.CRON, at(0, 10), end_at=at(0, 30), misfire_policy=MisfirePolicy.FIRE_ALL)
+    plan = fires_of(cron, at(0, 40))
+    assert plan.fires == (at(0, 10), at(0, 20), at(0, 30))
+    assert plan.next_fire_at is None and plan.schedule_state is ScheduleState.COMPLETED
+
+
+def test_misfires_after_end_at_are_not_recorded() -> None:
+    cron = schedule(ScheduleKind.CRON, at(0, 10), end_at=at(0, 30), misfire_policy=MisfirePolicy.SKIP)
+    plan = fires_of(cron, at(5, 0))
+    assert [s.scheduled_for for s in plan.skipped] == [at(0, 10), at(0, 20), at(0, 30)]
+    assert not plan.more_skipped and plan.schedule_state is ScheduleState.COMPLETED
+
+
+def test_an_end_at_still_ahead_changes_nothing() -> None:
+    cron = schedule(ScheduleKind.CRON, at(0, 10), end_at=at(10, 0))
+    assert fires_of(cron, at(0, 40)) == plan_fires(EVERY_10_SECONDS, at(0, 10), at(0, 40))
+
+
+def test_a_capped_fire_all_keeps_its_backlog_due_within_end_at() -> None:
+    every_second = schedule(
+        ScheduleKind.CRON, NOON, cron="* * * * * *", end_at=at(10, 0), misfire_policy=MisfirePolicy.FIRE_ALL
+    )
+    plan = fires_of(every_second, at(5, 0))
+    assert len(plan.fires) == 100 and plan.next_fire_at == at(1, 40)
+    assert plan.schedule_state is ScheduleState.ACTIVE
+
+
+def test_a_schedule_without_a_next_fire_time_is_not_due() -> None:
+    with pytest.raises(ValueError, match="no next fire time"):
+        fires_of(schedule(ScheduleKind.CRON, None), NOON)

@@ -1,5 +1,5 @@
--- The data model of DESIGN section 2. PostgreSQL is the source of truth for schedules, runs and
--- delays; Kafka only ever carries copies.
+-- The data model. PostgreSQL is the source of truth for schedules, runs and delays; Kafka only ever
+-- carries copies.
 
 create table apps (
     name        text primary key check (name ~ '^[a-z0-9][a-z0-9-]{0,47}$'),

@@ -3,7 +3,7 @@
 
 -- A client names a schedule by (app, schedule_key) and never learns its id: every later command for
 -- it uses the key. A mapping table rather than a column keeps `schedules` the same for every entry
--- point; schedules made by the CLI or the API simply have no key.
+-- point; schedules made by the CLI simply have no key.
 create table schedule_keys (
     app           text not null references apps (name),
     schedule_key  text not null check (char_length(schedule_key) between 1 and 200),

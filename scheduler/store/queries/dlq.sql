@@ -24,9 +24,8 @@ limit %(limit)s::int;
 -- Dead runs matching the operator's filters, oldest death first, with what their next message
 -- needs. A run replayed before (audit_log says so) is left out unless forced. Locked while the
 -- replay of this chunk commits, so two operators cannot replay the same run at once.
-select r.id, r.schedule_id, r.app, r.scheduled_for, r.attempt, r.error, r.finished_at,
-       s.handler, s.payload, s.timeout_ms, s.max_attempts as budget, s.backoff_base_ms, s.backoff_max_ms,
-       now() as now
+select r.*, s.handler, s.payload, s.timeout_ms, s.max_attempts as budget, s.backoff_base_ms,
+       s.backoff_max_ms, now() as now
   from runs r
   join schedules s on s.id = r.schedule_id
  where r.state = 'dead'

@@ -62,9 +62,9 @@ update schedules s
  where s.id = v.id;
 
 -- name: lease_due_retries
--- Runs whose retry delay has passed, with what the next attempt's message needs.
-select r.id, r.schedule_id, r.app, r.scheduled_for, r.attempt, r.max_attempts,
-       s.handler, s.payload, s.timeout_ms, s.backoff_base_ms, s.backoff_max_ms,
+-- Runs whose retry delay has passed, with what the next attempt's message needs: the schedule's
+-- settings except its app and max_attempts, which are the run's own (a replay raises the budget).
+select r.*, s.handler, s.payload, s.timeout_ms, s.backoff_base_ms, s.backoff_max_ms,
        coalesce(%(now)s::timestamptz, now()) as scan_now,
        -- The failed attempts so far travel with the job, for the dead letter's history.
        (select coalesce(jsonb_agg(jsonb_build_object(
