@@ -30,21 +30,16 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, get_args
 
-from confluent_kafka import KafkaError, Message
-from confluent_kafka import Producer as _Producer
-
 from scheduler.config import Settings
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind
 from scheduler.kafka.avro import AvroCodec
+from scheduler.kafka.connection import KafkaConnection
 from scheduler.kafka.messages import ScheduleCommand, ScheduleOperation, ScheduleSpec
 from scheduler.kafka.registry import Framing, registry_for
 from scheduler.kafka.tracing import HEADER, new_traceparent
-from scheduler.kafka.transport import DeliveryError, producer_config
+from scheduler.kafka.transport import DeliveryError, OutgoingMessage, Producer, producer_config
 
 __all__ = ["CommandFormatError", "DeliveryError", "ScheduleClient", "command_from_json", "spec"]
-
-# A command holds a payload of up to 1 MiB: above librdkafka's default limit of 1,000,000 bytes.
-DEFAULT_MAX_MESSAGE_BYTES = 2 * 1024 * 1024
 
 KAFKA_LOG = logging.getLogger("scheduler.client.kafka")
 
@@ -105,11 +100,15 @@ def spec(
 
 
 class ScheduleClient:
-    """Produces ``ScheduleCommand``s; each method returns the command id without waiting for Kafka."""
+    """Produces ``ScheduleCommand``s; each method returns the command id without waiting for Kafka.
+
+    ``kafka`` is the cluster: a :class:`~scheduler.kafka.connection.KafkaConnection` (with its TLS
+    and SASL settings) or, for a PLAINTEXT cluster, its bootstrap servers.
+    """
 
     def __init__(
         self,
-        bootstrap: str,
+        kafka: KafkaConnection | str,
         topic_prefix: str = "sched",
         *,
         schema_registry_url: str | None = None,
@@ -123,20 +122,21 @@ class ScheduleClient:
         self._framing = Framing(
             registry_for(schema_registry_url), ScheduleCommand.SCHEMA, self.topic, self._codec.catalog
         )
+        connection = KafkaConnection(kafka) if isinstance(kafka, str) else kafka
         overrides = {
-            "message.max.bytes": DEFAULT_MAX_MESSAGE_BYTES,
             # librdkafka's own log lines (reconnect attempts) go to Python logging, not to stderr: a
             # failed command is reported through its delivery outcome.
             "logger": KAFKA_LOG,
         } | dict(config or {})
-        self._producer = _Producer(producer_config(bootstrap, client_id, overrides))
+        # The transport's producer defaults leave room for a command with a 1 MiB payload.
+        self._producer = Producer(producer_config(connection, client_id, overrides))
         self._failures: list[str] = []
 
     @classmethod
     def from_settings(cls, settings: Settings, **kwargs: Any) -> Self:
         """A client for the configured cluster, topic prefix and schema registry."""
         return cls(
-            settings.kafka_bootstrap,
+            settings.kafka,
             settings.topic_prefix,
             schema_registry_url=settings.schema_registry_url,
             **kwargs,
@@ -205,31 +205,26 @@ class ScheduleClient:
     def send(self, command: ScheduleCommand, on_delivery: DeliveryCallback | None = None) -> str:
         """Produce ``command`` (encoding errors raise at once); returns its id.
 
-        ``on_delivery`` is called from :meth:`flush` (or a later send) with the outcome. Without it,
-        failures are collected and raised by :meth:`flush`.
+        ``on_delivery`` is called from :meth:`flush` (or a later send) with the outcome, and at once
+        for a command the client refuses itself (too large). Without it, failures are collected and
+        raised by :meth:`flush`.
         """
         value = self._codec.encode(command, confluent_schema_id=self._framing.schema_id)
 
-        def delivered(err: KafkaError | None, _msg: Message) -> None:
-            reason = None if err is None else err.str()
+        def delivered(error: DeliveryError | None) -> None:
+            reason = None if error is None else str(error)
             if on_delivery is not None:
                 on_delivery(reason)
             elif reason is not None:
                 self._failures.append(f"command {command.command_id}: {reason}")
 
-        while True:
-            try:
-                self._producer.produce(
-                    self.topic,
-                    value=value,
-                    key=f"{command.app}/{command.schedule_key}".encode(),
-                    headers=[(HEADER, new_traceparent())],
-                    on_delivery=delivered,
-                )
-                break
-            except BufferError:
-                # The local queue is full: serve delivery reports to make room.
-                self._producer.poll(0.05)
+        message = OutgoingMessage(
+            self.topic, value, f"{command.app}/{command.schedule_key}".encode(), [(HEADER, new_traceparent())]
+        )
+        try:
+            self._producer.produce(message, delivered)
+        except DeliveryError as exc:
+            delivered(exc)
         self._producer.poll(0)
         return command.command_id
 

@@ -3,6 +3,10 @@
 Defaults point at the local stack that ``scheduler dev up`` starts, so after it every command just
 works; in production each is set by the deployment. Values are validated once, here, and a bad one
 is reported as a single line naming the variable.
+
+Secrets (the PostgreSQL password, the SASL password, the TLS key's password) come from a variable or
+from a file named by ``<variable>_FILE`` (a mounted Kubernetes Secret). No secret is ever part of a
+``ConfigError``, of ``repr(Settings)`` or of :attr:`Settings.database_display`.
 """
 
 from __future__ import annotations
@@ -10,14 +14,49 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import cast
+
+from psycopg import ProgrammingError
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from scheduler.kafka.connection import (
+    EndpointIdentification,
+    InvalidKafkaConnection,
+    KafkaConnection,
+    SaslMechanism,
+    SecurityProtocol,
+)
 
 DEFAULT_PG_PORT = 54329
 DEFAULT_KAFKA_PORT = 19092
 DEFAULT_KAFKA_CONTROLLER_PORT = 19093
 
 _PREFIX_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,99}$")
+SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+
+# The variable behind each field of KafkaConnection, so that its errors name what the operator set.
+KAFKA_VARIABLES = {
+    "bootstrap": "SCHEDULER_KAFKA_BOOTSTRAP",
+    "security_protocol": "SCHEDULER_KAFKA_SECURITY_PROTOCOL",
+    "sasl_mechanism": "SCHEDULER_KAFKA_SASL_MECHANISM",
+    "sasl_username": "SCHEDULER_KAFKA_SASL_USERNAME",
+    "sasl_password": "SCHEDULER_KAFKA_SASL_PASSWORD",
+    "ssl_ca_location": "SCHEDULER_KAFKA_SSL_CA_LOCATION",
+    "ssl_certificate_location": "SCHEDULER_KAFKA_SSL_CERTIFICATE_LOCATION",
+    "ssl_key_location": "SCHEDULER_KAFKA_SSL_KEY_LOCATION",
+    "ssl_key_password": "SCHEDULER_KAFKA_SSL_KEY_PASSWORD",
+    "ssl_endpoint_identification": "SCHEDULER_KAFKA_SSL_ENDPOINT_IDENTIFICATION",
+}
+# libpq parameters that may also be given one by one, merged over those of the URL.
+DATABASE_VARIABLES = {
+    "sslmode": "SCHEDULER_DATABASE_SSLMODE",
+    "sslrootcert": "SCHEDULER_DATABASE_SSLROOTCERT",
+    "sslcert": "SCHEDULER_DATABASE_SSLCERT",
+    "sslkey": "SCHEDULER_DATABASE_SSLKEY",
+    "password": "SCHEDULER_DATABASE_PASSWORD",
+}
 
 
 class ConfigError(ValueError):
@@ -30,8 +69,9 @@ def _project_root() -> Path:
 
 @dataclass(frozen=True)
 class Settings:
+    # A libpq connection string (URL or key=value) for psycopg.connect, password included.
     database_url: str
-    kafka_bootstrap: str
+    kafka: KafkaConnection
     topic_prefix: str = "sched"
     schema_registry_url: str | None = None
     # Local stack only (``scheduler dev``).
@@ -47,6 +87,22 @@ class Settings:
     catchup_window_s: float = 60.0
     http_allowlist: tuple[str, ...] = ()
     metrics_port: int | None = None
+
+    def __repr__(self) -> str:
+        # database_url may hold a password; KafkaConnection's own repr leaves its secrets out.
+        shown = {f.name: getattr(self, f.name) for f in fields(self)} | {
+            "database_url": self.database_display
+        }
+        return f"Settings({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return self.kafka.bootstrap
+
+    @property
+    def database_display(self) -> str:
+        """The database as logs and errors may show it: no password, no query parameters."""
+        return redact_url(self.database_url)
 
     @property
     def schedules_topic(self) -> str:
@@ -108,6 +164,121 @@ def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: flo
     return value
 
 
+def redact_url(conninfo: str) -> str:
+    """``postgresql://user@host:port/dbname`` for a libpq URL or key=value string, without its
+    password or any other parameter; something unparseable is shown as a placeholder."""
+    try:
+        params = conninfo_to_dict(conninfo)
+    except ProgrammingError:
+        return "postgresql://(unparseable connection string)"
+    hosts = str(params.get("host") or params.get("hostaddr") or "").split(",")
+    ports = str(params.get("port") or "").split(",")
+    if len(ports) == 1:
+        ports *= len(hosts)
+    netloc = ",".join(h + (f":{p}" if p else "") for h, p in zip(hosts, ports, strict=False))
+    user = params.get("user")
+    return f"postgresql://{f'{user}@' if user else ''}{netloc}/{params.get('dbname') or ''}"
+
+
+def _text(env: Mapping[str, str], name: str) -> str | None:
+    return env.get(name) or None
+
+
+def _secret(env: Mapping[str, str], name: str) -> str | None:
+    """A secret from ``name`` or from the file ``name_FILE`` names (its trailing newline dropped)."""
+    value, path = env.get(name) or None, env.get(f"{name}_FILE") or None
+    if value is not None and path is not None:
+        raise ConfigError(f"set {name} or {name}_FILE, not both")
+    if path is None:
+        return value
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise ConfigError(f"{name}_FILE={path!r} cannot be read: {reason}") from None
+    return text.rstrip("\r\n") or None
+
+
+def _file(
+    env: Mapping[str, str], name: str, *, special: tuple[str, ...] = (), folder: bool = False
+) -> str | None:
+    """A path that must exist now: a missing certificate is clearer here than in a TLS handshake."""
+    value = env.get(name) or None
+    if value is None or value in special:
+        return value
+    path = Path(value)
+    if not (path.is_file() or (folder and path.is_dir())):
+        raise ConfigError(f"{name}={value!r} is not a readable file")
+    return value
+
+
+def _database_url(env: Mapping[str, str], pg_port: int) -> str:
+    raw = env.get("SCHEDULER_DATABASE_URL") or f"postgresql://scheduler@127.0.0.1:{pg_port}/scheduler"
+    is_url = raw.startswith(("postgresql://", "postgres://"))
+    if not is_url and "=" not in raw:
+        # Only the scheme is shown: the rest may hold a password.
+        scheme, sep, _ = raw.partition("://")
+        given = f", not a {scheme}:// URL" if sep and scheme.isalnum() else ""
+        raise ConfigError(
+            f"SCHEDULER_DATABASE_URL must be a postgresql:// URL (or a libpq key=value string){given}"
+        )
+    try:
+        params = conninfo_to_dict(raw)
+    except ProgrammingError:
+        # libpq's message quotes the string, password and all: name the variable instead.
+        raise ConfigError(
+            "SCHEDULER_DATABASE_URL is not a valid PostgreSQL connection string (URL or key=value)"
+        ) from None
+    sslmode = params.get("sslmode")
+    if sslmode is not None and sslmode not in SSL_MODES:
+        raise ConfigError(
+            f"SCHEDULER_DATABASE_URL has sslmode={sslmode!r}; it must be one of {', '.join(SSL_MODES)}"
+        )
+    extra: dict[str, str] = {}
+    mode = env.get(DATABASE_VARIABLES["sslmode"]) or None
+    if mode is not None:
+        if mode not in SSL_MODES:
+            raise ConfigError(f"SCHEDULER_DATABASE_SSLMODE={mode!r} must be one of {', '.join(SSL_MODES)}")
+        extra["sslmode"] = mode
+    # "system": libpq 16's name for the operating system's trusted CAs.
+    files = {
+        "sslrootcert": _file(env, DATABASE_VARIABLES["sslrootcert"], special=("system",)),
+        "sslcert": _file(env, DATABASE_VARIABLES["sslcert"]),
+        "sslkey": _file(env, DATABASE_VARIABLES["sslkey"]),
+        "password": _secret(env, DATABASE_VARIABLES["password"]),
+    }
+    extra |= {key: value for key, value in files.items() if value is not None}
+    # Without extra parameters the URL stays exactly as given (callers hand it on to subprocesses).
+    return make_conninfo(raw, **extra) if extra else raw
+
+
+def _kafka_connection(env: Mapping[str, str], kafka_port: int) -> KafkaConnection:
+    def upper(name: str) -> str | None:
+        value = env.get(name) or None
+        return None if value is None else value.strip().upper()
+
+    try:
+        return KafkaConnection(
+            bootstrap=env.get("SCHEDULER_KAFKA_BOOTSTRAP") or f"127.0.0.1:{kafka_port}",
+            security_protocol=cast(
+                SecurityProtocol, upper(KAFKA_VARIABLES["security_protocol"]) or "PLAINTEXT"
+            ),
+            sasl_mechanism=cast(SaslMechanism | None, upper(KAFKA_VARIABLES["sasl_mechanism"])),
+            sasl_username=_text(env, KAFKA_VARIABLES["sasl_username"]),
+            sasl_password=_secret(env, KAFKA_VARIABLES["sasl_password"]),
+            ssl_ca_location=_file(env, KAFKA_VARIABLES["ssl_ca_location"], special=("probe",), folder=True),
+            ssl_certificate_location=_file(env, KAFKA_VARIABLES["ssl_certificate_location"]),
+            ssl_key_location=_file(env, KAFKA_VARIABLES["ssl_key_location"]),
+            ssl_key_password=_secret(env, KAFKA_VARIABLES["ssl_key_password"]),
+            ssl_endpoint_identification=cast(
+                EndpointIdentification,
+                (env.get(KAFKA_VARIABLES["ssl_endpoint_identification"]) or "https").strip().lower(),
+            ),
+        )
+    except InvalidKafkaConnection as exc:
+        raise ConfigError(exc.naming(KAFKA_VARIABLES.__getitem__)) from None
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate the settings; raises :class:`ConfigError` with one line on bad input."""
     env = os.environ if env is None else env
@@ -119,18 +290,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             "SCHEDULER_PG_PORT, SCHEDULER_KAFKA_PORT and SCHEDULER_KAFKA_CONTROLLER_PORT must differ"
         )
 
-    database_url = env.get("SCHEDULER_DATABASE_URL") or (
-        f"postgresql://scheduler@127.0.0.1:{pg_port}/scheduler"
-    )
-    if not database_url.startswith(("postgresql://", "postgres://")):
-        raise ConfigError(f"SCHEDULER_DATABASE_URL={database_url!r} must be a postgresql:// URL")
-    kafka_bootstrap = env.get("SCHEDULER_KAFKA_BOOTSTRAP") or f"127.0.0.1:{kafka_port}"
-    for server in kafka_bootstrap.split(","):
-        host, sep, port = server.strip().rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ConfigError(
-                f"SCHEDULER_KAFKA_BOOTSTRAP={kafka_bootstrap!r} must be host:port[,host:port...]"
-            )
+    database_url = _database_url(env, pg_port)
+    kafka = _kafka_connection(env, kafka_port)
 
     prefix = env.get("SCHEDULER_TOPIC_PREFIX") or "sched"
     if not _PREFIX_RE.match(prefix):
@@ -148,7 +309,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     )
     return Settings(
         database_url=database_url,
-        kafka_bootstrap=kafka_bootstrap,
+        kafka=kafka,
         topic_prefix=prefix,
         schema_registry_url=registry,
         stack_dir=stack_dir,

@@ -83,7 +83,8 @@ def database(settings: Settings) -> Iterator[psycopg.Connection[dict[str, Any]]]
             yield conn
     except psycopg.OperationalError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        fail(f"cannot reach PostgreSQL at {settings.database_url}: {reason} (is `scheduler dev up` running?)")
+        where = settings.database_display
+        fail(f"cannot reach PostgreSQL at {where}: {reason} (is `scheduler dev up` running?)")
     except psycopg.errors.UndefinedTable:
         fail("the database has no scheduler schema: run `scheduler init` first")
     except InvalidSchedule as exc:

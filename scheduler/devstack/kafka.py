@@ -14,8 +14,6 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from confluent_kafka.admin import AdminClient
-
 from scheduler.devstack.process import (
     ProcessStatus,
     StackError,
@@ -25,6 +23,7 @@ from scheduler.devstack.process import (
     terminate,
     wait_until,
 )
+from scheduler.kafka.transport import KafkaUnavailable, TopicAdmin
 
 MIN_JAVA = 17
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
@@ -111,15 +110,12 @@ class LocalKafka:
         return owned_pid(self.pid_file, str(self.config))
 
     def answers(self) -> bool:
-        # log_level 0: a broker that is not up yet is the expected answer here, not worth a log line.
-        admin = AdminClient(
-            {"bootstrap.servers": self.bootstrap, "socket.connection.setup.timeout.ms": 2000, "log_level": 0}
-        )
+        # Quiet: a broker that is not up yet is the expected answer here, not worth a log line.
         try:
-            metadata = admin.list_topics(timeout=2)
-        except Exception:
+            TopicAdmin(self.bootstrap, quiet=True).ping(timeout_s=2)
+        except KafkaUnavailable:
             return False
-        return bool(metadata.brokers)
+        return True
 
     def preflight(self) -> str | None:
         """Check what start-up needs before anything starts; returns the java to use, or None if up."""

@@ -1,38 +1,91 @@
-"""A thin, typed layer over confluent-kafka: the producers, the consumer and topic admin.
+"""A thin, typed layer over confluent-kafka: the producer, the consumer and topic admin.
 
-Every client is configured here and only here (librdkafka keys rendered from :class:`Settings`),
-so delivery guarantees are decided in one place: producers are idempotent with ``acks=all`` and a
-failed delivery raises :class:`DeliveryError` instead of vanishing in a callback; consumers never
-auto-commit and read only committed transactional data.
+It is the only module that imports ``confluent_kafka`` (the schema registry client aside), so its
+types, errors and callbacks stop here: callers see :class:`OutgoingMessage`, :class:`Received`,
+:class:`Partition`, :class:`Offset` and the :class:`TransportError` family. Every client is
+configured here and only here, from one :class:`~scheduler.kafka.connection.KafkaConnection`, so
+TLS and SASL apply to all of them and delivery guarantees are decided in one place: producers are
+idempotent with ``acks=all`` and a failed delivery is a :class:`DeliveryError` instead of a message
+that vanished; consumers never auto-commit and read only committed transactional data.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer as _Consumer
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka import Producer as _Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from scheduler.kafka.connection import KafkaConnection
+
 log = logging.getLogger(__name__)
 
 Headers = list[tuple[str, str | bytes | None]]
 
+# A 1 MiB payload is valid (DESIGN §2) and its job message adds the schedule's other fields on top;
+# librdkafka's default (1,000,000 bytes) would refuse it before it reached the broker.
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
-class DeliveryError(RuntimeError):
-    """Kafka did not acknowledge every message of a batch; none of it may be treated as sent."""
+
+class TransportError(RuntimeError):
+    """Kafka failed us: every error of this module is one, none of confluent-kafka's escapes it."""
+
+    def __init__(self, message: str, *, code: str | None = None, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.code = code  # librdkafka's error name, e.g. "MSG_SIZE_TOO_LARGE" or "_TRANSPORT"
+        self.retriable = retriable
 
 
-class KafkaUnavailable(RuntimeError):
+class DeliveryError(TransportError):
+    """A message (or a batch: see ``failures``) that Kafka did not acknowledge; it is not sent."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        retriable: bool = False,
+        failures: Sequence[DeliveryError] = (),
+    ) -> None:
+        super().__init__(message, code=code, retriable=retriable)
+        self.failures = tuple(failures)
+
+    @property
+    def too_large(self) -> bool:
+        """Refused for its size (by the client's or the topic's limit): sending it again cannot help."""
+        return self.code == "MSG_SIZE_TOO_LARGE"
+
+
+class KafkaUnavailable(TransportError):
     """The cluster did not answer in time."""
 
 
-@dataclass(frozen=True)
+class ConsumerError(TransportError):
+    """The consumer reported an error (a commit refused, a topic it may not read, ...)."""
+
+
+_E = TypeVar("_E", bound=TransportError)
+
+
+def _error(kind: type[_E], prefix: str, err: KafkaError) -> _E:
+    return kind(f"{prefix}{err.str()}", code=err.name(), retriable=err.retriable())
+
+
+def _from_exception(kind: type[_E], prefix: str, exc: KafkaException) -> _E:
+    err = exc.args[0] if exc.args else None
+    if isinstance(err, KafkaError):
+        return _error(kind, prefix, err)
+    return kind(f"{prefix}{exc}")
+
+
+@dataclass(frozen=True, slots=True)
 class OutgoingMessage:
     topic: str
     value: bytes
@@ -40,9 +93,45 @@ class OutgoingMessage:
     headers: Headers = field(default_factory=list)
 
 
-def _base_config(bootstrap: str, client_id: str) -> dict[str, Any]:
-    return {
-        "bootstrap.servers": bootstrap,
+@dataclass(frozen=True, slots=True, order=True)
+class Partition:
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class Offset:
+    """Where a consumer group resumes: ``offset`` is the next one to read, as Kafka's commit wants."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    topic: str
+    partition: int
+    offset: int
+    value: bytes
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+    def header(self, name: str) -> bytes | None:
+        """The first value of header ``name``, or None."""
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+
+DeliveryCallback = Callable[[DeliveryError | None], None]
+"""Called once per message, from whichever thread serves delivery reports (poll or flush)."""
+RebalanceCallback = Callable[[list[Partition]], None]
+
+
+def _base_config(connection: KafkaConnection, client_id: str) -> dict[str, Any]:
+    return connection.librdkafka() | {
         "client.id": client_id,
         "socket.keepalive.enable": True,
         # librdkafka logs reconnect attempts at error level; ours are reported by our own errors.
@@ -51,9 +140,9 @@ def _base_config(bootstrap: str, client_id: str) -> dict[str, Any]:
 
 
 def producer_config(
-    bootstrap: str, client_id: str, overrides: Mapping[str, Any] | None = None
+    connection: KafkaConnection, client_id: str, overrides: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    config = _base_config(bootstrap, client_id) | {
+    config = _base_config(connection, client_id) | {
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,
@@ -61,14 +150,18 @@ def producer_config(
         "compression.type": "lz4",
         "queue.buffering.max.messages": 500_000,
         "message.timeout.ms": 30_000,
+        "message.max.bytes": DEFAULT_MAX_MESSAGE_BYTES,
     }
     return config | dict(overrides or {})
 
 
 def consumer_config(
-    bootstrap: str, group_id: str, client_id: str, overrides: Mapping[str, Any] | None = None
+    connection: KafkaConnection,
+    group_id: str,
+    client_id: str,
+    overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    config = _base_config(bootstrap, client_id) | {
+    config = _base_config(connection, client_id) | {
         "group.id": group_id,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -83,33 +176,18 @@ def consumer_config(
 
 
 class Producer:
-    """An idempotent producer (acks=all) whose ``send`` returns only once Kafka acknowledged."""
+    """An idempotent producer (acks=all). Safe to use from several threads, as librdkafka's is."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self._producer = _Producer(dict(config))
 
-    def send(self, messages: Sequence[OutgoingMessage], timeout_s: float = 60.0) -> None:
-        """Produce a batch and wait for every acknowledgement; raise :class:`DeliveryError` otherwise."""
-        failures: list[str] = []
-        acked = 0
+    def produce(self, message: OutgoingMessage, on_delivery: DeliveryCallback | None = None) -> None:
+        """Queue ``message``; ``on_delivery`` learns its outcome once Kafka answered.
 
-        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-            nonlocal acked
-            if err is None:
-                acked += 1
-            else:
-                failures.append(str(err))
-
-        for message in messages:
-            self._produce(message, on_delivery)
-        remaining = self._producer.flush(timeout_s)
-        if failures or remaining or acked != len(messages):
-            first = failures[0] if failures else f"{remaining} still unacknowledged after {timeout_s:.0f} s"
-            raise DeliveryError(
-                f"{len(messages) - acked} of {len(messages)} messages not acknowledged: {first}"
-            )
-
-    def _produce(self, message: OutgoingMessage, on_delivery: Any) -> None:
+        Raises :class:`DeliveryError` when the client refuses it at once (too large, unknown
+        partition); then ``on_delivery`` is not called.
+        """
+        callback = None if on_delivery is None else _delivery_report(on_delivery)
         while True:
             try:
                 self._producer.produce(
@@ -117,85 +195,315 @@ class Producer:
                     value=message.value,
                     key=message.key,
                     headers=message.headers or None,
-                    on_delivery=on_delivery,
+                    on_delivery=callback,
                 )
                 return
             except BufferError:
                 # The local queue is full: serve delivery reports to make room, then try again.
+                # librdkafka lets several threads poll at once, so this is safe from any thread,
+                # but the reports served here run their callbacks in this thread.
                 self._producer.poll(0.05)
+            except KafkaException as exc:
+                raise _from_exception(DeliveryError, f"{message.topic}: ", exc) from None
+
+    def send(self, messages: Sequence[OutgoingMessage], timeout_s: float = 60.0) -> None:
+        """Produce a batch and wait for every acknowledgement; raise :class:`DeliveryError` otherwise.
+
+        The batch is all or nothing for the caller: after an error some of it may be on Kafka,
+        none of it counts as sent.
+        """
+        failures: list[DeliveryError] = []
+        acked = 0
+
+        def on_delivery(error: DeliveryError | None) -> None:
+            nonlocal acked
+            if error is None:
+                acked += 1
+            else:
+                failures.append(error)
+
+        for message in messages:
+            try:
+                self.produce(message, on_delivery)
+            except DeliveryError as exc:
+                failures.append(exc)
+        remaining = self.flush(timeout_s)
+        if failures or remaining or acked != len(messages):
+            raise _batch_error(len(messages), acked, failures, remaining, timeout_s)
+
+    def poll(self, timeout_s: float = 0.0) -> int:
+        """Serve delivery reports (their callbacks run in this thread); returns how many were served."""
+        return self._producer.poll(timeout_s)
+
+    def flush(self, timeout_s: float) -> int:
+        """Wait for every queued message's outcome; returns how many are still unanswered."""
+        return self._producer.flush(timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        self._producer.flush(timeout_s)
+        remaining = self.flush(timeout_s)
+        if remaining:
+            log.warning("%d messages still unacknowledged when the producer closed", remaining)
 
 
-class TransactionalProducer:
-    """Exactly-once batches: everything produced between begin and commit appears, or none of it."""
+def _delivery_report(on_delivery: DeliveryCallback) -> Callable[[KafkaError | None, Message], None]:
+    def report(err: KafkaError | None, message: Message) -> None:
+        on_delivery(None if err is None else _error(DeliveryError, f"{message.topic()}: ", err))
 
-    def __init__(self, config: Mapping[str, Any], transactional_id: str, timeout_s: float = 30.0) -> None:
-        self._producer = _Producer(dict(config) | {"transactional.id": transactional_id})
-        self._timeout_s = timeout_s
-        self._producer.init_transactions(timeout_s)
+    return report
 
-    def begin(self) -> None:
-        self._producer.begin_transaction()
 
-    def produce(self, message: OutgoingMessage) -> None:
-        while True:
-            try:
-                self._producer.produce(
-                    message.topic, value=message.value, key=message.key, headers=message.headers or None
-                )
-                return
-            except BufferError:
-                self._producer.poll(0.05)
-
-    def send_offsets(self, offsets: Sequence[TopicPartition], consumer: Consumer) -> None:
-        self._producer.send_offsets_to_transaction(list(offsets), consumer.group_metadata(), self._timeout_s)
-
-    def commit(self) -> None:
-        self._producer.commit_transaction(self._timeout_s)
-
-    def abort(self) -> None:
-        self._producer.abort_transaction(self._timeout_s)
+def _batch_error(
+    total: int, acked: int, failures: Sequence[DeliveryError], remaining: int, timeout_s: float
+) -> DeliveryError:
+    reasons: dict[str, int] = {}
+    for failure in failures:
+        reasons[str(failure)] = reasons.get(str(failure), 0) + 1
+    if remaining:
+        reasons[f"no answer within {timeout_s:.0f} s"] = remaining
+    listed = "; ".join(f"{reason} (x{count})" if count > 1 else reason for reason, count in reasons.items())
+    first = failures[0] if failures else None
+    return DeliveryError(
+        f"{total - acked} of {total} messages not acknowledged: {listed or 'no delivery report'}",
+        code=None if first is None else first.code,
+        retriable=all(f.retriable for f in failures),
+        failures=failures,
+    )
 
 
 class Consumer:
-    """A consumer with manual commits: an offset is committed only when the caller says so."""
+    """A member of a consumer group with manual commits: an offset is committed only when asked.
 
-    def __init__(self, config: Mapping[str, Any], topics: Sequence[str]) -> None:
+    Subscribed at construction. The rebalance callbacks run inside :meth:`consume` and
+    :meth:`poll`; ``on_assign`` runs once the partitions are assigned (so it may pause them),
+    ``on_revoke`` and ``on_lost`` while they still are (so ``on_revoke`` may commit them).
+    ``on_lost`` defaults to ``on_revoke``, as in librdkafka. Use from one thread only.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        topics: Sequence[str],
+        *,
+        on_assign: RebalanceCallback | None = None,
+        on_revoke: RebalanceCallback | None = None,
+        on_lost: RebalanceCallback | None = None,
+    ) -> None:
         self._consumer = _Consumer(dict(config))
-        self._consumer.subscribe(list(topics))
+        # Under the cooperative protocol a rebalance hands over only what changes, and the
+        # assignment must be changed incrementally; the eager protocol replaces it whole.
+        self._cooperative = "cooperative" in str(config.get("partition.assignment.strategy", "")) or (
+            str(config.get("group.protocol", "")) == "consumer"
+        )
+        self._on_assign = on_assign
+        self._on_revoke = on_revoke
+        self._on_lost = on_lost or on_revoke
+        # Errors that came in a batch with good messages: raised by the next call, so that the
+        # messages already taken from librdkafka are returned rather than dropped.
+        self._pending_errors: list[TransportError] = []
+        # A message that arrived during poll(): handed out by the next consume().
+        self._held: list[Received] = []
+        self._closed = False
+        with _consumer_errors("subscribe"):
+            self._consumer.subscribe(
+                list(topics), on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
+            )
 
-    def poll_batch(self, max_messages: int, timeout_s: float) -> list[Message]:
-        """Up to ``max_messages`` messages; transport errors raise, partition EOF is skipped."""
-        messages = self._consumer.consume(max_messages, timeout_s)
+    # -- rebalances (called by librdkafka from inside consume/poll) -------------------------------
+
+    def _assigned(self, _consumer: _Consumer, partitions: list[TopicPartition]) -> None:
+        if self._cooperative:
+            self._consumer.incremental_assign(partitions)
+        else:
+            self._consumer.assign(partitions)
+        if self._on_assign is not None:
+            self._on_assign(_partitions(partitions))
+
+    def _revoked(self, _consumer: _Consumer, partitions: list[TopicPartition]) -> None:
+        self._let_go(partitions, self._on_revoke)
+
+    def _lost(self, _consumer: _Consumer, partitions: list[TopicPartition]) -> None:
+        self._let_go(partitions, self._on_lost)
+
+    def _let_go(self, partitions: list[TopicPartition], callback: RebalanceCallback | None) -> None:
+        gone = _partitions(partitions)
+        # A held message of a partition we give up is its next owner's to read.
+        leaving = set(gone)
+        self._held = [m for m in self._held if Partition(m.topic, m.partition) not in leaving]
+        try:
+            if callback is not None:
+                callback(gone)
+        finally:
+            if self._cooperative:
+                self._consumer.incremental_unassign(partitions)
+            else:
+                self._consumer.unassign()
+
+    # -- consuming -------------------------------------------------------------------------------
+
+    def consume(self, max_messages: int, timeout_s: float) -> list[Received]:
+        """Up to ``max_messages`` messages, waiting at most ``timeout_s`` for the first.
+
+        Partition EOF is skipped. Any other error raises :class:`ConsumerError` (or
+        :class:`KafkaUnavailable`), but only once the good messages fetched with it were returned:
+        the next call raises it.
+        """
+        self._raise_pending()
+        if self._held:
+            held, self._held = self._held[:max_messages], self._held[max_messages:]
+            return held
+        with _consumer_errors("consume"):
+            messages = self._consumer.consume(max_messages, timeout_s)
+        received = self._received(messages)
+        if not received:
+            self._raise_pending()
+        return received
+
+    def poll(self, timeout_s: float) -> None:
+        """Serve rebalances and stay in the group without taking work (all partitions paused).
+
+        A message that arrives anyway (at most one per call: a partition that is not paused) is
+        kept for the next :meth:`consume`, never dropped.
+        """
+        self._raise_pending()
+        with _consumer_errors("poll"):
+            messages = self._consumer.consume(1, timeout_s)
+        self._held.extend(self._received(messages))
+
+    def _received(self, messages: list[Message]) -> list[Received]:
         good = []
         for message in messages:
             err = message.error()
             if err is None:
-                good.append(message)
+                topic, partition, offset = message.topic(), message.partition(), message.offset()
+                assert topic is not None and partition is not None and offset is not None
+                good.append(
+                    Received(
+                        topic=topic,
+                        partition=partition,
+                        offset=offset,
+                        value=message.value() or b"",
+                        key=message.key(),
+                        headers=_headers(message),
+                    )
+                )
             elif err.code() != KafkaError._PARTITION_EOF:
-                raise KafkaException(err)
+                unavailable = err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
+                kind: type[TransportError] = KafkaUnavailable if unavailable else ConsumerError
+                self._pending_errors.append(_error(kind, "", err))
         return good
 
-    def commit(self, offsets: Sequence[TopicPartition]) -> None:
-        """Synchronously commit ``offsets`` (each the next offset to read, as Kafka expects)."""
-        if offsets:
-            self._consumer.commit(offsets=list(offsets), asynchronous=False)
+    def _raise_pending(self) -> None:
+        if self._pending_errors:
+            first, *rest = self._pending_errors
+            self._pending_errors = []
+            if rest:
+                log.warning("%d more consumer errors after %s: %s", len(rest), first, rest[-1])
+            raise first
 
-    def group_metadata(self) -> Any:
-        return self._consumer.consumer_group_metadata()
+    # -- offsets and flow ------------------------------------------------------------------------
 
-    def assignment(self) -> list[TopicPartition]:
-        return list(self._consumer.assignment())
+    def commit(self, offsets: Sequence[Offset], asynchronous: bool = False) -> None:
+        """Commit ``offsets`` (each the next one to read); an asynchronous failure goes unreported."""
+        if not offsets:
+            return
+        partitions = [TopicPartition(o.topic, o.partition, o.offset) for o in offsets]
+        with _consumer_errors("commit"):
+            if asynchronous:
+                self._consumer.commit(offsets=partitions, asynchronous=True)
+                return
+            committed = self._consumer.commit(offsets=partitions, asynchronous=False)
+        for tp in committed:
+            if tp.error is not None:
+                raise _error(ConsumerError, f"commit of {tp.topic}[{tp.partition}] failed: ", tp.error)
+
+    def pause(self, partitions: Sequence[Partition]) -> None:
+        if partitions:
+            with _consumer_errors("pause"):
+                self._consumer.pause(_topic_partitions(partitions))
+
+    def resume(self, partitions: Sequence[Partition]) -> None:
+        if partitions:
+            with _consumer_errors("resume"):
+                self._consumer.resume(_topic_partitions(partitions))
+
+    def assignment(self) -> list[Partition]:
+        with _consumer_errors("assignment"):
+            return _partitions(self._consumer.assignment())
+
+    def lag(self) -> dict[Partition, int]:
+        """Per assigned partition, messages between this consumer's position and the end of the log.
+
+        From the watermarks the last fetch responses brought (no request to the broker), so cheap
+        enough for every metrics scrape; a partition that has not fetched or consumed yet is left out.
+        """
+        lags: dict[Partition, int] = {}
+        with _consumer_errors("lag"):
+            assigned = self._consumer.assignment()
+            for tp in self._consumer.position(assigned) if assigned else ():
+                if tp.offset < 0:
+                    continue
+                watermarks = self._consumer.get_watermark_offsets(tp, cached=True)
+                if watermarks is None or watermarks[1] < 0:
+                    continue
+                lags[Partition(tp.topic, tp.partition)] = max(0, watermarks[1] - tp.offset)
+        return lags
 
     def close(self) -> None:
-        self._consumer.close()
+        """Leave the group (revoking partitions through the callbacks); a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        with _consumer_errors("close"):
+            self._consumer.close()
+
+
+@contextmanager
+def _consumer_errors(what: str) -> Iterator[None]:
+    try:
+        yield
+    except KafkaException as exc:
+        raise _from_exception(ConsumerError, f"{what} failed: ", exc) from None
+
+
+def _headers(message: Message) -> tuple[tuple[str, bytes | None], ...]:
+    raw = message.headers() or ()
+    pairs = raw.items() if isinstance(raw, Mapping) else raw
+    # A consumer gets bytes; the str case exists only in the client's types (for producing).
+    return tuple((name, value.encode() if isinstance(value, str) else value) for name, value in pairs)
+
+
+def _partitions(partitions: Iterable[TopicPartition]) -> list[Partition]:
+    return [Partition(tp.topic, tp.partition) for tp in partitions]
+
+
+def _topic_partitions(partitions: Iterable[Partition]) -> list[TopicPartition]:
+    return [TopicPartition(p.topic, p.partition) for p in partitions]
 
 
 class TopicAdmin:
-    def __init__(self, bootstrap: str) -> None:
-        self._admin = AdminClient(_base_config(bootstrap, "scheduler-admin"))
+    """Topics, and the metadata round trip that tells whether the cluster answers."""
+
+    def __init__(self, connection: KafkaConnection | str, *, quiet: bool = False) -> None:
+        # A bare bootstrap string is a PLAINTEXT cluster (the local stack, tests).
+        connection = KafkaConnection(connection) if isinstance(connection, str) else connection
+        config = _base_config(connection, "scheduler-admin")
+        if quiet:
+            # A cluster that is not up yet is an expected answer to some callers, not a log line.
+            config |= {"log_level": 0, "socket.connection.setup.timeout.ms": 2000}
+        self._admin = AdminClient(config)
+
+    def ping(self, timeout_s: float = 5.0) -> float:
+        """Seconds one metadata round trip took; raises :class:`KafkaUnavailable` without an answer."""
+        started = time.monotonic()
+        try:
+            metadata = self._admin.list_topics(timeout=timeout_s)
+        except KafkaException as exc:
+            raise _from_exception(
+                KafkaUnavailable, "Kafka did not answer a metadata request: ", exc
+            ) from None
+        if not metadata.brokers:
+            raise KafkaUnavailable("Kafka answered a metadata request with no brokers")
+        return time.monotonic() - started
 
     def ensure_topics(
         self,
@@ -225,7 +533,7 @@ class TopicAdmin:
             except KafkaException as exc:
                 # Another process created it between our look and our create: that is what we wanted.
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise
+                    raise _from_exception(TransportError, f"creating topic {name} failed: ", exc) from None
         self._wait_visible(wanted, timeout_s)
         return created
 
@@ -241,19 +549,26 @@ class TopicAdmin:
         try:
             metadata = self._admin.list_topics(timeout=timeout_s)
         except KafkaException as exc:
-            raise KafkaUnavailable(f"Kafka did not answer a metadata request: {exc}") from exc
+            raise _from_exception(
+                KafkaUnavailable, "Kafka did not answer a metadata request: ", exc
+            ) from None
         return {name for name in metadata.topics if not name.startswith("__")}
 
     def partitions(self, topic: str, timeout_s: float = 10.0) -> int:
-        metadata = self._admin.list_topics(topic, timeout=timeout_s)
+        try:
+            metadata = self._admin.list_topics(topic, timeout=timeout_s)
+        except KafkaException as exc:
+            raise _from_exception(
+                KafkaUnavailable, "Kafka did not answer a metadata request: ", exc
+            ) from None
         return len(metadata.topics[topic].partitions)
 
     def delete_topics(self, names: Sequence[str], timeout_s: float = 30.0) -> None:
         if not names:
             return
-        for future in self._admin.delete_topics(list(names), operation_timeout=timeout_s).values():
+        for name, future in self._admin.delete_topics(list(names), operation_timeout=timeout_s).items():
             try:
                 future.result()
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-                    raise
+                    raise _from_exception(TransportError, f"deleting topic {name} failed: ", exc) from None

@@ -35,7 +35,7 @@ CODEC = AvroCodec()
 
 @pytest.fixture
 def topics(settings: Settings) -> Settings:
-    TopicAdmin(settings.kafka_bootstrap).ensure_topics([settings.schedules_topic, settings.rejected_topic], 3)
+    TopicAdmin(settings.kafka).ensure_topics([settings.schedules_topic, settings.rejected_topic], 3)
     with connect(settings.database_url) as conn:
         schedules.create_app(conn, APP, 3)
         conn.commit()
@@ -78,7 +78,7 @@ def rejected_on_topic(settings: Settings, codec: AvroCodec = CODEC) -> list[Sche
 def test_commands_from_the_python_client_are_applied_and_bad_ones_reported(
     ingestor: Ingestor, settings: Settings, settings_env: dict[str, str]
 ) -> None:
-    with ScheduleClient(settings.kafka_bootstrap, settings.topic_prefix, actor="billing-service") as client:
+    with ScheduleClient(settings.kafka, settings.topic_prefix, actor="billing-service") as client:
         for i in range(20):
             client.create(
                 key=f"nightly-{i}",
@@ -149,7 +149,7 @@ def test_a_rejection_too_large_for_the_rejected_topic_is_published_without_its_b
     settings: Settings,
 ) -> None:
     # The commands topic takes 4 MiB messages; the rejected topic keeps Kafka's default (about 1 MB).
-    admin = TopicAdmin(settings.kafka_bootstrap)
+    admin = TopicAdmin(settings.kafka)
     admin.ensure_topics([settings.schedules_topic], 1, config={"max.message.bytes": str(4 * 1024 * 1024)})
     admin.ensure_topics([settings.rejected_topic], 1)
     with connect(settings.database_url) as conn:
@@ -157,7 +157,7 @@ def test_a_rejection_too_large_for_the_rejected_topic_is_published_without_its_b
         conn.commit()
     payload = json.dumps({"blob": os.urandom(900 * 1024).hex()})  # random, so compression cannot shrink it
     with ScheduleClient(
-        settings.kafka_bootstrap, settings.topic_prefix, config={"message.max.bytes": 8 * 1024 * 1024}
+        settings.kafka, settings.topic_prefix, config={"message.max.bytes": 8 * 1024 * 1024}
     ) as client:
         big = client.send(
             ScheduleCommand(
