@@ -51,7 +51,7 @@ def main() -> None:
                 backoff_max_ms=60_000),
             )  # fmt: skip
             messages.append(OutgoingMessage(topic, codec.encode(job), run_id.bytes))
-        Producer(producer_config(settings.kafka_bootstrap, "bench")).send(messages)
+        Producer(producer_config(settings.kafka, "bench")).send(messages)
         commands = [["worker", "--app", "bench", "--concurrency", str(args.concurrency)]] * args.workers
         with running(commands, component_env(settings)):
             started = time.monotonic()

@@ -87,6 +87,8 @@ class Settings:
     catchup_window_s: float = 60.0
     http_allowlist: tuple[str, ...] = ()
     metrics_port: int | None = None
+    # All interfaces by default: a pod's probes and Prometheus reach it on the pod's address.
+    metrics_host: str = "0.0.0.0"
 
     def __repr__(self) -> str:
         # database_url may hold a password; KafkaConnection's own repr leaves its secrets out.
@@ -136,6 +138,10 @@ class Settings:
 
     def jobs_topic(self, app: str) -> str:
         return f"{self.topic_prefix}.jobs.{app}"
+
+    def worker_group(self, app: str) -> str:
+        """The consumer group of an app's workers."""
+        return f"{self.topic_prefix}.workers.{app}"
 
 
 def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
@@ -323,4 +329,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         catchup_window_s=_float(env, "SCHEDULER_CATCHUP_WINDOW", 60.0, 0.0, 86_400.0),
         http_allowlist=allowlist,
         metrics_port=metrics_port,
+        metrics_host=env.get("SCHEDULER_METRICS_HOST") or "0.0.0.0",
     )

@@ -26,8 +26,8 @@ from rich.text import Text
 
 from scheduler.cli.common import actor, database, settings_or_exit
 from scheduler.cli.init import initialise
-from scheduler.cli.supervise import pipeline_commands, supervise
 from scheduler.kafka.transport import TopicAdmin
+from scheduler.runtime.supervisor import Supervisor, pipeline_children
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import runs as run_store
@@ -121,7 +121,7 @@ def demo(duration: float | None, workers: int) -> None:
         for name, spec in specs.items():
             service.create_schedule(conn, replace(spec, name=name), actor())
 
-    commands = pipeline_commands([APP], workers, concurrency=16)
+    children = pipeline_children([APP], workers, concurrency=16)
     started = time.monotonic()
     with Live(Group(Text("starting components…")), refresh_per_second=4, transient=False) as live:
         last = 0.0
@@ -137,6 +137,6 @@ def demo(duration: float | None, workers: int) -> None:
                 rows = run_store.list_runs(conn, app=APP, limit=20)
             live.update(_table(rows))
 
-        code = supervise(commands, tick=tick)
+        code = Supervisor(children, metrics_port=settings.metrics_port, tick=tick).run()
     server.shutdown()
     raise SystemExit(code)

@@ -1,36 +1,60 @@
-"""``scheduler run <component>``: one pipeline component in the foreground until SIGTERM or Ctrl-C."""
+"""``scheduler run <component>``: one pipeline component in the foreground until SIGTERM or Ctrl-C.
+
+Every component is built by the composition root (:mod:`scheduler.wiring`) and run by the one
+process lifecycle (:mod:`scheduler.runtime.process`): JSON logs (human on a terminal), traces when
+``OTEL_*`` asks for them, and the health and metrics endpoints on ``--metrics-port`` (or
+``SCHEDULER_METRICS_PORT``). ``run all`` supervises every component as a child process.
+"""
 
 from __future__ import annotations
 
-import logging
-import signal
-import threading
 from collections.abc import Callable
 
 import click
 
-from scheduler import metrics
-from scheduler.cli.common import settings_or_exit
-from scheduler.config import Settings
-from scheduler.relay.relay import Relay
-from scheduler.scan.scanner import Scanner
+from scheduler.cli.common import fail, settings_or_exit
+from scheduler.runtime.process import run_component
+from scheduler.runtime.service import Service
+from scheduler.telemetry.logs import configure_logging
+from scheduler.telemetry.tracing import configure_tracing, shutdown_tracing
+from scheduler.wiring import Wiring
+
+metrics_port_option = click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Port of /live, /ready, /startup, /health and /metrics [default: SCHEDULER_METRICS_PORT, or none].",
+)
 
 
-def _serve(component: str, body: Callable[[Settings, threading.Event], None]) -> None:
+def _serve(
+    component: str,
+    build: Callable[[Wiring], list[Service]],
+    metrics_port: int | None,
+    grace_s: float = 30.0,
+) -> None:
     settings = settings_or_exit()
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {component} %(levelname)s %(message)s")
-    # One line per HTTP job would drown the component's own log.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        logging.getLogger(component).info("received %s, stopping", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    metrics.serve(settings.metrics_port)
-    body(settings, stop)
+    try:
+        configure_logging(component)
+    except ValueError as exc:
+        fail(str(exc), code=2)
+    configure_tracing(component)
+    wiring = Wiring(settings)
+    try:
+        services = build(wiring)
+        code = run_component(
+            component,
+            services,
+            wiring.registry_of(component),
+            metrics_port=metrics_port if metrics_port is not None else settings.metrics_port,
+            metrics_host=settings.metrics_host,
+            grace_s=grace_s,
+        )
+    except OSError as exc:
+        fail(f"{component}: {exc}")  # e.g. the metrics port is taken
+    finally:
+        shutdown_tracing()
+    raise SystemExit(code)
 
 
 @click.group()
@@ -39,31 +63,31 @@ def run() -> None:
 
 
 @run.command()
-def scanner() -> None:
+@metrics_port_option
+def scanner(metrics_port: int | None) -> None:
     """Turn due schedules and retries into runs and outbox rows."""
-    _serve("scanner", lambda settings, stop: Scanner(settings).run(stop))
+    _serve("scanner", lambda w: [w.scanner()], metrics_port)
 
 
 @run.command()
-def relay() -> None:
+@metrics_port_option
+def relay(metrics_port: int | None) -> None:
     """Publish the outbox to Kafka and mark runs dispatched."""
-    _serve("relay", lambda settings, stop: Relay(settings).run(stop))
+    _serve("relay", lambda w: [w.relay()], metrics_port)
 
 
 @run.command()
-def reconciler() -> None:
-    """Apply outcome events to PostgreSQL; sweep expired leases."""
-    from scheduler.reconcile.reconciler import Reconciler
-
-    _serve("reconciler", lambda settings, stop: Reconciler(settings).run(stop))
+@metrics_port_option
+def reconciler(metrics_port: int | None) -> None:
+    """Apply outcome events to PostgreSQL; sweep expired leases; release buffered fires."""
+    _serve("reconciler", lambda w: w.reconciler(), metrics_port)
 
 
 @run.command()
-def ingestor() -> None:
+@metrics_port_option
+def ingestor(metrics_port: int | None) -> None:
     """Apply schedule commands from Kafka to PostgreSQL; publish the rejected ones."""
-    from scheduler.ingest.ingestor import Ingestor
-
-    _serve("ingestor", lambda settings, stop: Ingestor(settings).run(stop))
+    _serve("ingestor", lambda w: [w.ingestor()], metrics_port)
 
 
 @run.command()
@@ -72,11 +96,10 @@ def ingestor() -> None:
 @click.option(
     "--grace", type=float, default=30.0, show_default=True, help="Seconds to finish jobs on SIGTERM."
 )
-def worker(app: str, concurrency: int, grace: float) -> None:
+@metrics_port_option
+def worker(app: str, concurrency: int, grace: float, metrics_port: int | None) -> None:
     """Execute the jobs of one app (a consumer group member of its topic)."""
-    from scheduler.worker.worker import Worker
-
-    _serve("worker", lambda settings, stop: Worker(settings, app, concurrency, grace).run(stop))
+    _serve("worker", lambda w: [w.worker(app, concurrency, grace)], metrics_port, grace_s=grace)
 
 
 @run.command("all")
@@ -85,14 +108,26 @@ def worker(app: str, concurrency: int, grace: float) -> None:
     "--workers", type=click.IntRange(1, 64), default=1, show_default=True, help="Worker processes per app."
 )
 @click.option("--concurrency", type=click.IntRange(1, 10_000), default=16, show_default=True)
-def all_(apps: tuple[str, ...], workers: int, concurrency: int) -> None:
-    """Every component as its own process; Ctrl-C or SIGTERM stops them all."""
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="First of the consecutive ports given to the components [default: SCHEDULER_METRICS_PORT].",
+)
+def all_(apps: tuple[str, ...], workers: int, concurrency: int, metrics_port: int | None) -> None:
+    """Every component as its own process, restarted if it dies; Ctrl-C or SIGTERM stops them all."""
     from scheduler.cli.common import database
-    from scheduler.cli.supervise import pipeline_commands, supervise
+    from scheduler.runtime.supervisor import Supervisor, pipeline_children
     from scheduler.store import schedules
 
     settings = settings_or_exit()
+    try:
+        configure_logging("supervisor")
+    except ValueError as exc:
+        fail(str(exc), code=2)
     if not apps:
         with database(settings) as conn:
             apps = tuple(row["name"] for row in schedules.list_apps(conn))
-    raise SystemExit(supervise(pipeline_commands(apps, workers, concurrency)))
+    base = metrics_port if metrics_port is not None else settings.metrics_port
+    supervisor = Supervisor(pipeline_children(apps, workers, concurrency), metrics_port=base)
+    raise SystemExit(supervisor.run())

@@ -22,29 +22,33 @@ that fails is rejected, for the same reason.
 from __future__ import annotations
 
 import logging
-import os
-import socket
-import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 import psycopg
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
-from confluent_kafka import Producer as _Producer
 
-from scheduler import metrics
 from scheduler.config import Settings
+from scheduler.ingest import metrics
 from scheduler.ingest.apply import BatchResult, RecordedRejection, apply_batch
 from scheduler.ingest.commands import Consumed, ValidCommand, decode_command, rejection
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import KafkaSource, ScheduleCommandRejected
-from scheduler.kafka.registry import Framing, RegistryUnavailable, SchemaRegistry, registry_for
+from scheduler.kafka.registry import Framing, RegistryUnavailable, SchemaRegistry
 from scheduler.kafka.tracing import HEADER, child_traceparent, traceparent_of
-from scheduler.kafka.transport import Consumer, DeliveryError, consumer_config, producer_config
+from scheduler.kafka.transport import (
+    Consumer,
+    DeliveryError,
+    Offset,
+    OutgoingMessage,
+    Producer,
+    Received,
+    TransportError,
+)
+from scheduler.runtime.service import Check, Service
 from scheduler.scan.dispatch import JobDispatcher
-from scheduler.store import connect
+from scheduler.store.database import Database
 from scheduler.store.ingest import Rejection, Source
 
 log = logging.getLogger(__name__)
@@ -57,43 +61,44 @@ MAX_REJECTION_BYTES = 64 * 1024 * 1024
 Row = dict[str, Any]
 
 # Failures of what the ingestor depends on, not of a message: the batch is read again later.
-TRANSIENT_FAILURES = (psycopg.OperationalError, KafkaException, DeliveryError, RegistryUnavailable)
+TRANSIENT_FAILURES = (psycopg.OperationalError, TransportError, RegistryUnavailable)
 
 
-def consumed(message: Message) -> Consumed:
+def consumed(message: Received) -> Consumed:
     return Consumed(
-        source=Source(message.topic() or "", message.partition() or 0, message.offset() or 0),
-        value=message.value() or b"",
-        key=message.key(),
-        traceparent=traceparent_of(message.headers()),
+        source=Source(message.topic, message.partition, message.offset),
+        value=message.value,
+        key=message.key,
+        traceparent=traceparent_of(message.headers),
     )
 
 
-def next_offsets(batch: Sequence[Consumed]) -> list[TopicPartition]:
+def next_offsets(batch: Sequence[Consumed]) -> list[Offset]:
     """What to commit after ``batch``: per partition, the offset after the highest one consumed."""
     highest: dict[tuple[str, int], int] = {}
     for item in batch:
         key = (item.source.topic, item.source.partition)
         highest[key] = max(highest.get(key, -1), item.source.offset)
-    return [TopicPartition(topic, partition, offset + 1) for (topic, partition), offset in highest.items()]
+    return [Offset(topic, partition, offset + 1) for (topic, partition), offset in highest.items()]
 
 
 class RejectionPublisher:
     """Publishes rejections and waits for Kafka's acknowledgement of each.
 
-    The transport's producer treats a batch as all-or-nothing; here each message's outcome matters:
+    The producer's ``send`` treats a batch as all-or-nothing; here each message's outcome matters:
     a rejection too large for the rejected topic (its command was, say, a 5 MiB payload on a topic
     that allows it) is published again without the original bytes, which PostgreSQL keeps, instead
     of failing the batch for ever.
     """
 
-    def __init__(self, settings: Settings, client_id: str, registry: SchemaRegistry | None) -> None:
-        self.topic = settings.rejected_topic
-        self.codec = AvroCodec()
+    def __init__(
+        self, topic: str, codec: AvroCodec, registry: SchemaRegistry | None, producer: Producer
+    ) -> None:
+        """``producer`` allows messages of up to :data:`MAX_REJECTION_BYTES`."""
+        self.topic = topic
+        self.codec = codec
         self.framing = Framing(registry, ScheduleCommandRejected.SCHEMA, self.topic, self.codec.catalog)
-        self._producer = _Producer(
-            producer_config(settings.kafka_bootstrap, client_id, {"message.max.bytes": MAX_REJECTION_BYTES})
-        )
+        self._producer = producer
 
     def encode(self, recorded: RecordedRejection, *, trimmed: bool = False) -> bytes:
         r = recorded.rejection
@@ -138,37 +143,28 @@ class RejectionPublisher:
         timeout_s: float,
     ) -> list[RecordedRejection]:
         """Produce and wait; returns the ones refused as too large, raises on any other failure."""
-        outcome: dict[int, KafkaError | None] = {}
+        outcome: dict[int, DeliveryError | None] = {}
 
-        def on_delivery(index: int, err: KafkaError | None, _msg: Message) -> None:
-            outcome[index] = err
+        def on_delivery(index: int, error: DeliveryError | None) -> None:
+            outcome[index] = error
 
         for index, (recorded, value) in enumerate(items):
             r = recorded.rejection
             key = f"{r.app}/{r.schedule_key}".encode() if r.app and r.schedule_key else None
-            while True:
-                try:
-                    self._producer.produce(
-                        self.topic,
-                        value=value,
-                        key=key,
-                        headers=[(HEADER, child_traceparent(traces.get(r.source)))],
-                        on_delivery=partial(on_delivery, index),
-                    )
-                    break
-                except BufferError:
-                    self._producer.poll(0.05)
-                except KafkaException as exc:
-                    error = exc.args[0]
-                    if error.code() != KafkaError.MSG_SIZE_TOO_LARGE:
-                        raise
-                    outcome[index] = error
-                    break
+            message = OutgoingMessage(
+                self.topic, value, key, [(HEADER, child_traceparent(traces.get(r.source)))]
+            )
+            try:
+                self._producer.produce(message, partial(on_delivery, index))
+            except DeliveryError as exc:
+                if not exc.too_large:
+                    raise
+                outcome[index] = exc
         remaining = self._producer.flush(timeout_s)
         too_large = []
         for index, (recorded, _) in enumerate(items):
             err = outcome.get(index)
-            if err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+            if err is not None and err.too_large:
                 too_large.append(recorded)
             elif err is not None or index not in outcome:
                 reason = err if err is not None else f"{remaining} unacknowledged after {timeout_s:.0f} s"
@@ -176,18 +172,76 @@ class RejectionPublisher:
         return too_large
 
     def close(self, timeout_s: float = 10.0) -> None:
-        self._producer.flush(timeout_s)
+        self._producer.close(timeout_s)
 
 
-class Ingestor:
-    def __init__(self, settings: Settings, *, batch_size: int = BATCH, name: str | None = None) -> None:
+class Ingestor(Service):
+    transient = TRANSIENT_FAILURES
+
+    def __init__(
+        self,
+        settings: Settings,
+        database: Database,
+        consumers: Callable[[], Consumer],
+        publisher: RejectionPublisher,
+        codec: AvroCodec,
+        dispatcher: JobDispatcher,
+        kafka_check: Check,
+        *,
+        name: str,
+        batch_size: int = BATCH,
+    ) -> None:
+        super().__init__("ingestor")
         self.settings = settings
+        self.database = database
         self.batch_size = batch_size
-        self.name = name or f"ingestor-{socket.gethostname()}-{os.getpid()}"
-        registry = registry_for(settings.schema_registry_url)
-        self.codec = AvroCodec(schema_for_id=None if registry is None else registry.schema_for_id)
-        self.dispatcher = JobDispatcher(settings)
-        self.publisher = RejectionPublisher(settings, self.name, registry)
+        self.name = name
+        self.codec = codec
+        self.dispatcher = dispatcher
+        self.publisher = publisher
+        self.kafka_check = kafka_check
+        self._consumers = consumers
+        self._consumer: Consumer | None = None
+        self._conn: psycopg.Connection[Row] | None = None
+        self._last_lag = 0.0
+
+    def checks(self) -> Sequence[Check]:
+        def group() -> str | None:
+            if self._consumer is None:
+                raise RuntimeError("no consumer (being rebuilt)")
+            return None
+
+        return (self.database.check(), self.kafka_check, Check("consumer_group", group))
+
+    def step(self) -> bool:
+        if self._consumer is None:
+            self._consumer = self._consumers()
+        if self._conn is None or self._conn.closed:
+            self._conn = self.database.connect()
+        messages = self._consumer.consume(self.batch_size, POLL_S)
+        if messages:
+            batch = [consumed(m) for m in messages]
+            self.ingest(self._conn, batch)
+            _commit(self._consumer, batch)
+        if time.monotonic() - self._last_lag >= 1.0:
+            for partition, behind in self._consumer.lag().items():
+                metrics.CONSUMER_LAG.labels(partition.topic, str(partition.partition)).set(behind)
+            self._last_lag = time.monotonic()
+        return True  # consuming waits for messages itself
+
+    def reset(self) -> None:
+        # The consumer's position is past a batch that was not committed: a new consumer starts
+        # from the committed offsets and so reads that batch again.
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            _close_quietly(consumer)
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+
+    def close(self) -> None:
+        self.reset()
+        self.publisher.close()
 
     def ingest(self, conn: psycopg.Connection[Row], batch: Sequence[Consumed]) -> BatchResult:
         """Steps 1 to 3 for one batch; raises (having committed nothing) if a dependency failed."""
@@ -202,12 +256,12 @@ class Ingestor:
                 "a batch of %d failed unexpectedly; applying its commands one at a time", len(batch)
             )
             result = self._isolate(conn, batch, decoded)
-        metrics.INGESTOR_BATCH_SECONDS.observe(time.perf_counter() - started)
-        metrics.INGESTOR_COMMANDS.labels("applied").inc(result.applied)
-        metrics.INGESTOR_COMMANDS.labels("duplicate").inc(result.duplicates)
-        metrics.INGESTOR_COMMANDS.labels("rejected").inc(len(result.rejected))
+        metrics.BATCH_SECONDS.observe(time.perf_counter() - started)
+        metrics.COMMANDS.labels("applied").inc(result.applied)
+        metrics.COMMANDS.labels("duplicate").inc(result.duplicates)
+        metrics.COMMANDS.labels("rejected").inc(len(result.rejected))
         for recorded in result.rejected:
-            metrics.INGESTOR_REJECTED.labels(recorded.rejection.code).inc()
+            metrics.REJECTED.labels(recorded.rejection.code).inc()
         if result.rejected:
             first = result.rejected[0].rejection
             log.info(
@@ -261,50 +315,6 @@ class Ingestor:
             total.rejected += result.rejected
         return total
 
-    def _consumer(self) -> Consumer:
-        group = f"{self.settings.topic_prefix}.ingestor"
-        return Consumer(
-            consumer_config(self.settings.kafka_bootstrap, group, self.name), [self.settings.schedules_topic]
-        )
-
-    def run(self, stop: threading.Event) -> None:
-        consumer: Consumer | None = None
-        conn: psycopg.Connection[Row] | None = None
-        backoff = 0.2
-        log.info("consuming %s", self.settings.schedules_topic)
-        try:
-            while not stop.is_set():
-                try:
-                    if consumer is None:
-                        consumer = self._consumer()
-                    if conn is None or conn.closed:
-                        conn = connect(self.settings.database_url)
-                    messages = consumer.poll_batch(self.batch_size, POLL_S)
-                    if messages:
-                        batch = [consumed(m) for m in messages]
-                        self.ingest(conn, batch)
-                        _commit(consumer, batch)
-                    backoff = 0.2
-                except TRANSIENT_FAILURES as exc:
-                    log.warning("ingest failed (%s); retrying in %.1f s", exc, backoff)
-                    # The consumer's position is past a batch that was not committed: a new consumer
-                    # starts from the committed offsets and so reads that batch again.
-                    if consumer is not None:
-                        _close_quietly(consumer)
-                    consumer = None
-                    if conn is not None:
-                        conn.close()
-                    conn = None
-                    stop.wait(backoff)
-                    backoff = min(backoff * 2, 5.0)
-        finally:
-            if consumer is not None:
-                _close_quietly(consumer)
-            if conn is not None:
-                conn.close()
-            self.publisher.close()
-        log.info("stopped")
-
 
 def _commit(consumer: Consumer, batch: Sequence[Consumed]) -> None:
     """Step 4. Its failure is harmless: the batch is in PostgreSQL, and whoever reads it again (this
@@ -313,12 +323,12 @@ def _commit(consumer: Consumer, batch: Sequence[Consumed]) -> None:
     every member drop its consumer and trigger the next rebalance."""
     try:
         consumer.commit(next_offsets(batch))
-    except KafkaException as exc:
+    except TransportError as exc:
         log.info("offset commit failed (%s); the batch is applied and a re-read finds it so", exc)
 
 
 def _close_quietly(consumer: Consumer) -> None:
     try:
         consumer.close()
-    except (KafkaException, RuntimeError) as exc:
+    except RuntimeError as exc:  # TransportError, or confluent-kafka's "consumer closed"
         log.debug("closing the consumer: %s", exc)

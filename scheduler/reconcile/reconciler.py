@@ -1,63 +1,123 @@
-"""The reconciler: applies the workers' outcome events to PostgreSQL, and sweeps expired leases.
+"""The reconciler: applies the workers' outcome events to PostgreSQL.
 
 It consumes ``.results``, ``.retry`` and ``.dlq`` together in batches. Each batch is decoded,
 applied with one set-based statement (fenced by attempt, idempotent by event id, every event
 recorded in ``attempts``), committed to PostgreSQL, and only then are the Kafka offsets committed:
 a crash re-applies a batch, which the event ids turn into counted duplicates. A message on these
 topics that cannot be decoded is logged, counted and skipped, never allowed to stall the consumer.
+A failure of PostgreSQL or Kafka rebuilds the consumer, which then reads again from the committed
+offsets, so a batch that was not applied is read again rather than skipped.
 
-Between batches it sweeps runs whose lease expired without an outcome (a worker died, or a message
-was never picked up): the next attempt becomes due at once, or the run is dead when its attempts
-are spent, and then its dead letter goes to ``.dlq`` as a worker's would. When a run ends it also
-dispatches the fire that ``buffer_one`` kept waiting for it.
+The same process runs the lease sweeper (:mod:`.lease_sweeper`) and the buffer release
+(:mod:`.buffer_release`); a batch that ended runs wakes the latter.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import os
-import socket
-import threading
 import time
-import uuid
-from datetime import UTC, datetime
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from typing import Any
 
 import psycopg
-from confluent_kafka import KafkaException, Message, TopicPartition
+from opentelemetry.trace import SpanKind
 
-from scheduler import metrics
 from scheduler.config import Settings
+from scheduler.domain.run_state import RunState
 from scheduler.kafka.avro import AvroCodec, MessageDecodeError
-from scheduler.kafka.messages import AttemptSummary, JobDeadLetter, JobResult, JobRetry
-from scheduler.kafka.transport import Consumer, OutgoingMessage, Producer, consumer_config, producer_config
-from scheduler.scan.dispatch import JobDispatcher, lease_expiry
-from scheduler.store import connect
+from scheduler.kafka.messages import JobDeadLetter, JobResult, JobRetry
+from scheduler.kafka.transport import Consumer, Offset, Received, TransportError
+from scheduler.reconcile import metrics
+from scheduler.runtime.service import Check, Service
 from scheduler.store import reconcile as store
+from scheduler.store.database import Database
 from scheduler.store.reconcile import OutcomeEvent, UndecodableLetter
-from scheduler.store.scan import NewRun
-
-log = logging.getLogger(__name__)
+from scheduler.telemetry.tracing import (
+    job_outcome_attributes,
+    kafka_attributes,
+    messaging_span_name,
+    record_failure,
+    start_span_from_traceparent,
+    tracing_exports,
+)
 
 BATCH = 2000
-SWEEP_EVERY_S = 1.0
+POLL_S = 0.1
+LAG_EVERY_S = 1.0
 Row = dict[str, Any]
+# The run state each kind of outcome event moves a run to, for the spans' job.status.
+OUTCOME_STATES = {
+    "started": RunState.RUNNING,
+    "heartbeat": RunState.RUNNING,
+    "retry": RunState.RETRY_WAIT,
+    "succeeded": RunState.SUCCEEDED,
+    "dead": RunState.DEAD,
+}
 
 
-class Reconciler:
-    def __init__(self, settings: Settings) -> None:
+class Reconciler(Service):
+    transient = (psycopg.OperationalError, TransportError)
+
+    def __init__(
+        self,
+        settings: Settings,
+        database: Database,
+        consumers: Callable[[], Consumer],
+        codec: AvroCodec,
+        kafka_check: Check,
+    ) -> None:
+        super().__init__("reconciler")
         self.settings = settings
-        self.name = f"reconciler-{socket.gethostname()}-{os.getpid()}"
-        self.codec = AvroCodec()
-        self.dispatcher = JobDispatcher(settings, self.codec)
-        self.topics = [settings.results_topic, settings.retry_topic, settings.dlq_topic]
+        self.database = database
+        self.codec = codec
+        self.kafka_check = kafka_check
+        self.group = f"{settings.topic_prefix}.reconciler"
+        self._consumers = consumers
         self._consumer: Consumer | None = None
-        self._producer = Producer(producer_config(settings.kafka_bootstrap, self.name))
+        self._conn: psycopg.Connection[Row] | None = None
+        self._last_lag = 0.0
+        self._tracing = tracing_exports()
 
-    def decode(self, message: Message) -> OutcomeEvent | UndecodableLetter | None:
+    def checks(self) -> Sequence[Check]:
+        def group() -> str | None:
+            if self._consumer is None:
+                raise RuntimeError("no consumer (being rebuilt)")
+            return None
+
+        return (self.database.check(), self.kafka_check, Check("consumer_group", group))
+
+    def step(self) -> bool:
+        if self._consumer is None:
+            self._consumer = self._consumers()
+        if self._conn is None or self._conn.closed:
+            self._conn = self.database.connect()
+        messages = self._consumer.consume(BATCH, POLL_S)
+        if messages:
+            self.apply(self._conn, messages)
+            self._consumer.commit(next_offsets(messages))
+        metrics.LAST_BATCH.set(time.time())
+        if time.monotonic() - self._last_lag >= LAG_EVERY_S:
+            for partition, behind in self._consumer.lag().items():
+                metrics.CONSUMER_LAG.labels(partition.topic, str(partition.partition)).set(behind)
+            self._last_lag = time.monotonic()
+        return True  # consuming waits for messages itself
+
+    def reset(self) -> None:
+        # A new consumer starts from the committed offsets: the batch that failed is read again.
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+
+    def close(self) -> None:
+        self.reset()
+
+    def decode(self, message: Received) -> OutcomeEvent | UndecodableLetter | None:
         """The event a message carries, or None for one that is not ours to apply."""
-        topic, value = message.topic(), message.value() or b""
+        topic, value = message.topic, message.value
         try:
             if topic == self.settings.results_topic:
                 result = self.codec.decode(JobResult, value)
@@ -87,12 +147,12 @@ class Reconciler:
                 )
             dead = self.codec.decode(JobDeadLetter, value)
         except (MessageDecodeError, ValueError) as exc:
-            metrics.RECONCILER_UNDECODABLE.inc()
-            log.error(
+            metrics.UNDECODABLE.inc()
+            self.log.error(
                 "skipping undecodable message at %s[%s]@%s: %s",
                 topic,
-                message.partition(),
-                message.offset(),
+                message.partition,
+                message.offset,
                 exc,
             )
             return None
@@ -121,137 +181,62 @@ class Reconciler:
             error_class=dead.error_class,
         )
 
-    def apply(self, conn: psycopg.Connection[Row], messages: list[Message]) -> store.Applied:
+    def apply(self, conn: psycopg.Connection[Row], messages: Sequence[Received]) -> store.Applied:
         """Apply one batch in one transaction."""
         decoded = [self.decode(m) for m in messages]
         events = [d for d in decoded if isinstance(d, OutcomeEvent)]
         letters = [d for d in decoded if isinstance(d, UndecodableLetter)]
-        with conn.transaction():
-            applied = store.apply_outcomes(conn, events)
-            store.record_undecodable(conn, letters)
-            if applied.finished:
-                self._release_buffered(conn)
-        metrics.RECONCILER_EVENTS.labels("applied").inc(applied.applied)
-        metrics.RECONCILER_EVENTS.labels("stale").inc(applied.stale)
-        metrics.RECONCILER_EVENTS.labels("duplicate").inc(applied.duplicate)
+        with ExitStack() as spans:
+            if self._tracing:
+                self._trace(messages, decoded, spans)
+            with conn.transaction():
+                applied = store.apply_outcomes(conn, events)
+                store.record_undecodable(conn, letters)
+                if applied.finished:
+                    store.notify_run_finished(conn)
+        metrics.EVENTS.labels("applied").inc(applied.applied)
+        metrics.EVENTS.labels("stale").inc(applied.stale)
+        metrics.EVENTS.labels("duplicate").inc(applied.duplicate)
+        for app in applied.dead_apps:
+            metrics.DEAD_LETTERS.labels(app).inc()
         return applied
 
-    def _release_buffered(self, conn: psycopg.Connection[Row]) -> None:
-        released = []
-        for row in store.releasable_buffered_runs(conn):
-            deadline = lease_expiry(row["now"], row["timeout_ms"])
-            message = self.dispatcher.message(
-                run_id=row["id"],
-                schedule_id=row["schedule_id"],
-                job=row,
-                scheduled_for=row["scheduled_for"],
-                attempt=1,
-                deadline=deadline,
+    def _trace(
+        self,
+        messages: Sequence[Received],
+        decoded: Sequence[OutcomeEvent | UndecodableLetter | None],
+        spans: ExitStack,
+    ) -> None:
+        """One ``process`` span per outcome, in its job's trace, ended when the batch is applied."""
+        for message, event in zip(messages, decoded, strict=True):
+            attributes = kafka_attributes(
+                "process",
+                message.topic,
+                partition=message.partition,
+                offset=message.offset,
+                consumer_group=self.group,
             )
-            released.append(
-                NewRun(
-                    id=row["id"],
-                    schedule_id=row["schedule_id"],
-                    app=row["app"],
-                    scheduled_for=row["scheduled_for"],
-                    state="pending",
-                    max_attempts=row["max_attempts"],
-                    lease_expires_at=deadline,
-                    message=message,
+            if isinstance(event, OutcomeEvent):
+                status = {"retry": RunState.RETRY_WAIT, "started": RunState.RUNNING}.get(
+                    event.kind, event.kind
+                )
+                attributes |= {"job.id": str(event.run_id), "job.retry_count": event.attempt - 1}
+                attributes |= job_outcome_attributes(str(status))
+            spans.enter_context(
+                start_span_from_traceparent(
+                    messaging_span_name("process", message.topic),
+                    message.header("traceparent"),
+                    SpanKind.CONSUMER,
+                    attributes,
                 )
             )
-        store.dispatch_buffered_runs(conn, released)
-
-    def sweep(self, conn: psycopg.Connection[Row], now: datetime | None = None) -> int:
-        """Expired leases into their next attempt or dead; returns how many runs were swept."""
-        with conn.transaction():
-            swept = store.sweep_expired_leases(conn, BATCH, now)
-            if any(row["state"] == "dead" for row in swept):
-                self._release_buffered(conn)
-        dead = [row for row in swept if row["state"] == "dead"]
-        if dead:
-            self._producer.send([self._dead_letter(row) for row in dead])
-        metrics.RECONCILER_SWEPT.inc(len(swept))
-        return len(swept)
-
-    def _dead_letter(self, row: Row) -> OutgoingMessage:
-        finished = datetime.now(UTC)
-        error = "lease expired: no outcome from a worker within the attempt's timeout"
-        job = self.dispatcher.message(
-            run_id=row["id"],
-            schedule_id=row["schedule_id"],
-            job=row,
-            scheduled_for=row["scheduled_for"],
-            attempt=row["attempt"],
-            deadline=finished,
-        )
-        letter = JobDeadLetter(
-            event_id=uuid.uuid4(),
-            cause="retries_exhausted",
-            app=row["app"],
-            run_id=row["id"],
-            schedule_id=row["schedule_id"],
-            attempt=row["attempt"],
-            worker=None,
-            started_at=None,
-            finished_at=finished,
-            error=error,
-            error_class="LeaseExpired",
-            attempts=(
-                AttemptSummary(
-                    attempt=row["attempt"], finished_at=finished, error=error, error_class="LeaseExpired"
-                ),
-            ),
-            original_bytes=job.value,
-            source=None,
-        )
-        return OutgoingMessage(self.settings.dlq_topic, self.codec.encode(letter), row["id"].bytes)
-
-    def run(self, stop: threading.Event) -> None:
-        consumer = Consumer(
-            consumer_config(
-                self.settings.kafka_bootstrap, f"{self.settings.topic_prefix}.reconciler", self.name
-            ),
-            self.topics,
-        )
-        conn: psycopg.Connection[Row] | None = None
-        last_sweep = 0.0
-        backoff = 0.2
-        # A batch that failed to apply is applied again before anything else is read: the consumer's
-        # position has moved past it, so reading on would skip it, and committing would lose it.
-        pending: list[Message] = []
-        try:
-            while not stop.is_set():
-                try:
-                    if conn is None or conn.closed:
-                        conn = connect(self.settings.database_url)
-                    if not pending:
-                        pending = consumer.poll_batch(BATCH, 0.1)
-                    if pending:
-                        self.apply(conn, pending)
-                        applied, pending = pending, []
-                        consumer.commit(_next_offsets(applied))
-                    if time.monotonic() - last_sweep >= SWEEP_EVERY_S:
-                        self.sweep(conn)
-                        last_sweep = time.monotonic()
-                    backoff = 0.2
-                except (psycopg.OperationalError, KafkaException) as exc:
-                    log.warning("reconcile failed (%s); retrying in %.1f s", exc, backoff)
-                    if conn is not None:
-                        conn.close()
-                    conn = None
-                    stop.wait(backoff)
-                    backoff = min(backoff * 2, 5.0)
-        finally:
-            consumer.close()
-            if conn is not None:
-                conn.close()
-            self._producer.close()
+            if isinstance(event, OutcomeEvent) and event.kind == "dead":
+                record_failure(event.error_class or "Error", event.error)
 
 
-def _next_offsets(messages: list[Message]) -> list[TopicPartition]:
+def next_offsets(messages: Sequence[Received]) -> list[Offset]:
     highest: dict[tuple[str, int], int] = {}
     for m in messages:
-        key = (m.topic() or "", m.partition() or 0)
-        highest[key] = max(highest.get(key, -1), m.offset() or 0)
-    return [TopicPartition(t, p, o + 1) for (t, p), o in highest.items()]
+        key = (m.topic, m.partition)
+        highest[key] = max(highest.get(key, -1), m.offset)
+    return [Offset(t, p, o + 1) for (t, p), o in highest.items()]

@@ -11,36 +11,38 @@ outbox, which is the point of having one.
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
 import threading
-import uuid
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from confluent_kafka import KafkaException
-from tenacity import (
-    Retrying,
-    before_sleep_log,
-    retry_if_exception_type,
-    stop_when_event_set,
-    wait_exponential_jitter,
-)
+from opentelemetry.trace import SpanKind
 
-from scheduler import metrics
 from scheduler.config import Settings
-from scheduler.kafka.transport import DeliveryError, OutgoingMessage, Producer, producer_config
-from scheduler.store import connect, outbox
+from scheduler.kafka.tracing import HEADER
+from scheduler.kafka.transport import OutgoingMessage, Producer, TransportError
+from scheduler.relay import metrics
+from scheduler.runtime.service import Check, Service
+from scheduler.store import outbox
+from scheduler.store.database import Database
 from scheduler.store.listen import Wakeup
-
-log = logging.getLogger(__name__)
+from scheduler.store.outbox import OutboxRow
+from scheduler.telemetry.tracing import (
+    JOB_SCHEDULING,
+    kafka_attributes,
+    start_span_from_traceparent,
+    traceparent_of_span,
+    tracing_exports,
+)
 
 CHANNEL = "scheduler_outbox"
 # Rows of a relay that died become claimable again after this; a live relay finishes well within it.
 DEFAULT_CLAIM_SECONDS = 60.0
 IDLE_WAKE_S = 1.0
+STATS_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -51,23 +53,58 @@ class BatchReport:
     dispatched: int
 
 
-class Relay:
-    def __init__(self, settings: Settings, name: str | None = None) -> None:
+class Relay(Service):
+    transient = (TransportError, psycopg.OperationalError)
+
+    def __init__(
+        self, settings: Settings, database: Database, producer: Producer, kafka_check: Check, *, name: str
+    ) -> None:
+        super().__init__("relay")
         self.settings = settings
-        self.name = name or f"relay-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.database = database
+        self.producer = producer
+        self.kafka_check = kafka_check
+        self.name = name
         self.claim_seconds = settings.relay_claim_s
-        # The producer gives up on a message well before the claim lapses, so a slow Kafka makes a
-        # batch fail and be released rather than be published twice by two relays.
-        timeout_ms = int(min(30.0, self.claim_seconds / 2) * 1000)
-        self.producer = Producer(
-            producer_config(settings.kafka_bootstrap, self.name, {"message.timeout.ms": timeout_ms})
-        )
         self._conn: psycopg.Connection[dict[str, Any]] | None = None
+        self._wakeup: Wakeup | None = None
+        self._last_stats = 0.0
+        self._tracing = tracing_exports()
+
+    def checks(self) -> Sequence[Check]:
+        return (self.database.check(), self.kafka_check)
 
     def _connection(self) -> psycopg.Connection[dict[str, Any]]:
         if self._conn is None or self._conn.closed:
-            self._conn = connect(self.settings.database_url)
+            self._conn = self.database.connect()
         return self._conn
+
+    def step(self) -> bool:
+        if self._wakeup is None:
+            self._wakeup = self.database.wakeup(CHANNEL)
+        report = self.relay_once()
+        if time.monotonic() - self._last_stats >= STATS_EVERY_S:
+            with self._connection().transaction():
+                stats = outbox.stats(self._connection())
+            metrics.OUTBOX_DEPTH.set(stats.depth)
+            metrics.OUTBOX_OLDEST_AGE.set(stats.oldest_age_s)
+            self._last_stats = time.monotonic()
+        return report.claimed >= self.settings.relay_batch_size
+
+    def idle(self, stop: threading.Event) -> None:
+        """Woken by the scanner's NOTIFY; never idle longer than a second (a lapsed claim)."""
+        if self._wakeup is not None:
+            self._wakeup.wait(IDLE_WAKE_S, stop)
+
+    def reset(self) -> None:
+        for closable in (self._conn, self._wakeup):
+            if closable is not None:
+                closable.close()
+        self._conn, self._wakeup = None, None
+
+    def close(self) -> None:
+        self.reset()
+        self.producer.close()
 
     def relay_once(self) -> BatchReport:
         """Claim, publish and complete one batch; raises if Kafka or PostgreSQL failed."""
@@ -78,61 +115,52 @@ class Relay:
             if not rows:
                 return BatchReport(0, 0, 0, 0)
             ids = [row.id for row in rows]
+            started = time.monotonic()
             try:
-                self.producer.send(
-                    [
-                        OutgoingMessage(row.topic, row.value, row.key, list(row.headers.items()))
-                        for row in rows
-                    ],
-                    timeout_s=self.claim_seconds * 0.75,
-                )
-            except (DeliveryError, KafkaException):
-                metrics.RELAY_FAILURES.inc()
+                with ExitStack() as spans:
+                    self.producer.send(self._messages(rows, spans), timeout_s=self.claim_seconds * 0.75)
+            except TransportError:
+                metrics.FAILURES.inc()
                 with conn.transaction():
                     outbox.release(conn, self.name, ids)
                 raise
+            publish_s = time.monotonic() - started
             with conn.transaction():
                 done = outbox.complete(conn, self.name, ids)
         except psycopg.OperationalError:
             # The connection is gone; the next attempt opens a new one.
             conn.close()
             raise
-        metrics.RELAY_PUBLISHED.inc(done.published)
-        metrics.RELAY_REPUBLISHED.inc(done.republished)
+        metrics.PUBLISHED.inc(done.published)
+        metrics.REPUBLISHED.inc(done.republished)
+        for row in rows:
+            metrics.DISPATCH_LAG.observe(row.age_s + publish_s)
         return BatchReport(len(rows), done.published, done.republished, done.dispatched)
 
-    def run(self, stop: threading.Event) -> None:
-        """Relay until ``stop`` is set; woken by NOTIFY, never idle longer than a second."""
-        wakeup: Wakeup | None = None
-        retrying = Retrying(
-            retry=retry_if_exception_type((DeliveryError, KafkaException, psycopg.OperationalError)),
-            wait=wait_exponential_jitter(initial=0.2, max=5.0),
-            stop=stop_when_event_set(stop),
-            before_sleep=before_sleep_log(log, logging.WARNING),
-            reraise=True,
-        )
-        try:
-            while not stop.is_set():
-                report = BatchReport(0, 0, 0, 0)
-                try:
-                    for attempt in retrying:
-                        with attempt:
-                            if wakeup is None:
-                                wakeup = Wakeup(self.settings.database_url, CHANNEL)
-                            report = self.relay_once()
-                except (DeliveryError, KafkaException, psycopg.OperationalError):
-                    if stop.is_set():
-                        break
-                    raise
-                if report.claimed < self.settings.relay_batch_size and wakeup is not None:
-                    try:
-                        wakeup.wait(IDLE_WAKE_S, stop)
-                    except psycopg.OperationalError:
-                        wakeup = None  # reopened by the next batch, with its backoff
+    def _messages(self, rows: Sequence[OutboxRow], spans: ExitStack) -> list[OutgoingMessage]:
+        """The batch's messages; when traces are exported, each in a ``job.scheduling`` span that
+        runs from the outbox row's creation to Kafka's acknowledgement (``spans`` closes them)."""
+        if not self._tracing:
+            return [OutgoingMessage(r.topic, r.value, r.key, list(r.headers.items())) for r in rows]
+        now_ns = time.time_ns()
+        messages = []
+        for row in rows:
+            span = spans.enter_context(
+                start_span_from_traceparent(
+                    JOB_SCHEDULING,
+                    row.headers.get(HEADER),
+                    SpanKind.PRODUCER,
+                    kafka_attributes("send", row.topic, key=row.key) | _job_of(row),
+                    start_time=now_ns - int(row.age_s * 1e9),
+                )
+            )
+            headers = dict(row.headers) | {HEADER: traceparent_of_span(span)}
+            messages.append(OutgoingMessage(row.topic, row.value, row.key, list(headers.items())))
+        return messages
 
-        finally:
-            if wakeup is not None:
-                wakeup.close()
-            if self._conn is not None:
-                self._conn.close()
-            self.producer.close()
+
+def _job_of(row: OutboxRow) -> dict[str, str | int]:
+    # The relay publishes bytes it never decodes: the run id and attempt are the outbox row's own.
+    if row.run_id is None or row.attempt is None:
+        return {}
+    return {"job.id": str(row.run_id), "job.retry_count": row.attempt - 1}

@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from signal import SIGTERM
 from typing import Any
 
 log = logging.getLogger("scheduler.supervisor")
@@ -59,11 +60,17 @@ def component_argv(args: Sequence[str], metrics_port: int | None = None) -> list
     return [sys.executable, "-m", "scheduler", "run", *args, *port]
 
 
-def stop_processes(procs: Sequence[subprocess.Popen[Any]], grace_s: float) -> None:
-    """SIGTERM every process still running, then SIGKILL whatever outlives the grace period."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+def stop_processes(procs: Sequence[subprocess.Popen[Any]], grace_s: float, *, signal: bool = True) -> None:
+    """SIGTERM every process still running (unless ``signal`` is False: they have been told), then
+    SIGKILL whatever outlives the grace period.
+
+    One SIGTERM each, never two: a second one that arrives while a child's interpreter is shutting
+    down (its handlers back to the default) kills it, which looks like a crash.
+    """
+    if signal:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(SIGTERM)
     deadline = time.monotonic() + grace_s
     for proc in procs:
         try:
@@ -145,9 +152,18 @@ class Supervisor:
                     self._tick()
                 time.sleep(0.1)
         finally:
-            self._stopping = True
-            stop_processes([c.proc for c in self._children if c.proc is not None], self._grace_s)
-        return 0 if all(c.proc is not None and c.proc.returncode == 0 for c in self._children) else 1
+            if not self._stopping:
+                self._stop_all()
+            stop_processes(
+                [c.proc for c in self._children if c.proc is not None], self._grace_s, signal=False
+            )
+        failed = [c for c in self._children if c.proc is None or c.proc.returncode != 0]
+        for child in failed:
+            code = None if child.proc is None else child.proc.returncode
+            log.error(
+                "%s stopped with %s", child.spec.name, "no process" if code is None else describe_exit(code)
+            )
+        return 1 if failed else 0
 
     def _watch(self) -> None:
         now = time.monotonic()

@@ -12,27 +12,27 @@ create, trigger or resume wakes it at once.
 
 from __future__ import annotations
 
-import logging
 import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 import psycopg
 
-from scheduler import metrics
 from scheduler.config import Settings
 from scheduler.domain.policies import OverlapAction, fires_of, overlap_action
 from scheduler.domain.run_state import RunState
-from scheduler.domain.schedule import OverlapPolicy, SkipReason
+from scheduler.domain.schedule import OverlapPolicy, ScheduleKind, SkipReason
+from scheduler.runtime.service import Check, Service
+from scheduler.scan import metrics
 from scheduler.scan.dispatch import JobDispatcher, lease_expiry
-from scheduler.store import connect
 from scheduler.store import scan as store
+from scheduler.store.database import Database
 from scheduler.store.listen import Wakeup
 from scheduler.store.scan import DueRetry, DueSchedule, NewRun, NextAttempt, ScheduleAdvance
-
-log = logging.getLogger(__name__)
 
 CHANNEL = "scheduler_due"
 Row = dict[str, Any]
@@ -47,11 +47,49 @@ class ScanReport:
     queued: int
 
 
-class Scanner:
-    def __init__(self, settings: Settings, dispatcher: JobDispatcher | None = None) -> None:
+class Scanner(Service):
+    transient = (psycopg.OperationalError,)
+
+    def __init__(self, settings: Settings, database: Database, dispatcher: JobDispatcher) -> None:
+        super().__init__("scanner")
         self.settings = settings
-        self.dispatcher = dispatcher or JobDispatcher(settings)
+        self.database = database
+        self.dispatcher = dispatcher
         self.catchup_window = timedelta(seconds=settings.catchup_window_s)
+        self._conn: psycopg.Connection[Row] | None = None
+        self._wakeup: Wakeup | None = None
+        self._due_in: float | None = None
+
+    def checks(self) -> Sequence[Check]:
+        return (self.database.check(),)
+
+    def step(self) -> bool:
+        if self._conn is None or self._conn.closed:
+            self._conn = self.database.connect()
+        if self._wakeup is None:
+            self._wakeup = self.database.wakeup(CHANNEL)
+        report = self.scan_once(self._conn)
+        batch = self.settings.scan_batch_size
+        with self._conn.transaction():
+            self._due_in = store.next_due_in(self._conn)
+        # Negative: the oldest due fire is that late, which is what the scan lag reports.
+        metrics.SCAN_LAG.set(0.0 if self._due_in is None else max(0.0, -self._due_in))
+        return report.schedules >= batch or report.retries >= batch
+
+    def idle(self, stop: threading.Event) -> None:
+        """Until the next due time by the database clock, a NOTIFY, or ``max_scan_sleep_s``."""
+        sleep = self.settings.max_scan_sleep_s if self._due_in is None else self._due_in
+        if self._wakeup is not None:
+            self._wakeup.wait(min(max(sleep, 0.0), self.settings.max_scan_sleep_s), stop)
+
+    def reset(self) -> None:
+        for closable in (self._conn, self._wakeup):
+            if closable is not None:
+                closable.close()
+        self._conn, self._wakeup = None, None
+
+    def close(self) -> None:
+        self.reset()
 
     def scan_once(self, conn: psycopg.Connection[Row], now: datetime | None = None) -> ScanReport:
         """One batch in one transaction. ``now`` replaces the database clock in tests."""
@@ -65,12 +103,16 @@ class Scanner:
             store.redispatch_runs(conn, attempts)
             if created.queued or attempts:
                 store.notify_outbox(conn)
-        metrics.SCANNER_RUNS_CREATED.inc(created.created)
-        metrics.SCANNER_RUNS_SKIPPED.inc(created.skipped)
-        metrics.SCANNER_RETRIES_DISPATCHED.inc(len(attempts))
+        kinds: dict[UUID, ScheduleKind] = {d.schedule.id: d.schedule.kind for d in due}
         for run in runs:
+            if run.state is RunState.SKIPPED:
+                metrics.RUNS_SKIPPED.labels(str(run.skip_reason)).inc()
+                continue
+            metrics.JOBS_SCHEDULED.labels(run.app, str(kinds[run.schedule_id])).inc()
             if run.message is not None:
-                metrics.SCANNER_LAG.observe((due[0].now - run.scheduled_for).total_seconds())
+                metrics.FIRE_LAG.observe((due[0].now - run.scheduled_for).total_seconds())
+        for retry in retries:
+            metrics.JOBS_SCHEDULED.labels(retry.run.app, "retry").inc()
         return ScanReport(len(due), len(retries), created.created, created.skipped, created.queued)
 
     def _plan(
@@ -147,36 +189,3 @@ class Scanner:
             previous_attempts=retry.history,
         )
         return NextAttempt(run.id, attempt, deadline, message)
-
-    def run(self, stop: threading.Event) -> None:
-        """Scan until ``stop`` is set, sleeping until the next due time or a NOTIFY."""
-        conn: psycopg.Connection[Row] | None = None
-        wakeup: Wakeup | None = None
-        backoff = 0.2
-        while not stop.is_set():
-            try:
-                if conn is None or conn.closed:
-                    conn = connect(self.settings.database_url)
-                if wakeup is None:
-                    wakeup = Wakeup(self.settings.database_url, CHANNEL)
-                report = self.scan_once(conn)
-                if report.schedules >= self.settings.scan_batch_size or (
-                    report.retries >= self.settings.scan_batch_size
-                ):
-                    continue  # more is due right now
-                with conn.transaction():
-                    due_in = store.next_due_in(conn)
-                sleep = self.settings.max_scan_sleep_s if due_in is None else due_in
-                wakeup.wait(min(max(sleep, 0.0), self.settings.max_scan_sleep_s), stop)
-                backoff = 0.2
-            except psycopg.OperationalError as exc:
-                log.warning("database unavailable (%s); retrying in %.1f s", exc, backoff)
-                for closable in (conn, wakeup):
-                    if closable is not None:
-                        closable.close()
-                conn, wakeup = None, None
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
-        for closable in (conn, wakeup):
-            if closable is not None:
-                closable.close()

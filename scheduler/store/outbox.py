@@ -24,6 +24,7 @@ class OutboxRow:
     run_id: UUID | None
     attempt: int | None
     publish_count: int
+    age_s: float  # since the row was written, by the database clock, at the claim
 
     @classmethod
     def from_row(cls, row: Row) -> OutboxRow:
@@ -36,6 +37,7 @@ class OutboxRow:
             run_id=row["run_id"],
             attempt=row["attempt"],
             publish_count=row["publish_count"],
+            age_s=row["age_s"],
         )
 
 
@@ -65,3 +67,15 @@ def complete(
 
 def release(conn: psycopg.Connection[Row], relay: str, ids: list[int]) -> None:
     conn.execute(query("release_outbox"), {"relay": relay, "ids": ids})
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxStats:
+    depth: int
+    oldest_age_s: float
+
+
+def stats(conn: psycopg.Connection[Row]) -> OutboxStats:
+    row = conn.execute(query("outbox_stats")).fetchone()
+    assert row is not None
+    return OutboxStats(row["depth"], row["oldest_age_s"])

@@ -51,6 +51,7 @@ class Applied:
     stale: int = 0
     duplicate: int = 0
     finished: int = 0
+    dead_apps: tuple[str, ...] = ()  # the app of each run this batch made dead
 
 
 def apply_outcomes(conn: psycopg.Connection[Row], events: Sequence[OutcomeEvent]) -> Applied:
@@ -73,7 +74,11 @@ def apply_outcomes(conn: psycopg.Connection[Row], events: Sequence[OutcomeEvent]
         },
     ).fetchone()
     assert row is not None
-    return Applied(row["applied"], row["stale"], row["duplicate"], row["finished"])
+    return Applied(row["applied"], row["stale"], row["duplicate"], row["finished"], tuple(row["dead_apps"]))
+
+
+def notify_run_finished(conn: psycopg.Connection[Row]) -> None:
+    conn.execute(query("notify_run_finished"))
 
 
 def record_undecodable(conn: psycopg.Connection[Row], letters: Sequence[UndecodableLetter]) -> None:

@@ -24,21 +24,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import queue
-import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from opentelemetry.trace import SpanKind
 
-from scheduler.config import Settings
 from scheduler.domain.retry import RetryPolicy
 from scheduler.kafka.avro import AvroCodec, MessageDecodeError
 from scheduler.kafka.messages import (
@@ -50,7 +47,29 @@ from scheduler.kafka.messages import (
     KafkaSource,
 )
 from scheduler.kafka.tracing import HEADER, child_traceparent, traceparent_of
-from scheduler.kafka.transport import consumer_config, producer_config
+from scheduler.kafka.transport import (
+    Consumer,
+    DeliveryError,
+    Offset,
+    OutgoingMessage,
+    Partition,
+    Producer,
+    TransportError,
+)
+from scheduler.runtime.service import Check, Service
+from scheduler.telemetry.logs import job_outcomes, log_context
+from scheduler.telemetry.redact import redact_text
+from scheduler.telemetry.tracing import (
+    JOB_EXECUTION,
+    job_attributes,
+    job_outcome_attributes,
+    kafka_attributes,
+    record_failure,
+    start_span_from_traceparent,
+    traceparent_of_span,
+    tracing_exports,
+)
+from scheduler.worker import metrics
 from scheduler.worker.handlers import HandlerError, HandlerRegistry, JobContext
 from scheduler.worker.progress import Progress
 
@@ -64,8 +83,20 @@ PAUSE_AFTER_FULL_S = 5.0
 DEFAULT_GRACE_S = 30.0
 
 
-def worker_group(settings: Settings, app: str) -> str:
-    return f"{settings.topic_prefix}.workers.{app}"
+METRICS_EVERY_S = 1.0
+ConsumerFactory = Callable[..., Consumer]
+"""Builds the worker's consumer, given its rebalance callbacks (``on_assign``, ``on_revoke``, ``on_lost``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerTopics:
+    """Where a worker reads its app's jobs and writes their outcomes."""
+
+    jobs: str
+    group: str
+    results: str
+    retry: str
+    dlq: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,26 +108,40 @@ class Delivery:
     offset: int
     value: bytes
     traceparent: str | None
+    # The trace context the job's outcome messages carry: the job.execution span once it exists.
+    outcome_traceparent: str | None = None
 
 
-class Worker:
+class Worker(Service):
+    # Consumer errors are logged where they happen (librdkafka reconnects by itself); what reaches
+    # the lifecycle is a failure of the client itself, which is then rebuilt.
+    transient = (TransportError,)
+
     def __init__(
         self,
-        settings: Settings,
         app: str,
+        topics: WorkerTopics,
+        *,
+        codec: AvroCodec,
+        handlers: HandlerRegistry,
+        producer: Producer,
+        consumers: ConsumerFactory,
+        kafka_check: Check,
         concurrency: int = 16,
         grace_s: float = DEFAULT_GRACE_S,
-        name: str | None = None,
+        name: str,
     ) -> None:
-        self.settings = settings
+        super().__init__("worker")
         self.app = app
-        self.topic = settings.jobs_topic(app)
+        self.topics = topics
+        self.topic = topics.jobs
         self.concurrency = concurrency
         self.grace_s = grace_s
-        self.name = name or f"worker-{socket.gethostname()}-{os.getpid()}"
-        self.codec = AvroCodec()
-        self.handlers = HandlerRegistry(settings.http_allowlist)
+        self.name = name
+        self.codec = codec
+        self.handlers = handlers
         self.progress = Progress()
+        self.kafka_check = kafka_check
         # Running: handlers executing (bounded by --concurrency). Unacknowledged: fetched jobs whose
         # outcome Kafka has not acknowledged yet; it bounds memory, not execution, so that waiting
         # for acks (a few ms each) never idles the handlers.
@@ -106,45 +151,82 @@ class Worker:
         self._paused = False
         self._full_since: float | None = None
         self._slot_freed = threading.Event()
-        self._skipped: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
-        self._consumer = Consumer(
-            consumer_config(
-                settings.kafka_bootstrap,
-                worker_group(settings, app),
-                self.name,
-                # A member that stops polling for this long leaves the group; jobs run in other threads.
-                {"max.poll.interval.ms": 300_000},
-            )
-        )
-        # Outcomes must not be lost: librdkafka retries a delivery for as long as this allows.
-        self._producer = Producer(
-            producer_config(settings.kafka_bootstrap, self.name, {"message.timeout.ms": 300_000})
-        )
+        # Jobs that need nothing more from this worker, and whether their offset counts as finished:
+        # skipped ones, and outcomes once Kafka answered. Delivery reports may be served on the jobs
+        # thread too (a full producer queue polls there), so they only queue; the main thread settles.
+        self._done: queue.SimpleQueue[tuple[Delivery, bool]] = queue.SimpleQueue()
+        self._producer = producer
+        self._consumers = consumers
+        self._consumer_instance: Consumer | None = None
+        self._assigned: frozenset[Partition] = frozenset()
         self._loop = asyncio.new_event_loop()
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="job")
         self._loop.set_default_executor(self._pool)
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="jobs", daemon=True)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._last_commit = time.monotonic()
+        self._last_metrics = 0.0
+        self._tracing = tracing_exports()
+        metrics.CONCURRENCY.labels(app).set(concurrency)
 
-    # --- main thread -------------------------------------------------------------------------
+    # --- main thread: the lifecycle ----------------------------------------------------------
+
+    @property
+    def _consumer(self) -> Consumer:
+        if self._consumer_instance is None:
+            self._consumer_instance = self._consumers(
+                on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+            )
+        return self._consumer_instance
+
+    def checks(self) -> Sequence[Check]:
+        def group() -> str | None:
+            if self._consumer_instance is None:
+                raise RuntimeError("no consumer (being rebuilt)")
+            assigned = len(self._assigned)
+            return f"{assigned} partitions assigned" if assigned else "joining the group"
+
+        return (self.kafka_check, Check("consumer_group", group))
 
     def run(self, stop: threading.Event) -> None:
         self._loop_thread.start()
-        self._consumer.subscribe(
-            [self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
-        )
-        last_commit = time.monotonic()
-        try:
-            while not stop.is_set():
-                self._fetch()
-                self._producer.poll(0)
-                self._settle_skipped()
-                if time.monotonic() - last_commit >= COMMIT_EVERY_S:
-                    self._commit(asynchronous=True)
-                    last_commit = time.monotonic()
-            self._drain()
-        finally:
-            self._shutdown()
+        super().run(stop)
+
+    def step(self) -> bool:
+        self._fetch()
+        self._producer.poll(0)
+        self._settle_done()
+        now = time.monotonic()
+        if now - self._last_commit >= COMMIT_EVERY_S:
+            self._commit(asynchronous=True)
+            self._last_commit = now
+        if now - self._last_metrics >= METRICS_EVERY_S:
+            self._observe()
+            self._last_metrics = now
+        return True  # fetching waits for messages itself
+
+    def drain(self) -> None:
+        self._drain()
+
+    def reset(self) -> None:
+        # A rebuilt consumer joins the group afresh; closing this one revokes (and commits) first.
+        consumer, self._consumer_instance = self._consumer_instance, None
+        if consumer is not None:
+            consumer.close()
+
+    def close(self) -> None:
+        self._shutdown()
+
+    def _observe(self) -> None:
+        with self._counts_lock:
+            running = self._running
+        metrics.ACTIVE_JOBS.labels(self.app).set(running)
+        if self._consumer_instance is None:
+            return
+        lag = self._consumer_instance.lag()
+        metrics.QUEUE_SIZE.labels(self.app).set(sum(lag.values()))
+        for partition, behind in lag.items():
+            metrics.CONSUMER_LAG.labels(partition.topic, str(partition.partition)).set(behind)
 
     def _free_slots(self) -> int:
         with self._counts_lock:
@@ -167,7 +249,10 @@ class Worker:
                 self._paused = True
             if self._paused:
                 # Still poll: it serves rebalances and keeps this member in the group.
-                self._consumer.poll(0.01)
+                try:
+                    self._consumer.poll(0.01)
+                except TransportError as exc:
+                    log.warning("consumer error: %s", exc)
             self._slot_freed.wait(0.01)
             self._slot_freed.clear()
             return
@@ -175,19 +260,22 @@ class Worker:
         if self._paused:
             self._consumer.resume(self._consumer.assignment())
             self._paused = False
-        messages = self._consumer.consume(min(free, 500), 0.05)
+        try:
+            messages = self._consumer.consume(min(free, 500), 0.05)
+        except TransportError as exc:
+            log.warning("consumer error: %s", exc)
+            return
         deliveries: list[Delivery] = []
         for message in messages:
-            err = message.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    log.warning("consumer error: %s", err)
-                continue
-            topic, partition, offset = message.topic(), message.partition(), message.offset()
-            assert topic is not None and partition is not None and offset is not None
-            self.progress.started(topic, partition, offset)
+            self.progress.started(message.topic, message.partition, message.offset)
             deliveries.append(
-                Delivery(topic, partition, offset, message.value() or b"", traceparent_of(message.headers()))
+                Delivery(
+                    message.topic,
+                    message.partition,
+                    message.offset,
+                    message.value,
+                    traceparent_of(message.headers),
+                )
             )
         if deliveries:
             with self._counts_lock:
@@ -200,45 +288,45 @@ class Worker:
         moves = self.progress.to_commit()
         if not moves:
             return
-        offsets = [TopicPartition(t, p, o) for t, p, o in moves]
         try:
-            if asynchronous:
-                self._consumer.commit(offsets=offsets, asynchronous=True)
-            else:
-                self._consumer.commit(offsets=offsets, asynchronous=False)
+            self._consumer.commit([Offset(t, p, o) for t, p, o in moves], asynchronous=asynchronous)
         except Exception as exc:
             log.warning("commit failed (%s); the jobs above the last commit will be re-delivered", exc)
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        log.info("assigned partitions %s", sorted(tp.partition for tp in partitions))
+    def _on_assign(self, partitions: list[Partition]) -> None:
+        self._assigned |= frozenset(partitions)
+        log.info("assigned partitions %s", sorted(p.partition for p in partitions))
         # librdkafka keeps a partition's pause flag across a revoke and a later re-assignment, so a
-        # partition given back to us must be set to our current state explicitly, after assigning.
-        consumer.incremental_assign(partitions)
+        # partition given back to us must be set to our current state explicitly, after assigning
+        # (which the consumer has done before calling us).
         if self._paused:
-            consumer.pause(partitions)
+            self._consumer.pause(partitions)
         else:
-            consumer.resume(partitions)
+            self._consumer.resume(partitions)
 
-    def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        log.info("revoked partitions %s", sorted(tp.partition for tp in partitions))
+    def _on_revoke(self, partitions: list[Partition]) -> None:
+        self._assigned -= frozenset(partitions)
+        log.info("revoked partitions %s", sorted(p.partition for p in partitions))
         # Serve delivery reports first: whatever finished counts, then commit it and let go.
         self._producer.poll(0)
+        self._settle_done()
         self._commit(asynchronous=False)
-        for tp in partitions:
-            self.progress.forget(tp.topic, tp.partition)
+        for p in partitions:
+            self.progress.forget(p.topic, p.partition)
 
-    def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_lost(self, partitions: list[Partition]) -> None:
+        self._assigned -= frozenset(partitions)
         # Lost, not revoked: the group moved on without us, so a commit would be refused anyway.
-        log.warning("lost partitions %s", sorted(tp.partition for tp in partitions))
-        for tp in partitions:
-            self.progress.forget(tp.topic, tp.partition)
+        log.warning("lost partitions %s", sorted(p.partition for p in partitions))
+        for p in partitions:
+            self.progress.forget(p.topic, p.partition)
 
-    def _finished(self, delivery: Delivery) -> Callable[[KafkaError | None, Message], None]:
-        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-            if err is not None:
+    def _finished(self, delivery: Delivery) -> Callable[[DeliveryError | None], None]:
+        def on_delivery(error: DeliveryError | None) -> None:
+            if error is not None:
                 # The outcome is not on Kafka: leave the offset unfinished so the job is re-delivered.
-                log.error("outcome of offset %s not delivered: %s", delivery.offset, err)
-            self._settle(delivery, finished=err is None)
+                log.error("outcome of offset %s not delivered: %s", delivery.offset, error)
+            self._done.put((delivery, error is None))
 
         return on_delivery
 
@@ -249,9 +337,10 @@ class Worker:
         with self._counts_lock:
             self._unacked -= 1
 
-    def _settle_skipped(self) -> None:
-        while not self._skipped.empty():
-            self._settle(self._skipped.get_nowait(), finished=True)
+    def _settle_done(self) -> None:
+        while not self._done.empty():
+            delivery, finished = self._done.get_nowait()
+            self._settle(delivery, finished)
 
     def _drain(self) -> None:
         """Stop fetching; wait for in-flight jobs within the grace period, then publish and commit."""
@@ -259,10 +348,10 @@ class Worker:
         self._consumer.pause(self._consumer.assignment())
         while self._unacked > 0 and time.monotonic() < deadline:
             self._producer.poll(0.05)
-            self._settle_skipped()
+            self._settle_done()
         self._producer.flush(max(1.0, deadline - time.monotonic()))
         self._producer.poll(0)
-        self._settle_skipped()
+        self._settle_done()
         self._commit(asynchronous=False)
 
     def _shutdown(self) -> None:
@@ -271,8 +360,10 @@ class Worker:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(5)
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._producer.flush(5)
-        self._consumer.close()
+        self._producer.close(5)
+        if self._consumer_instance is not None:
+            self._consumer_instance.close()
+            self._consumer_instance = None
 
     # --- event loop thread --------------------------------------------------------------------
 
@@ -292,28 +383,63 @@ class Worker:
         try:
             job = self.codec.decode(JobMessage, delivery.value)
         except MessageDecodeError as exc:
+            metrics.UNDECODABLE.labels(self.app).inc()
             self._dead_undecodable(delivery, str(exc))
             return
         started = datetime.now(UTC)
         if started > job.deadline:
             # The lease is over: the sweeper dispatches the next attempt; running this one too
             # would only add a duplicate. Settled by the main thread, which owns the watermarks.
-            self._skipped.put(delivery)
+            self._done.put((delivery, True))
             return
+        with log_context(app=job.app, schedule_id=job.schedule_id, run_id=job.run_id, attempt=job.attempt):
+            if not self._tracing:
+                await self._attempt(delivery, job, started)
+                return
+            attributes = job_attributes(
+                job.run_id,
+                job.handler,
+                job.attempt,
+                job.scheduled_for,
+                app=job.app,
+                schedule_id=job.schedule_id,
+            ) | kafka_attributes(
+                "process",
+                delivery.topic,
+                partition=delivery.partition,
+                offset=delivery.offset,
+                consumer_group=self.topics.group,
+            )
+            with start_span_from_traceparent(
+                JOB_EXECUTION, delivery.traceparent, SpanKind.CONSUMER, attributes
+            ) as span:
+                # Outcomes are produced from other threads, where this span is not current.
+                traced = replace(delivery, outcome_traceparent=traceparent_of_span(span))
+                status, error = await self._attempt(traced, job, started)
+                if error is not None:
+                    record_failure(error[0], error[1])
+                duration_ms = (datetime.now(UTC) - started).total_seconds() * 1000
+                span.set_attributes(job_outcome_attributes(status, duration_ms))
+
+    async def _attempt(
+        self, delivery: Delivery, job: JobMessage, started: datetime
+    ) -> tuple[str, tuple[str, str] | None]:
+        """Run the handler and publish the outcome; returns its status and (error class, error)."""
         try:
             result = await self._run_handler(delivery, job, started)
         except HandlerError as exc:
-            self._failed(delivery, job, started, str(exc), exc.error_class, exc.retryable)
+            return self._failed(delivery, job, started, str(exc), exc.error_class, exc.retryable)
         except TimeoutError:
-            self._failed(
-                delivery, job, started, f"timed out after {job.timeout_ms / 1000:g} s", "Timeout", True
-            )
+            error = f"timed out after {job.timeout_ms / 1000:g} s"
+            return self._failed(delivery, job, started, error, "Timeout", True)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._failed(delivery, job, started, f"{type(exc).__name__}: {exc}", type(exc).__name__, True)
-        else:
-            self._succeeded(delivery, job, started, result)
+            return self._failed(
+                delivery, job, started, f"{type(exc).__name__}: {exc}", type(exc).__name__, True
+            )
+        self._succeeded(delivery, job, started, result)
+        return "succeeded", None
 
     async def _run_handler(self, delivery: Delivery, job: JobMessage, started: datetime) -> Any:
         handler = self.handlers.resolve(job.handler)
@@ -363,19 +489,22 @@ class Worker:
     ) -> None:
         """Produce a message caused by ``delivery``; an ``outcome`` finishes the job's offset once acked."""
         callback = self._finished(delivery) if outcome else None
-        headers: list[tuple[str, str | bytes | None]] = [(HEADER, child_traceparent(delivery.traceparent))]
-        while True:
-            try:
-                self._producer.produce(
-                    topic,
-                    value=value,
-                    key=None if key is None else key.bytes,
-                    headers=headers,
-                    on_delivery=callback,
-                )
-                return
-            except BufferError:
-                time.sleep(0.01)
+        message = OutgoingMessage(
+            topic,
+            value,
+            None if key is None else key.bytes,
+            [(HEADER, delivery.outcome_traceparent or child_traceparent(delivery.traceparent))],
+        )
+        try:
+            # On a full queue this serves delivery reports from this thread, which only queue (see
+            # _done); the main thread goes on polling meanwhile, as librdkafka allows.
+            self._producer.produce(message, callback)
+        except DeliveryError as exc:
+            # Refused before it left (too large, say): the same outcome as a failed delivery.
+            if callback is not None:
+                callback(exc)
+            else:
+                log.warning("report for offset %s not sent: %s", delivery.offset, exc)
 
     def _report(self, delivery: Delivery, job: JobMessage, started: datetime, status: str) -> None:
         event = JobResult(
@@ -388,9 +517,7 @@ class Worker:
             worker=self.name,
             started_at=started,
         )
-        self._produce(
-            self.settings.results_topic, job.run_id, self.codec.encode(event), delivery, outcome=False
-        )
+        self._produce(self.topics.results, job.run_id, self.codec.encode(event), delivery, outcome=False)
 
     def _succeeded(self, delivery: Delivery, job: JobMessage, started: datetime, result: Any) -> None:
         try:
@@ -409,7 +536,8 @@ class Worker:
             finished_at=datetime.now(UTC),
             result=result_json,
         )
-        self._produce(self.settings.results_topic, job.run_id, self.codec.encode(event), delivery)
+        self._produce(self.topics.results, job.run_id, self.codec.encode(event), delivery)
+        self._outcome(job, started, "succeeded")
 
     def _failed(
         self,
@@ -419,8 +547,11 @@ class Worker:
         error: str,
         error_class: str,
         retryable: bool,
-    ) -> None:
+    ) -> tuple[str, tuple[str, str]]:
+        """Publish a failed attempt's outcome; returns its status and (error class, error)."""
         finished = datetime.now(UTC)
+        # Stored in PostgreSQL and shown to operators: secrets in a handler's error text are masked.
+        error = redact_text(error)
         policy = RetryPolicy(
             max_attempts=job.retry.max_attempts,
             base_seconds=job.retry.backoff_base_ms / 1000,
@@ -440,8 +571,10 @@ class Worker:
                 error_class=error_class,
                 not_before=policy.next_attempt_at(finished, job.attempt),
             )
-            self._produce(self.settings.retry_topic, job.run_id, self.codec.encode(retry), delivery)
-            return
+            self._produce(self.topics.retry, job.run_id, self.codec.encode(retry), delivery)
+            metrics.RETRIES.labels(self.app).inc()
+            self._outcome(job, started, "retry", error_class, error)
+            return "retry", (error_class, error)
         this_attempt = AttemptSummary(
             attempt=job.attempt,
             finished_at=finished,
@@ -466,7 +599,35 @@ class Worker:
             original_bytes=delivery.value,
             source=KafkaSource(topic=delivery.topic, partition=delivery.partition, offset=delivery.offset),
         )
-        self._produce(self.settings.dlq_topic, job.run_id, self.codec.encode(dead), delivery)
+        self._produce(self.topics.dlq, job.run_id, self.codec.encode(dead), delivery)
+        self._outcome(job, started, "dead", error_class, error)
+        return "dead", (error_class, error)
+
+    def _outcome(
+        self,
+        job: JobMessage,
+        started: datetime,
+        outcome: str,
+        error_class: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """The metrics and the one log line of an attempt's outcome (inside the job's log context)."""
+        duration = (datetime.now(UTC) - started).total_seconds()
+        metrics.EXECUTION_DURATION.labels(self.app, outcome).observe(duration)
+        if error_class is not None:
+            metrics.EXECUTION_ERRORS.labels(self.app, metrics.ERROR_CLASS(error_class)).inc()
+        if job_outcomes.isEnabledFor(logging.INFO):
+            job_outcomes.info(
+                "job %s",
+                outcome,
+                extra={
+                    "handler": job.handler,
+                    "outcome": outcome,
+                    "duration_ms": round(duration * 1000, 3),
+                    "error_class": error_class,
+                    "error": error,
+                },
+            )
 
     def _dead_undecodable(self, delivery: Delivery, reason: str) -> None:
         dead = JobDeadLetter(
@@ -485,4 +646,4 @@ class Worker:
             original_bytes=delivery.value,
             source=KafkaSource(topic=delivery.topic, partition=delivery.partition, offset=delivery.offset),
         )
-        self._produce(self.settings.dlq_topic, None, self.codec.encode(dead), delivery)
+        self._produce(self.topics.dlq, None, self.codec.encode(dead), delivery)

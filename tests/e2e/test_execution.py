@@ -22,7 +22,6 @@ from scheduler.kafka.transport import TopicAdmin
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect
-from scheduler.worker.worker import worker_group
 from tests.support import SCHEDULER, Component, components, read_records, read_topic, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -251,7 +250,7 @@ def test_sigterm_lets_running_jobs_finish_publish_and_commit(
     # Its offsets were committed up to the end of every partition: nothing would be re-delivered.
     topic = settings.jobs_topic(APP)
     reader = RawConsumer(
-        {"bootstrap.servers": settings.kafka_bootstrap, "group.id": worker_group(settings, APP)}
+        {"bootstrap.servers": settings.kafka_bootstrap, "group.id": settings.worker_group(APP)}
     )
     try:
         partitions = [TopicPartition(topic, p) for p in range(4)]

@@ -9,8 +9,8 @@ import pytest
 from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import JobMessage
-from scheduler.scan.scanner import Scanner
 from scheduler.store import connect
+from scheduler.wiring import Wiring
 from tests.e2e.test_fire_on_time import create_app, dispatched_count
 from tests.support import Component, components, read_topic, wait_for
 
@@ -32,7 +32,7 @@ def test_relay_killed_mid_batch_then_restarted_delivers_every_run(
             (RUNS,),
         )
         conn.commit()
-        scanner = Scanner(settings)
+        scanner = Wiring(settings).scanner()
         while scanner.scan_once(conn).schedules:
             pass
         assert conn.execute("select count(*) as n from outbox").fetchone() == {"n": RUNS}

@@ -17,8 +17,8 @@ from scheduler.devstack.kafka import LocalKafka
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import JobMessage
 from scheduler.kafka.transport import TopicAdmin
-from scheduler.scan.scanner import Scanner
 from scheduler.store import connect
+from scheduler.wiring import Wiring
 from tests.support import Component, read_topic, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -55,7 +55,7 @@ def schedule_due_runs(settings: Settings, count: int) -> None:
             (count,),
         )
         conn.commit()
-        while Scanner(settings).scan_once(conn).schedules:
+        while Wiring(settings).scanner().scan_once(conn).schedules:
             pass
 
 

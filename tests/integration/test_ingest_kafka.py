@@ -25,6 +25,7 @@ from scheduler.kafka.registry import SchemaRegistry
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.store import connect, schedules
 from scheduler.store.ingest import Source
+from scheduler.wiring import Wiring
 from tests.support import SCHEDULER, read_topic, wait_for
 
 pytestmark = pytest.mark.integration
@@ -48,7 +49,7 @@ def ingestor(topics: Settings) -> Iterator[Ingestor]:
 
 
 def running(settings: Settings) -> Iterator[Ingestor]:
-    ingestor = Ingestor(settings)
+    ingestor = Wiring(settings).ingestor()
     stop = threading.Event()
     thread = threading.Thread(target=ingestor.run, args=(stop,), daemon=True)
     thread.start()
@@ -297,7 +298,7 @@ def test_a_command_the_ingestor_fails_on_is_rejected_and_the_rest_of_its_batch_a
     ]
     batch = [Consumed(Source(topics.schedules_topic, 0, i), CODEC.encode(c)) for i, c in enumerate(commands)]
     with connect(topics.database_url) as conn:
-        result = Ingestor(topics).ingest(conn, batch)
+        result = Wiring(topics).ingestor().ingest(conn, batch)
     assert result.applied == 2 and set(keyed(topics)) == {"a", "b"}
     [letter] = wait_for(lambda: rejected_on_topic(topics), 60, "the rejection on the topic")
     assert (letter.command_id, letter.code) == ("2", "invalid")

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Message
 
 from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import JobResult
-from scheduler.kafka.transport import OutgoingMessage, Producer, TopicAdmin, producer_config
+from scheduler.kafka.transport import OutgoingMessage, Producer, Received, TopicAdmin, producer_config
 from scheduler.reconcile.reconciler import Reconciler
-from scheduler.scan.scanner import Scanner
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, reconcile
+from scheduler.wiring import Wiring
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
@@ -31,7 +30,7 @@ RUNS = 200
 @pytest.fixture
 def dispatched_runs(settings: Settings) -> list[dict[str, Any]]:
     """RUNS runs, created by the scanner, as the relay would leave them (dispatched)."""
-    TopicAdmin(settings.kafka_bootstrap).ensure_topics(settings.core_topics, partitions=3)
+    TopicAdmin(settings.kafka).ensure_topics(settings.core_topics, partitions=3)
     with connect(settings.database_url) as conn:
         conn.execute("insert into apps (name, partitions) values ('rec', 1)")
         conn.execute(
@@ -41,7 +40,7 @@ def dispatched_runs(settings: Settings) -> list[dict[str, Any]]:
             (RUNS,),
         )
         conn.commit()
-        while Scanner(settings).scan_once(conn).schedules:
+        while Wiring(settings).scanner().scan_once(conn).schedules:
             pass
         conn.execute("update runs set state = 'dispatched', dispatched_at = now()")
         conn.commit()
@@ -65,7 +64,7 @@ def result(run: dict[str, Any], attempt: int | None = None, event_id: uuid.UUID 
 
 def publish(settings: Settings, events: list[JobResult]) -> None:
     codec = AvroCodec()
-    Producer(producer_config(settings.kafka_bootstrap, "t")).send(
+    Producer(producer_config(settings.kafka, "t")).send(
         [OutgoingMessage(settings.results_topic, codec.encode(e), e.run_id.bytes) for e in events]
     )
 
@@ -75,7 +74,9 @@ class FailsOnce(Reconciler):
 
     failed = False
 
-    def apply(self, conn: psycopg.Connection[dict[str, Any]], messages: list[Message]) -> reconcile.Applied:
+    def apply(
+        self, conn: psycopg.Connection[dict[str, Any]], messages: Sequence[Received]
+    ) -> reconcile.Applied:
         if not self.failed:
             self.failed = True
             raise psycopg.OperationalError("connection lost (injected)")
@@ -84,7 +85,7 @@ class FailsOnce(Reconciler):
 
 @pytest.fixture
 def running_reconciler(settings: Settings) -> Iterator[FailsOnce]:
-    reconciler = FailsOnce(settings)
+    reconciler = Wiring(settings).reconciler_service(FailsOnce)
     stop = threading.Event()
     thread = threading.Thread(target=reconciler.run, args=(stop,))
     thread.start()
@@ -98,7 +99,7 @@ def running_reconciler(settings: Settings) -> Iterator[FailsOnce]:
 def outcomes(settings: Settings) -> dict[str, int]:
     with connect(settings.database_url) as conn:
         rows = conn.execute("select outcome, count(*) as n from attempts group by outcome").fetchall()
-    return {r["outcome"]: int(r["n"]) for r in rows}
+    return {str(r["outcome"]): int(str(r["n"])) for r in rows}
 
 
 def test_a_failed_batch_is_applied_again_not_skipped_and_fencing_holds(
@@ -122,7 +123,7 @@ def test_a_failed_batch_is_applied_again_not_skipped_and_fencing_holds(
 def test_buffer_one_keeps_one_waiting_fire_and_dispatches_it_when_the_running_one_ends(
     settings: Settings,
 ) -> None:
-    TopicAdmin(settings.kafka_bootstrap).ensure_topics(settings.core_topics, partitions=3)
+    TopicAdmin(settings.kafka).ensure_topics(settings.core_topics, partitions=3)
     with connect(settings.database_url) as conn:
         conn.execute("insert into apps (name, partitions) values ('rec', 1)")
         conn.commit()
@@ -138,7 +139,7 @@ def test_buffer_one_keeps_one_waiting_fire_and_dispatches_it_when_the_running_on
             "test",
         )
         first = row["next_fire_at"]
-        scanner = Scanner(settings)
+        scanner = Wiring(settings).scanner()
         for seconds in range(3):  # three fires while the first run never ends
             scanner.scan_once(conn, now=first + timedelta(seconds=seconds))
         runs = conn.execute(
@@ -152,10 +153,10 @@ def test_buffer_one_keeps_one_waiting_fire_and_dispatches_it_when_the_running_on
         ("skipped", False, "overlap", False),
     ]
 
-    reconciler = Reconciler(settings)
     stop = threading.Event()
-    thread = threading.Thread(target=reconciler.run, args=(stop,))
-    thread.start()
+    threads = [threading.Thread(target=s.run, args=(stop,)) for s in Wiring(settings).reconciler()]
+    for thread in threads:
+        thread.start()
     try:
         publish(settings, [result(runs[0])])
 
@@ -171,4 +172,5 @@ def test_buffer_one_keeps_one_waiting_fire_and_dispatches_it_when_the_running_on
         wait_for(buffered_released, 60, "the waiting fire to be dispatched")
     finally:
         stop.set()
-        thread.join(30)
+        for thread in threads:
+            thread.join(30)

@@ -10,10 +10,10 @@ import pytest
 
 from scheduler.config import Settings
 from scheduler.kafka.transport import TopicAdmin
-from scheduler.scan.scanner import Scanner
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, schedules
+from scheduler.wiring import Wiring
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def runs_of(settings: Settings, schedule_id: Any) -> list[dict[str, Any]]:
 
 def scan(settings: Settings, now: datetime) -> None:
     with connect(settings.database_url) as conn:
-        Scanner(settings).scan_once(conn, now=now)
+        Wiring(settings).scanner().scan_once(conn, now=now)
 
 
 def test_a_delayed_schedule_fires_at_its_time_and_not_before(settings: Settings, app: str) -> None:
@@ -131,7 +131,7 @@ def test_concurrent_scanners_never_create_a_fire_twice(settings: Settings, app: 
         barrier.wait()
         with connect(settings.database_url) as conn:
             for _ in range(20):
-                Scanner(settings).scan_once(conn, now=later)
+                Wiring(settings).scanner().scan_once(conn, now=later)
 
     threads = [threading.Thread(target=scanner) for _ in range(4)]
     for t in threads:

@@ -16,7 +16,8 @@ update outbox o
             order by id
             limit %(limit)s::int
               for update skip locked))
-returning o.id, o.topic, o.key, o.value, o.headers, o.run_id, o.attempt, o.publish_count;
+returning o.id, o.topic, o.key, o.value, o.headers, o.run_id, o.attempt, o.publish_count,
+          extract(epoch from coalesce(%(now)s::timestamptz, now()) - o.created_at)::float8 as age_s;
 
 -- name: complete_outbox
 -- After Kafka acknowledged: remove the rows this relay still holds and mark their runs dispatched.
@@ -55,3 +56,10 @@ update outbox
    set claimed_until = null, claimed_by = null
  where id = any(%(ids)s::bigint[])
    and claimed_by = %(relay)s::text;
+
+-- name: outbox_stats
+-- For the relay's gauges: how many rows wait, and how long the oldest has. The count is exact, so
+-- it is taken every few seconds, not per batch; the oldest row is the first by id (the index).
+select (select count(*) from outbox) as depth,
+       coalesce(extract(epoch from now() - (select created_at from outbox order by id limit 1)), 0)::float8
+           as oldest_age_s;

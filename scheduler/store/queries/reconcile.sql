@@ -59,7 +59,7 @@ with event as (
      where r.id = d.run_id
        -- A start or heartbeat arriving after a retry decision of the same attempt changes nothing.
        and not (d.kind in ('started', 'heartbeat') and r.state = 'retry_wait')
-    returning r.id, r.state
+    returning r.id, r.state, r.app
 ), recorded as (
     insert into attempts (run_id, attempt, event_id, kind, outcome, worker, started_at, finished_at, error,
                           error_class)
@@ -74,7 +74,8 @@ with event as (
 select (select count(*) from recorded where outcome = 'applied') as applied,
        (select count(*) from recorded where outcome = 'stale') as stale,
        (select count(*) from recorded where outcome = 'duplicate') as duplicate,
-       (select count(*) from applied where state in ('succeeded', 'dead')) as finished;
+       (select count(*) from applied where state in ('succeeded', 'dead')) as finished,
+       array(select app from applied where state = 'dead') as dead_apps;
 
 -- name: record_undecodable_dead_letters
 -- Dead letters without a run (their job could not be decoded) are kept for the DLQ listing.
@@ -148,3 +149,7 @@ insert into outbox (topic, key, value, headers, run_id, attempt)
 select n.topic, n.key, n.value, n.headers, n.id, 1
   from released n
   join moved using (id);
+
+-- name: notify_run_finished
+-- Wakes the buffer release as soon as the transaction that ended runs commits.
+select pg_notify('scheduler_run_finished', '');

@@ -1,0 +1,100 @@
+"""The buffer release: dispatches the fire that ``buffer_one`` kept waiting once its schedule has
+no unfinished run any more.
+
+The reconciler and the lease sweeper notify ``scheduler_run_finished`` in the transaction that
+ends a run, which wakes this service at once; it also looks every second, so a missed
+notification (a restart) delays a release by a second at most. The waiting run keeps its row and
+identity; releasing it writes its dispatch message to the outbox in the same transaction.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from scheduler.domain.run_state import RunState
+from scheduler.reconcile import metrics
+from scheduler.runtime.service import Check, Service
+from scheduler.scan.dispatch import JobDispatcher, lease_expiry
+from scheduler.store import reconcile as store
+from scheduler.store.database import Database
+from scheduler.store.entities import execution_from_row
+from scheduler.store.listen import Wakeup
+from scheduler.store.scan import NewRun, notify_outbox
+
+RUN_FINISHED_CHANNEL = "scheduler_run_finished"
+POLL_S = 1.0
+Row = dict[str, Any]
+
+
+class BufferRelease(Service):
+    transient = (psycopg.OperationalError,)
+
+    def __init__(self, database: Database, dispatcher: JobDispatcher) -> None:
+        super().__init__("buffer-release")
+        self.database = database
+        self.dispatcher = dispatcher
+        self._conn: psycopg.Connection[Row] | None = None
+        self._wakeup: Wakeup | None = None
+
+    def checks(self) -> Sequence[Check]:
+        return (self.database.check(),)
+
+    def step(self) -> bool:
+        if self._conn is None or self._conn.closed:
+            self._conn = self.database.connect()
+        if self._wakeup is None:
+            self._wakeup = self.database.wakeup(RUN_FINISHED_CHANNEL)
+        released = self.release(self._conn)
+        if released:
+            metrics.BUFFERED_RELEASED.inc(released)
+        return False
+
+    def idle(self, stop: threading.Event) -> None:
+        if self._wakeup is None:
+            stop.wait(POLL_S)
+            return
+        self._wakeup.wait(POLL_S, stop)
+
+    def reset(self) -> None:
+        for closable in (self._conn, self._wakeup):
+            if closable is not None:
+                closable.close()
+        self._conn, self._wakeup = None, None
+
+    def close(self) -> None:
+        self.reset()
+
+    def release(self, conn: psycopg.Connection[Row]) -> int:
+        """Dispatch every waiting fire whose schedule is free now, in one transaction."""
+        with conn.transaction():
+            released = []
+            for row in store.releasable_buffered_runs(conn):
+                deadline = lease_expiry(row["now"], row["timeout_ms"])
+                message = self.dispatcher.message(
+                    run_id=row["id"],
+                    schedule_id=row["schedule_id"],
+                    job=execution_from_row(row),
+                    scheduled_for=row["scheduled_for"],
+                    attempt=1,
+                    deadline=deadline,
+                )
+                released.append(
+                    NewRun(
+                        id=row["id"],
+                        schedule_id=row["schedule_id"],
+                        app=row["app"],
+                        scheduled_for=row["scheduled_for"],
+                        state=RunState.PENDING,
+                        max_attempts=row["max_attempts"],
+                        lease_expires_at=deadline,
+                        message=message,
+                    )
+                )
+            if released:
+                store.dispatch_buffered_runs(conn, released)
+                notify_outbox(conn)
+        return len(released)

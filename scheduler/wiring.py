@@ -1,0 +1,197 @@
+"""The composition root: the one place that turns settings into clients and components.
+
+Everything that holds a connection or a codec is built here: the Avro codec (with the schema
+registry when one is configured), the job dispatcher, the PostgreSQL database, Kafka producers,
+consumers and the admin client, and each component with the collaborators it needs. Components
+never read settings to build their own clients, so a test or a benchmark can hand them other
+ones, and there is exactly one place that decides, say, the relay's producer timeouts.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry
+
+from scheduler.config import Settings
+from scheduler.ingest.ingestor import MAX_REJECTION_BYTES, Ingestor, RejectionPublisher
+from scheduler.kafka.avro import AvroCodec
+from scheduler.kafka.registry import SchemaRegistry, registry_for
+from scheduler.kafka.transport import (
+    Consumer,
+    Producer,
+    TopicAdmin,
+    consumer_config,
+    producer_config,
+)
+from scheduler.reconcile.buffer_release import BufferRelease
+from scheduler.reconcile.lease_sweeper import LeaseSweeper
+from scheduler.reconcile.reconciler import Reconciler
+from scheduler.relay.relay import Relay
+from scheduler.runtime.service import Check, Service
+from scheduler.scan.dispatch import JobDispatcher
+from scheduler.scan.scanner import Scanner
+from scheduler.store.database import Database
+from scheduler.worker.handlers import HandlerRegistry
+from scheduler.worker.worker import Worker, WorkerTopics
+
+KAFKA_PROBE_TIMEOUT_S = 2.0
+R = TypeVar("R", bound=Reconciler)
+
+
+def instance_name(component: str, *, unique: bool = False) -> str:
+    """The name of this process's instance of a component: Kafka client ids, relay claims and the
+    worker names in ``runs`` use it. ``unique`` adds a suffix for components of which one process
+    may hold several (relays in tests and benchmarks), whose claims must not be confused."""
+    name = f"{component}-{socket.gethostname()}-{os.getpid()}"
+    return f"{name}-{uuid.uuid4().hex[:6]}" if unique else name
+
+
+class Wiring:
+    """Builds what a command needs, once each; see the module docstring."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    # --- shared collaborators ------------------------------------------------------------------
+
+    @cached_property
+    def schema_registry(self) -> SchemaRegistry | None:
+        return registry_for(self.settings.schema_registry_url)
+
+    @cached_property
+    def codec(self) -> AvroCodec:
+        registry = self.schema_registry
+        return AvroCodec(schema_for_id=None if registry is None else registry.schema_for_id)
+
+    @cached_property
+    def dispatcher(self) -> JobDispatcher:
+        return JobDispatcher(self.settings, self.codec)
+
+    @cached_property
+    def database(self) -> Database:
+        return Database(self.settings.database_url, self.settings.database_display)
+
+    @cached_property
+    def admin(self) -> TopicAdmin:
+        return TopicAdmin(self.settings.kafka)
+
+    def producer(self, client_id: str, overrides: Mapping[str, Any] | None = None) -> Producer:
+        return Producer(producer_config(self.settings.kafka, client_id, overrides))
+
+    def consumer_factory(
+        self,
+        group: str,
+        topics: Sequence[str],
+        client_id: str,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> Callable[[], Consumer]:
+        """A consumer is rebuilt after a transport failure, so components get a factory."""
+        config = consumer_config(self.settings.kafka, group, client_id, overrides)
+        return lambda: Consumer(config, topics)
+
+    def kafka_check(self) -> Check:
+        admin = self.admin
+
+        def probe() -> str | None:
+            return f"{admin.ping(KAFKA_PROBE_TIMEOUT_S) * 1000:.1f} ms metadata round trip"
+
+        return Check("kafka", probe)
+
+    # --- components ----------------------------------------------------------------------------
+
+    def scanner(self) -> Scanner:
+        return Scanner(self.settings, self.database, self.dispatcher)
+
+    def relay(self) -> Relay:
+        name = instance_name("relay", unique=True)
+        # The producer gives up on a message well before the claim lapses, so a slow Kafka makes a
+        # batch fail and be released rather than be published twice by two relays.
+        timeout_ms = int(min(30.0, self.settings.relay_claim_s / 2) * 1000)
+        producer = self.producer(name, {"message.timeout.ms": timeout_ms})
+        return Relay(self.settings, self.database, producer, self.kafka_check(), name=name)
+
+    def reconciler(self) -> list[Service]:
+        """The reconciler proper, the lease sweeper and the buffer release: one process."""
+        return [self.reconciler_service(), self.lease_sweeper(), self.buffer_release()]
+
+    def reconciler_service(self, kind: type[R] = Reconciler) -> R:  # type: ignore[assignment]
+        s = self.settings
+        consumers = self.consumer_factory(
+            f"{s.topic_prefix}.reconciler",
+            [s.results_topic, s.retry_topic, s.dlq_topic],
+            instance_name("reconciler"),
+        )
+        return kind(s, self.database, consumers, self.codec, self.kafka_check())
+
+    def lease_sweeper(self) -> LeaseSweeper:
+        producer = self.producer(instance_name("lease-sweeper"))
+        return LeaseSweeper(
+            self.database, producer, self.dispatcher, self.codec, self.kafka_check(), self.settings.dlq_topic
+        )
+
+    def buffer_release(self) -> BufferRelease:
+        return BufferRelease(self.database, self.dispatcher)
+
+    def ingestor(self) -> Ingestor:
+        name = instance_name("ingestor")
+        s = self.settings
+        # A rejection carries its command's bytes, which may exceed what a job message needs.
+        producer = self.producer(name, {"message.max.bytes": MAX_REJECTION_BYTES})
+        publisher = RejectionPublisher(s.rejected_topic, self.codec, self.schema_registry, producer)
+        consumers = self.consumer_factory(f"{s.topic_prefix}.ingestor", [s.schedules_topic], name)
+        return Ingestor(
+            s, self.database, consumers, publisher, self.codec, self.dispatcher, self.kafka_check(), name=name
+        )
+
+    def worker(self, app: str, concurrency: int, grace_s: float) -> Worker:
+        name = instance_name("worker")
+        s = self.settings
+        topics = WorkerTopics(
+            jobs=s.jobs_topic(app),
+            group=s.worker_group(app),
+            results=s.results_topic,
+            retry=s.retry_topic,
+            dlq=s.dlq_topic,
+        )
+        consumer = consumer_config(
+            s.kafka,
+            topics.group,
+            name,
+            # A member that stops polling this long leaves the group; jobs run in other threads.
+            {"max.poll.interval.ms": 300_000},
+        )
+        return Worker(
+            app,
+            topics,
+            codec=self.codec,
+            handlers=HandlerRegistry(s.http_allowlist),
+            # Outcomes must not be lost: librdkafka retries a delivery for as long as this allows.
+            producer=self.producer(name, {"message.timeout.ms": 300_000}),
+            consumers=lambda **callbacks: Consumer(consumer, [topics.jobs], **callbacks),
+            kafka_check=self.kafka_check(),
+            concurrency=concurrency,
+            grace_s=grace_s,
+            name=name,
+        )
+
+    def registry_of(self, component: str) -> CollectorRegistry:
+        """The metrics registry a component's ``/metrics`` serves: its own metrics only."""
+        if component == "scanner":
+            from scheduler.scan.metrics import REGISTRY
+        elif component == "relay":
+            from scheduler.relay.metrics import REGISTRY
+        elif component == "reconciler":
+            from scheduler.reconcile.metrics import REGISTRY
+        elif component == "ingestor":
+            from scheduler.ingest.metrics import REGISTRY
+        elif component == "worker":
+            from scheduler.worker.metrics import REGISTRY
+        else:
+            raise ValueError(f"no component named {component!r}")
+        return REGISTRY
