@@ -1,6 +1,6 @@
 """The Python client of the ingestor: produce schedule commands onto ``<prefix>.schedules``.
 
-A service that wants schedules without calling the CLI or the HTTP API produces commands; the
+A service that wants schedules without calling the CLI produces commands; the
 ingestor applies them to PostgreSQL and reports what it could not apply on
 ``<prefix>.schedules.rejected``. This module is all a Python producer needs::
 

@@ -6,8 +6,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from scheduler.cli.common import actor, database, echo_json, settings_or_exit
-from scheduler.kafka.transport import TopicAdmin
+from scheduler.cli.common import actor, database, echo_json, wiring_or_exit
 from scheduler.schedule import service
 from scheduler.store import schedules
 
@@ -23,11 +22,10 @@ def apps() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def create(name: str, partitions: int, as_json: bool) -> None:
     """Create an app and its topic (idempotent)."""
-    settings = settings_or_exit()
-    with database(settings) as conn:
-        app = service.create_app(
-            conn, TopicAdmin(settings.kafka_bootstrap), settings, name, partitions, actor()
-        )
+    wiring = wiring_or_exit()
+    settings = wiring.settings
+    with database(wiring) as conn:
+        app = service.create_app(conn, wiring.admin, settings, name, partitions, actor())
     if as_json:
         echo_json(app | {"topic": settings.jobs_topic(name)})
     else:
@@ -40,8 +38,7 @@ def create(name: str, partitions: int, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def list_(as_json: bool) -> None:
     """List apps."""
-    settings = settings_or_exit()
-    with database(settings) as conn:
+    with database(wiring_or_exit()) as conn:
         rows = schedules.list_apps(conn)
     if as_json:
         echo_json(rows)

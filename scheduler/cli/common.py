@@ -1,4 +1,5 @@
-"""What every CLI command shares: settings, and the one-line error with a non-zero exit."""
+"""What every CLI command shares: settings and the composition root built from them, and the
+one-line error with a non-zero exit."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from scheduler.config import ConfigError, Settings, load_settings
 from scheduler.kafka.transport import KafkaUnavailable
 from scheduler.schedule.service import InvalidTransition, ScheduleNotFound
 from scheduler.schedule.spec import InvalidSchedule
-from scheduler.store import connect
 from scheduler.store.schedules import VersionConflict
+from scheduler.wiring import Wiring
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -32,6 +33,11 @@ def settings_or_exit() -> Settings:
         return load_settings()
     except ConfigError as exc:
         fail(str(exc), code=2)
+
+
+def wiring_or_exit() -> Wiring:
+    """What a command builds its clients with: the composition root for the configured settings."""
+    return Wiring(settings_or_exit())
 
 
 def to_jsonable(value: Any) -> Any:
@@ -76,14 +82,18 @@ def parse_instant(text: str, what: str) -> datetime:
 
 
 @contextmanager
-def database(settings: Settings) -> Iterator[psycopg.Connection[dict[str, Any]]]:
-    """A connection, with the usual failures turned into one line each."""
+def database(source: Wiring | Settings) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    """A connection to the wiring's database, with the usual failures turned into one line each.
+
+    A command that builds other clients too passes its :class:`Wiring`; settings alone get one of
+    their own."""
+    wiring = source if isinstance(source, Wiring) else Wiring(source)
     try:
-        with connect(settings.database_url) as conn:
+        with wiring.database.connect() as conn:
             yield conn
     except psycopg.OperationalError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        where = settings.database_display
+        where = wiring.database.display
         fail(f"cannot reach PostgreSQL at {where}: {reason} (is `scheduler dev up` running?)")
     except psycopg.errors.UndefinedTable:
         fail("the database has no scheduler schema: run `scheduler init` first")
@@ -92,4 +102,4 @@ def database(settings: Settings) -> Iterator[psycopg.Connection[dict[str, Any]]]
     except (ScheduleNotFound, VersionConflict, InvalidTransition) as exc:
         fail(str(exc))
     except KafkaUnavailable as exc:
-        fail(f"cannot reach Kafka at {settings.kafka_bootstrap}: {exc}")
+        fail(f"cannot reach Kafka at {wiring.settings.kafka_bootstrap}: {exc}")

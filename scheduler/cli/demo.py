@@ -24,9 +24,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from scheduler.cli.common import actor, database, settings_or_exit
+from scheduler.cli.common import actor, database, wiring_or_exit
 from scheduler.cli.init import initialise
-from scheduler.kafka.transport import TopicAdmin
 from scheduler.runtime.supervisor import Supervisor, pipeline_children
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
@@ -83,8 +82,9 @@ def _table(rows: list[dict[str, Any]]) -> Table:
 @click.option("--workers", type=click.IntRange(1, 16), default=2, show_default=True)
 def demo(duration: float | None, workers: int) -> None:
     """Run the whole pipeline with demo schedules and a live table of runs."""
-    settings = settings_or_exit()
-    applied, created = initialise(settings)
+    wiring = wiring_or_exit()
+    settings = wiring.settings
+    applied, created = initialise(wiring)
     click.echo(f"init: migrations {applied or 'up to date'}, topics {created or 'present'}")
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
@@ -93,8 +93,8 @@ def demo(duration: float | None, workers: int) -> None:
     # The demo's own endpoint is on loopback, which builtin:http refuses unless allow-listed.
     os.environ["SCHEDULER_HTTP_ALLOWLIST"] = ",".join([*settings.http_allowlist, "127.0.0.1"])
 
-    with database(settings) as conn:
-        service.create_app(conn, TopicAdmin(settings.kafka_bootstrap), settings, APP, 3, actor())
+    with database(wiring) as conn:
+        service.create_app(conn, wiring.admin, settings, APP, 3, actor())
         for old in schedule_store.list_schedules(conn, app=APP, state="active"):
             service.cancel(conn, old["id"], actor())  # a fresh screen on every `make run`
         now = schedule_store.db_now(conn)
@@ -133,7 +133,7 @@ def demo(duration: float | None, workers: int) -> None:
             if time.monotonic() - last < 0.5:
                 return
             last = time.monotonic()
-            with database(settings) as conn:
+            with database(wiring) as conn:
                 rows = run_store.list_runs(conn, app=APP, limit=20)
             live.update(_table(rows))
 

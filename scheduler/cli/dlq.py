@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import Progress, TextColumn
 from rich.table import Table
 
-from scheduler.cli.common import actor, database, echo_json, parse_instant, settings_or_exit, uuid_arg
+from scheduler.cli.common import actor, database, echo_json, parse_instant, uuid_arg, wiring_or_exit
 from scheduler.reconcile.replay import Replayer, ReplayFilter
 from scheduler.store import runs as store
 
@@ -31,8 +31,7 @@ def list_(
     app: str | None, schedule_id: UUID | None, since: str | None, until: str | None, limit: int, as_json: bool
 ) -> None:
     """List dead runs, newest first."""
-    settings = settings_or_exit()
-    with database(settings) as conn:
+    with database(wiring_or_exit()) as conn:
         rows = store.list_dead(
             conn,
             app=app,
@@ -77,7 +76,7 @@ def replay(
     as_json: bool,
 ) -> None:
     """Send dead runs through the pipeline again, each with a fresh attempt budget."""
-    settings = settings_or_exit()
+    wiring = wiring_or_exit()
     where = ReplayFilter(
         app=app,
         schedule_id=schedule_id,
@@ -86,8 +85,8 @@ def replay(
         until=parse_instant(until, "--until") if until else None,
         force=force,
     )
-    replayer = Replayer(settings)
-    with database(settings) as conn:
+    replayer = Replayer(wiring.settings, wiring.dispatcher)
+    with database(wiring) as conn:
         candidates = replayer.candidates(conn, where, limit)
         if dry_run:
             if as_json:

@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from scheduler.cli.common import database, echo_json, fail, settings_or_exit, uuid_arg
+from scheduler.cli.common import database, echo_json, fail, uuid_arg, wiring_or_exit
 from scheduler.domain.run_state import RunState
 from scheduler.store import runs as store
 
@@ -28,8 +28,7 @@ def runs() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def list_(schedule_id: UUID | None, app: str | None, state: str | None, limit: int, as_json: bool) -> None:
     """List runs, newest fire first."""
-    settings = settings_or_exit()
-    with database(settings) as conn:
+    with database(wiring_or_exit()) as conn:
         rows = store.list_runs(conn, schedule_id=schedule_id, app=app, state=state, limit=limit)
     if as_json:
         echo_json(rows)
@@ -53,8 +52,7 @@ def list_(schedule_id: UUID | None, app: str | None, state: str | None, limit: i
 @click.argument("run_id", type=uuid_arg)
 def get(run_id: UUID) -> None:
     """Print one run with its attempts as JSON."""
-    settings = settings_or_exit()
-    with database(settings) as conn:
+    with database(wiring_or_exit()) as conn:
         row = store.get_run(conn, run_id)
     if row is None:
         fail(f"no run {run_id}")

@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from scheduler.cli.common import actor, database, echo_json, fail, parse_instant, settings_or_exit, uuid_arg
+from scheduler.cli.common import actor, database, echo_json, fail, parse_instant, uuid_arg, wiring_or_exit
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleState
 from scheduler.schedule import service
 from scheduler.schedule.spec import MISFIRE_POLICIES, OVERLAP_POLICIES, ScheduleSpec
@@ -100,8 +100,7 @@ def create(
         misfire_policy=misfire,
         overlap_policy=overlap,
     )
-    settings = settings_or_exit()
-    with database(settings) as conn:
+    with database(wiring_or_exit()) as conn:
         echo_json(shown(service.create_schedule(conn, spec, actor())))
 
 
@@ -109,8 +108,7 @@ def create(
 @click.argument("schedule_id", type=uuid_arg)
 def get(schedule_id: UUID) -> None:
     """Print one schedule as JSON."""
-    settings = settings_or_exit()
-    with database(settings) as conn:
+    with database(wiring_or_exit()) as conn:
         row = store.get_schedule(conn, schedule_id)
     if row is None:
         fail(f"no schedule {schedule_id}")
@@ -124,8 +122,7 @@ def get(schedule_id: UUID) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def list_(app: str | None, state: str | None, limit: int, as_json: bool) -> None:
     """List schedules."""
-    settings = settings_or_exit()
-    with database(settings) as conn:
+    with database(wiring_or_exit()) as conn:
         rows = store.list_schedules(conn, app, state, limit)
     if as_json:
         echo_json([shown(r) for r in rows])
@@ -145,8 +142,7 @@ def _versioned(name: str, operation: Any, help_text: str) -> click.Command:
     @click.argument("schedule_id", type=uuid_arg)
     @click.option("--expect-version", type=int, help="Fail unless the schedule is at this version.")
     def command(schedule_id: UUID, expect_version: int | None) -> None:
-        settings = settings_or_exit()
-        with database(settings) as conn:
+        with database(wiring_or_exit()) as conn:
             echo_json(shown(operation(conn, schedule_id, actor(), expect_version)))
 
     return command
@@ -163,9 +159,9 @@ schedules.add_command(_versioned("cancel", service.cancel, "Cancel a schedule fo
 @click.argument("schedule_id", type=uuid_arg)
 def trigger(schedule_id: UUID) -> None:
     """Fire a schedule now, outside its timetable; prints the new run id."""
-    settings = settings_or_exit()
-    with database(settings) as conn:
-        run_id = service.trigger(conn, settings, schedule_id, actor())
+    wiring = wiring_or_exit()
+    with database(wiring) as conn:
+        run_id = service.trigger(conn, wiring.settings, schedule_id, actor(), wiring.dispatcher)
     echo_json({"schedule_id": schedule_id, "run_id": run_id})
 
 
@@ -178,8 +174,7 @@ def rejected(app: str | None, code: str | None, limit: int, as_json: bool) -> No
     """List schedule commands the ingestor rejected, newest first (also on <prefix>.schedules.rejected)."""
     from scheduler.store import ingest
 
-    settings = settings_or_exit()
-    with database(settings) as conn:
+    with database(wiring_or_exit()) as conn:
         rows = ingest.list_rejections(conn, code=code, app=app, limit=limit)
     if as_json:
         echo_json(rows)

@@ -120,6 +120,8 @@ class Schedule:
     version: int
     created_at: datetime
     updated_at: datetime
+    traceparent: str | None = None
+    """The W3C trace context of the schedule's creation, which a one-shot's run continues."""
 
     @property
     def execution(self) -> ExecutionSettings:

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 Headers = list[tuple[str, str | bytes | None]]
 
-# A 1 MiB payload is valid (DESIGN §2) and its job message adds the schedule's other fields on top;
+# A 1 MiB payload is valid (docs/architecture.md) and its job message adds the schedule's other fields on top;
 # librdkafka's default (1,000,000 bytes) would refuse it before it reached the broker.
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 

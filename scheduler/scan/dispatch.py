@@ -45,6 +45,7 @@ class JobDispatcher:
         attempt: int,
         deadline: datetime,
         previous_attempts: Sequence[FailedAttempt] = (),
+        traceparent: str | None = None,
     ) -> Message:
         message = JobMessage(
             run_id=run_id,
@@ -69,7 +70,8 @@ class JobDispatcher:
             # Keyed by schedule: the runs of one schedule stay in order on one partition.
             key=str(schedule_id).encode(),
             value=self.codec.encode(message),
-            headers={HEADER: new_traceparent()},
+            # The trace to continue (a one-shot's creation), or a trace of the run's own.
+            headers={HEADER: traceparent or new_traceparent()},
         )
 
 

@@ -145,6 +145,8 @@ class Scanner(Service):
                         scheduled_for=at,
                         attempt=1,
                         deadline=deadline,
+                        # A cron schedule's fires are traces of their own, not its creation's.
+                        traceparent=None if schedule.kind is ScheduleKind.CRON else schedule.traceparent,
                     )
                 runs.append(
                     NewRun(

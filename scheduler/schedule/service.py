@@ -29,6 +29,7 @@ from scheduler.schedule.spec import (
 from scheduler.store import scan, schedules
 from scheduler.store.entities import schedule_from_row
 from scheduler.store.scan import NewRun
+from scheduler.telemetry.tracing import SCHEDULE_CREATE, start_span_from_traceparent, traceparent_of_span
 
 Row = dict[str, Any]
 
@@ -94,6 +95,18 @@ def create_schedule(
 ) -> Row:
     validate(spec)
     schedule_id = schedule_id or uuid.uuid4()
+    attributes = {
+        "scheduler.app": spec.app,
+        "scheduler.schedule_id": str(schedule_id),
+        "job.type": spec.handler,
+    }
+    with start_span_from_traceparent(SCHEDULE_CREATE, None, attributes=attributes) as span:
+        return _create(conn, spec, actor, schedule_id, traceparent_of_span(span))
+
+
+def _create(
+    conn: psycopg.Connection[Row], spec: ScheduleSpec, actor: str, schedule_id: uuid.UUID, traceparent: str
+) -> Row:
     with conn.transaction():
         if schedules.get_app(conn, spec.app) is None:
             raise UnknownApp(
@@ -107,6 +120,7 @@ def create_schedule(
                 "id": schedule_id,
                 "name": spec.name or f"{spec.kind}-{str(schedule_id)[:8]}",
                 "next_fire_at": first_fire(spec, schedule_id, now),
+                "traceparent": traceparent,
             },
         )
         schedules.audit(conn, actor, "create", "schedule", str(schedule_id), None, row)

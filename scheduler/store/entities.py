@@ -54,6 +54,7 @@ def schedule_from_row(row: Mapping[str, Any]) -> Schedule:
         version=row["version"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        traceparent=row.get("traceparent"),
     )
 
 

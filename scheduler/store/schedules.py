@@ -44,7 +44,7 @@ def list_apps(conn: psycopg.Connection[Row]) -> list[Row]:
 
 
 def insert_schedule(conn: psycopg.Connection[Row], values: Row) -> Row:
-    params = values | {"payload": Jsonb(values["payload"])}
+    params = {"traceparent": None} | values | {"payload": Jsonb(values["payload"])}
     row = conn.execute(query("insert_schedule"), params).fetchone()
     assert row is not None
     return row

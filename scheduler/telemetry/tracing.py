@@ -61,6 +61,7 @@ __all__ = [
     "JOB_EXECUTION",
     "JOB_FAILURE",
     "JOB_SCHEDULING",
+    "SCHEDULE_CREATE",
     "TRACEPARENT_HEADER",
     "MessagingOperation",
     "child_span",
@@ -180,8 +181,10 @@ def _random_span_id() -> int:
 
 # --- span names -------------------------------------------------------------------------------
 
+SCHEDULE_CREATE: Final = "schedule.create"
+"""A schedule's creation; a one-shot schedule's run continues this trace."""
 JOB_SCHEDULING: Final = "job.scheduling"
-"""From the run's creation to its job message being handed on for dispatch (the scanner)."""
+"""From the run's outbox row's creation to Kafka's acknowledgement of its job message (the relay)."""
 JOB_EXECUTION: Final = "job.execution"
 """One attempt: the handler running in a worker."""
 JOB_FAILURE: Final = "job.failure"

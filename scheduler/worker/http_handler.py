@@ -6,7 +6,7 @@ every redirect hop, goes through :class:`PinnedTransport`, which resolves the ho
 the literal address or any resolved address is loopback, private, link-local, CGNAT, multicast,
 unspecified or reserved (unless ``SCHEDULER_HTTP_ALLOWLIST`` names the host or a network containing
 the address), and then connects to exactly the address it checked. The response decides the outcome
-as DESIGN §4 says: 2xx succeeds, 408, 429, 5xx, timeouts and connection errors are worth retrying,
+as docs/architecture.md says: 2xx succeeds, 408, 429, 5xx, timeouts and connection errors are worth retrying,
 any other 4xx is not.
 
 DNS pinning: the transport rewrites the request URL to the checked IP address and keeps the original

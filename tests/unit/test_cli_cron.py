@@ -1,4 +1,4 @@
-"""``scheduler cron next``, as a user runs it (DESIGN section 6)."""
+"""``scheduler cron next``, as a user runs it."""
 
 from __future__ import annotations
 

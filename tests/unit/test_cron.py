@@ -1,4 +1,4 @@
-"""The cron dialect of DESIGN section 4: fields, names, L/W/#, aliases, H, and clear errors."""
+"""The cron dialect: fields, names, L/W/#, aliases, H, and clear errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Daylight saving time, DESIGN section 4: Vixie's rules for fixed-time schedules, real time for
+"""Daylight saving time: Vixie's rules for fixed-time schedules, real time for
 wildcard ones, in zones with one-hour, 30-minute and 45-minute offsets and shifts."""
 
 from __future__ import annotations

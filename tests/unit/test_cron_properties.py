@@ -1,8 +1,8 @@
 """Property-based checks of fire times over many zones and dates (1990-2040).
 
 The oracle is deliberately naive and independent of the code under test: it visits every minute
-of a window around a real DST transition, reads the local wall clock there, and applies DESIGN
-section 4's rules directly.
+of a window around a real DST transition, reads the local wall clock there, and applies the
+daylight-saving rules of docs/architecture.md directly.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Retry maths of DESIGN section 4: attempts, and exponential backoff with full jitter."""
+"""Retry maths: attempts, and exponential backoff with full jitter."""
 
 from __future__ import annotations
 
