@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
@@ -18,8 +18,12 @@ SCHEDULER = str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "schedul
 T = TypeVar("T")
 
 
-def wait_for(condition: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.1) -> T:
-    """Poll until ``condition`` returns something truthy; fail with ``what`` after ``timeout_s``."""
+def wait_for(
+    condition: Callable[[], T | Literal[False] | None], timeout_s: float, what: str, interval_s: float = 0.1
+) -> T:
+    """Poll until ``condition`` returns something truthy, and return that; fail with ``what`` after
+    ``timeout_s``. ``None`` and ``False`` (as from ``cond and value``) are never returned, so they are
+    not part of the result's type."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()

@@ -1,10 +1,8 @@
 """The alert rules in monitoring/: valid for Prometheus, proven by promtool's unit tests, and written
 against the metric names the components export (a renamed metric breaks this test, not the pager).
 
-Needs only ``promtool`` (Debian's ``prometheus`` package), no PostgreSQL or Kafka. The rules file is
-read without a YAML library, which the project does not depend on: the reader below knows only the
-layout alerts.yml keeps (``- alert:`` items with ``expr``/``for``/``severity``/``runbook`` keys,
-expressions inline or as ``|`` blocks), and its rule count is checked against promtool's.
+Needs only ``promtool`` (Debian's ``prometheus`` package) and PyYAML (the test extra), no PostgreSQL
+or Kafka. Both files are read with ``yaml.safe_load``; the rule count is checked against promtool's.
 """
 
 from __future__ import annotations
@@ -12,20 +10,25 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 MONITORING = Path(__file__).resolve().parents[2] / "monitoring"
 RULES = MONITORING / "alerts.yml"
 RULE_TESTS = MONITORING / "alerts.test.yml"
 
 # The metric contract of the components: what each one exports at /metrics (plus Prometheus's `up`).
+# The scrape targets are the scanner, relay, reconciler, ingestor and worker (label app); the lease
+# sweeper and the buffer release run in the reconciler's process and export with its metrics.
 HISTOGRAMS = {
     "scheduler_scanner_fire_lag_seconds",  # scanner
     "scheduler_dispatch_lag_seconds",  # relay
     "job_execution_duration_seconds",  # worker
+    "scheduler_ingestor_batch_seconds",  # ingestor
 }
 METRICS = {
     # scanner
@@ -43,14 +46,17 @@ METRICS = {
     "job_queue_size",
     "scheduler_active_jobs",
     "scheduler_worker_concurrency",
+    "scheduler_worker_undecodable_total",
     "job_retry_count_total",
     "scheduler_consumer_lag",  # and the reconciler's
     # reconciler
     "scheduler_reconciler_events_total",
+    "scheduler_reconciler_undecodable_total",
     "scheduler_dead_letters_total",
     "scheduler_reconciler_last_batch_timestamp_seconds",
-    # lease sweeper
+    # reconciler: its lease sweeper and its buffer release
     "scheduler_lease_expiries_total",
+    "scheduler_buffered_runs_released_total",
     # ingestor
     "scheduler_ingestor_commands_total",
     "scheduler_ingestor_rejected_total",
@@ -59,6 +65,9 @@ METRICS = {
     "scheduler_build_info",
 }
 CONTRACT = METRICS | {f"{h}{suffix}" for h in HISTOGRAMS for suffix in ("_bucket", "_count", "_sum")}
+
+# The scrape targets' `component` labels (the lease sweeper and the buffer release are the reconciler's).
+COMPONENTS = {"scanner", "relay", "reconciler", "ingestor", "worker"}
 
 SEVERITIES = {"critical", "warning"}
 
@@ -74,49 +83,78 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([executable, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
+def load_yaml(path: Path) -> dict[str, object]:
+    document = yaml.safe_load(path.read_text())
+    assert isinstance(document, dict), f"{path.name}: not a mapping at the top"
+    return {str(key): value for key, value in document.items()}
+
+
+def items(value: object, what: str) -> list[dict[str, object]]:
+    """``value`` as a list of mappings with string keys (``what`` names it in a failure)."""
+    assert isinstance(value, list), f"{what}: not a list"
+    for item in value:
+        assert isinstance(item, Mapping), f"{what}: not a list of mappings: {item!r}"
+    return [{str(key): v for key, v in item.items()} for item in value]
+
+
+def strings(value: object, what: str) -> dict[str, str]:
+    """A rule's ``labels`` or ``annotations``: a mapping of strings (none is ``{}``)."""
+    if value is None:
+        return {}
+    assert isinstance(value, Mapping), f"{what}: not a mapping"
+    return {str(key): str(v) for key, v in value.items()}
+
+
 @dataclass
 class Rule:
     name: str
-    keys: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def expr(self) -> str:
-        return self.keys["expr"]
-
-
-_RULE_START = re.compile(r"^\s*- (?:alert|record): (\S+)\s*$")
-_KEY = re.compile(r"^(\s*)(expr|for|severity|runbook): ?(.*)$")
-_BLOCK = {"|", "|-", "|+", ">", ">-", ">+"}
+    expr: str
+    alert: bool
+    duration: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
 
 
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip())
-
-
-def read_rules(text: str) -> list[Rule]:
+def read_rules(document: Mapping[str, object]) -> list[Rule]:
     rules: list[Rule] = []
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        i += 1
-        if start := _RULE_START.match(line):
-            rules.append(Rule(start.group(1)))
-            continue
-        key = _KEY.match(line)
-        if key is None or not rules or key.group(2) in rules[-1].keys:
-            continue
-        indent, name, value = _indent(line), key.group(2), key.group(3).strip()
-        if value in _BLOCK:
-            block: list[str] = []
-            while i < len(lines) and (not lines[i].strip() or _indent(lines[i]) > indent):
-                block.append(lines[i].strip())
-                i += 1
-            value = "\n".join(block).strip()
-        elif value[:1] in {'"', "'"} and value[-1:] == value[:1]:
-            value = value[1:-1]
-        rules[-1].keys[name] = value
+    for group in items(document.get("groups"), "groups"):
+        for raw in items(group.get("rules"), f"group {group.get('name')}"):
+            name = raw.get("alert", raw.get("record"))
+            assert isinstance(name, str) and name, f"a rule without alert or record: {raw}"
+            expr = raw.get("expr")
+            assert isinstance(expr, str) and expr.strip(), f"{name}: no expr"
+            duration = raw.get("for")
+            rules.append(
+                Rule(
+                    name=name,
+                    expr=expr,
+                    alert="alert" in raw,
+                    duration=None if duration is None else str(duration),
+                    labels=strings(raw.get("labels"), f"{name}: labels"),
+                    annotations=strings(raw.get("annotations"), f"{name}: annotations"),
+                )
+            )
     return rules
+
+
+@dataclass
+class Case:
+    """One ``alert_rule_test`` item of the unit tests: an alert at a time, and whether it must fire."""
+
+    alertname: str
+    fires: bool
+
+
+def read_cases(document: Mapping[str, object]) -> list[Case]:
+    cases: list[Case] = []
+    for test in items(document.get("tests"), "tests"):
+        for case in items(test.get("alert_rule_test", []), f"test {test.get('name')}"):
+            alertname = case.get("alertname")
+            assert isinstance(alertname, str), f"test {test.get('name')}: a case without alertname"
+            expected = case.get("exp_alerts") or []
+            assert isinstance(expected, list), f"{alertname}: exp_alerts is not a list"
+            cases.append(Case(alertname, bool(expected)))
+    return cases
 
 
 _STRING = re.compile(r"\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|`[^`]*`")
@@ -145,7 +183,7 @@ def metric_names(expr: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def rules() -> list[Rule]:
-    return read_rules(RULES.read_text())
+    return read_rules(load_yaml(RULES))
 
 
 def test_promtool_accepts_the_rules_file(rules: list[Rule]) -> None:
@@ -171,22 +209,58 @@ def test_metric_names_reader() -> None:
     assert metric_names(expr) == {"job_scheduled_total", "x_bucket", "up", "last_seen"}
 
 
-def test_rules_use_only_the_metric_contract(rules: list[Rule]) -> None:
+def outside_contract(rules: list[Rule]) -> dict[str, list[str]]:
+    """The metric names each rule selects that no component exports, by rule (only the offenders)."""
     used = {rule.name: metric_names(rule.expr) for rule in rules}
     assert all(used.values()), f"rules selecting no metric (reader broken?): {used}"
-    unknown = {name: sorted(names - CONTRACT) for name, names in used.items() if names - CONTRACT}
+    return {name: sorted(names - CONTRACT) for name, names in used.items() if names - CONTRACT}
+
+
+def test_rules_use_only_the_metric_contract(rules: list[Rule]) -> None:
+    unknown = outside_contract(rules)
     assert not unknown, f"rules using metrics outside the components' contract: {unknown}"
 
 
-def test_every_alert_has_severity_runbook_and_a_firing_unit_test(rules: list[Rule]) -> None:
+def test_a_renamed_metric_breaks_the_contract_check(rules: list[Rule]) -> None:
+    rule = next(rule for rule in rules if "scheduler_outbox_oldest_age_seconds" in rule.expr)
+    renamed = Rule(
+        rule.name, rule.expr.replace("scheduler_outbox_oldest_age_seconds", "outbox_age_seconds"), True
+    )
+    assert outside_contract([renamed]) == {rule.name: ["outbox_age_seconds"]}
+
+
+_COMPONENT_MATCHER = re.compile(r"\bcomponent\s*(=~|!~|!=|=)\s*\"([^\"]*)\"")
+
+
+def test_component_matcher_reader() -> None:
+    expr = 'up{component=~"scanner|relay"} == 0 or absent(up{component = "ingestor"}) or x{component!="a"}'
+    assert _COMPONENT_MATCHER.findall(expr) == [("=~", "scanner|relay"), ("=", "ingestor"), ("!=", "a")]
+
+
+def test_rules_name_only_scraped_components(rules: list[Rule]) -> None:
+    named: dict[str, set[str]] = {}
     for rule in rules:
-        assert rule.keys.get("severity") in SEVERITIES, f"{rule.name}: severity {rule.keys.get('severity')}"
-        assert rule.keys.get("runbook") == f"docs/operations.md#{rule.name.lower()}", rule.name
-        assert "for" in rule.keys, f"{rule.name} has no for: duration"
-    tests = RULE_TESTS.read_text()
-    named = set(re.findall(r"alertname: (\w+)", tests))
-    firing = set(re.findall(r"alertname: (\w+)\n\s*exp_alerts:\n\s*- ", tests))
-    alerts = {rule.name for rule in rules}
+        values = {value for _, value in _COMPONENT_MATCHER.findall(rule.expr)}
+        values |= {rule.labels["component"]} if "component" in rule.labels else set()
+        named[rule.name] = {part for value in values for part in value.split("|")}
+    unknown = {name: sorted(parts - COMPONENTS) for name, parts in named.items() if parts - COMPONENTS}
+    assert not unknown, f"rules naming components that are no scrape target: {unknown}"
+
+
+def test_every_alert_has_severity_runbook_and_a_firing_unit_test(rules: list[Rule]) -> None:
+    alerts = [rule for rule in rules if rule.alert]
+    assert alerts
+    for rule in alerts:
+        severity = rule.labels.get("severity")
+        assert severity in SEVERITIES, f"{rule.name}: severity {severity}"
+        assert rule.annotations.get("runbook") == f"docs/operations.md#{rule.name.lower()}", rule.name
+        assert rule.annotations.get("summary"), f"{rule.name} has no summary"
+        assert rule.annotations.get("description"), f"{rule.name} has no description"
+        assert rule.duration, f"{rule.name} has no for: duration"
+    cases = read_cases(load_yaml(RULE_TESTS))
+    named = {case.alertname for case in cases}
+    firing = {case.alertname for case in cases if case.fires}
+    names = {rule.name for rule in alerts}
     # A case naming no rule passes silently in promtool (it expects nothing and gets nothing).
-    assert named <= alerts, f"unit tests naming unknown alerts: {sorted(named - alerts)}"
-    assert firing == alerts, f"alerts without a case where they fire: {sorted(alerts - firing)}"
+    assert named <= names, f"unit tests naming unknown alerts: {sorted(named - names)}"
+    assert firing == names, f"alerts without a case where they fire: {sorted(names - firing)}"
