@@ -21,10 +21,9 @@ import psycopg
 
 from scheduler.config import Settings, load_settings
 from scheduler.devstack import LocalStack
-from scheduler.kafka.transport import TopicAdmin
 from scheduler.runtime.supervisor import stop_processes
-from scheduler.store import connect
 from scheduler.store.migrate import migrate
+from scheduler.wiring import Wiring
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -44,16 +43,16 @@ def isolated_settings(label: str) -> Iterator[Settings]:
     url = base_url.rsplit("/", 1)[0] + f"/{name}"
     prefix = f"bench{uuid.uuid4().hex[:6]}"
     settings = load_settings(env | {"SCHEDULER_DATABASE_URL": url, "SCHEDULER_TOPIC_PREFIX": prefix})
-    with connect(url) as conn:
+    wiring = Wiring(settings)
+    with wiring.database.connect() as conn:
         migrate(conn)
-    TopicAdmin(settings.kafka_bootstrap).ensure_topics(settings.core_topics, partitions=6)
+    wiring.admin.ensure_topics(settings.core_topics, partitions=6)
     try:
         yield settings
     finally:
         with psycopg.connect(base_url, autocommit=True) as admin:
             admin.execute(f'drop database if exists "{name}" with (force)')
-        admin_client = TopicAdmin(settings.kafka_bootstrap)
-        admin_client.delete_topics([t for t in admin_client.topics() if t.startswith(prefix + ".")])
+        wiring.admin.delete_topics([t for t in wiring.admin.topics() if t.startswith(prefix + ".")])
 
 
 def component_env(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -133,8 +132,9 @@ def create_bench_app(settings: Settings, partitions: int, name: str = BENCH_APP)
     """The app every benchmark's jobs belong to, with its topic."""
     from scheduler.schedule import service
 
-    with connect(settings.database_url) as conn:
-        service.create_app(conn, TopicAdmin(settings.kafka_bootstrap), settings, name, partitions, "bench")
+    wiring = Wiring(settings)
+    with wiring.database.connect() as conn:
+        service.create_app(conn, wiring.admin, settings, name, partitions, "bench")
 
 
 def pipeline_commands(workers: int, concurrency: int, app: str = BENCH_APP) -> list[list[str]]:

@@ -19,9 +19,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import component_env, isolated_settings, percentiles, record, running, wait_until
-from scheduler.kafka.transport import TopicAdmin
 from scheduler.schedule import service
-from scheduler.store import connect
+from scheduler.wiring import Wiring
 
 STAGES = {
     "scan": ("scheduled_for", "created_at"),
@@ -37,16 +36,15 @@ def run_e2e(
     jobs: int, partitions: int, workers: int, concurrency: int, scanners: int = 1, relays: int = 1
 ) -> dict[str, Any]:
     with isolated_settings("e2e") as settings:
-        with connect(settings.database_url) as conn:
-            service.create_app(
-                conn, TopicAdmin(settings.kafka_bootstrap), settings, "bench", partitions, "bench"
-            )
+        wiring = Wiring(settings)
+        with wiring.database.connect() as conn:
+            service.create_app(conn, wiring.admin, settings, "bench", partitions, "bench")
         commands = [["scanner"]] * scanners + [["relay"]] * relays + [["reconciler"]]
         commands += [["worker", "--app", "bench", "--concurrency", str(concurrency)]] * workers
         env = component_env(
             settings, {"SCHEDULER_SCAN_BATCH_SIZE": "2000", "SCHEDULER_RELAY_BATCH_SIZE": "2000"}
         )
-        with running(commands, env), connect(settings.database_url) as conn:
+        with running(commands, env), wiring.database.connect() as conn:
             time.sleep(3)  # let the workers join their group before the burst
             started = time.monotonic()
             conn.execute(

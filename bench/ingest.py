@@ -38,7 +38,7 @@ from bench.common import (
     running,
     wait_until,
 )
-from scheduler.store import connect
+from scheduler.wiring import Wiring
 
 YEARLY = "0 0 1 1 *"
 
@@ -94,7 +94,7 @@ def run_avro(commands: int, partitions: int) -> dict[str, Any]:
         write_commands(batch, commands, "avro")
         with (
             running([["ingestor"]], env, RESULTS / "logs" / "ingest"),
-            connect(settings.database_url) as conn,
+            Wiring(settings).database.connect() as conn,
         ):
             produce(env, warm)
             wait_until(lambda: schedule_count(conn, "warm") >= 10, 120, interval_s=0.1)

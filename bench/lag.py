@@ -42,7 +42,8 @@ from bench.common import (
     running,
     warm_up,
 )
-from scheduler.store import connect, query
+from scheduler.store import query
+from scheduler.wiring import Wiring
 
 Conn = psycopg.Connection[Any]
 LOGS = RESULTS / "logs"
@@ -136,10 +137,11 @@ def run_lag(
 ) -> dict[str, Any]:
     fires = max(1, round(rate * window_s))
     with isolated_settings(f"lag{rate}") as settings:
+        wiring = Wiring(settings)
         create_bench_app(settings, partitions)
         idle_insert_s = None
         if idle:
-            with connect(settings.database_url) as conn:
+            with wiring.database.connect() as conn:
                 idle_insert_s = round(insert_idle(conn, idle), 2)
         env = component_env(
             settings,
@@ -148,7 +150,7 @@ def run_lag(
         )
         with (
             running(pipeline_commands(workers, concurrency), env, LOGS / f"lag-{rate}-{idle}"),
-            connect(settings.database_url) as conn,
+            wiring.database.connect() as conn,
         ):
             time.sleep(3)  # the workers join their group
             warm_up(conn, WARM_UP_JOBS)

@@ -15,9 +15,9 @@ from datetime import UTC, datetime, timedelta
 from confluent_kafka import Consumer, TopicPartition
 
 from bench.common import component_env, isolated_settings, running, wait_until
-from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import JobMessage, RetryPolicy
-from scheduler.kafka.transport import OutgoingMessage, Producer, TopicAdmin, producer_config
+from scheduler.kafka.transport import OutgoingMessage
+from scheduler.wiring import Wiring
 
 
 def results_count(bootstrap: str, topic: str, partitions: int) -> int:
@@ -37,9 +37,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     args = parser.parse_args()
     with isolated_settings("worker") as settings:
+        wiring = Wiring(settings)
         topic = settings.jobs_topic("bench")
-        TopicAdmin(settings.kafka_bootstrap).ensure_topics([topic], partitions=12)
-        codec = AvroCodec()
+        wiring.admin.ensure_topics([topic], partitions=12)
+        codec = wiring.codec
         now = datetime.now(UTC)
         messages = []
         for _ in range(args.jobs):
@@ -51,7 +52,7 @@ def main() -> None:
                 backoff_max_ms=60_000),
             )  # fmt: skip
             messages.append(OutgoingMessage(topic, codec.encode(job), run_id.bytes))
-        Producer(producer_config(settings.kafka, "bench")).send(messages)
+        wiring.producer("bench").send(messages)
         commands = [["worker", "--app", "bench", "--concurrency", str(args.concurrency)]] * args.workers
         with running(commands, component_env(settings)):
             started = time.monotonic()

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
+from scheduler.client import ScheduleClient
 from scheduler.config import Settings
 from scheduler.ingest.ingestor import MAX_REJECTION_BYTES, Ingestor, RejectionPublisher
 from scheduler.kafka.avro import AvroCodec
@@ -94,6 +95,13 @@ class Wiring:
         """A consumer is rebuilt after a transport failure, so components get a factory."""
         config = consumer_config(self.settings.kafka, group, client_id, overrides)
         return lambda: Consumer(config, topics)
+
+    def schedule_client(self, client_id: str) -> ScheduleClient:
+        """A producer of schedule commands for the configured cluster, prefix and schema registry.
+
+        The client is a public library class that builds its own codec and producer; this is the
+        one place the CLI gets one from."""
+        return ScheduleClient.from_settings(self.settings, client_id=client_id)
 
     def kafka_check(self) -> Check:
         admin = self.admin

@@ -2,6 +2,10 @@
 
 Errors a user can cause (bad input, a stack that is not up) print one line to stderr and exit
 non-zero; ``UsageError`` exits 2, ``ClickException`` 1.
+
+A command's spans (``schedules create`` leaves one) are exported as service ``scheduler-cli`` when
+the ``OTEL_*`` variables ask for it, and flushed when the command ends. ``scheduler run`` is left
+alone: each component configures tracing under its own name, and the first configuration wins.
 """
 
 from __future__ import annotations
@@ -18,12 +22,18 @@ from scheduler.cli.produce import produce
 from scheduler.cli.run import run
 from scheduler.cli.runs import runs
 from scheduler.cli.schedules import schedules
+from scheduler.telemetry.tracing import configure_tracing, shutdown_tracing
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kafka-pg-scheduler")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """A distributed job scheduler on Kafka and PostgreSQL."""
+    if ctx.invoked_subcommand == run.name:
+        return
+    configure_tracing("cli")
+    ctx.call_on_close(shutdown_tracing)
 
 
 main.add_command(apps)

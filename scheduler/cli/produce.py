@@ -35,8 +35,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from scheduler.cli.common import echo_json, fail, settings_or_exit
-from scheduler.client import KAFKA_LOG, CommandFormatError, DeliveryError, ScheduleClient, command_from_json
+from scheduler.cli.common import echo_json, fail, wiring_or_exit
+from scheduler.client import KAFKA_LOG, CommandFormatError, DeliveryError, command_from_json
 from scheduler.kafka.avro import MessageEncodeError
 from scheduler.kafka.registry import RegistryUnavailable
 
@@ -93,7 +93,7 @@ class _Tally:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON only.")
 def produce(path: Path | None, as_json: bool) -> None:
     """Produce Avro ScheduleCommands from JSON lines onto <prefix>.schedules."""
-    settings = settings_or_exit()
+    wiring = wiring_or_exit()
     # Connection trouble shows as failed lines; librdkafka's retry chatter would bury them.
     KAFKA_LOG.addHandler(logging.NullHandler())
     KAFKA_LOG.propagate = False
@@ -112,7 +112,7 @@ def produce(path: Path | None, as_json: bool) -> None:
         console=err,
     )
     try:
-        client = ScheduleClient.from_settings(settings, client_id="scheduler-produce")
+        client = wiring.schedule_client("scheduler-produce")
     except RegistryUnavailable as exc:
         fail(str(exc))
     started = time.monotonic()
@@ -136,7 +136,7 @@ def produce(path: Path | None, as_json: bool) -> None:
     except RegistryUnavailable as exc:
         fail(str(exc))
     except DeliveryError as exc:
-        fail(f"Kafka at {settings.kafka_bootstrap} did not answer: {exc}")
+        fail(f"Kafka at {wiring.settings.kafka_bootstrap} did not answer: {exc}")
     finally:
         if path is not None:
             stream.close()
