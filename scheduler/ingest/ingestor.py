@@ -195,7 +195,7 @@ class Ingestor(Service):
         self.settings = settings
         self.database = database
         self.batch_size = batch_size
-        self.name = name
+        self.instance = name  # this process's instance of the service (``self.name`` is its role)
         self.codec = codec
         self.dispatcher = dispatcher
         self.publisher = publisher

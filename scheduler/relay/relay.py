@@ -64,7 +64,7 @@ class Relay(Service):
         self.database = database
         self.producer = producer
         self.kafka_check = kafka_check
-        self.name = name
+        self.instance = name  # this process's instance of the service (``self.name`` is its role)
         self.claim_seconds = settings.relay_claim_s
         self._conn: psycopg.Connection[dict[str, Any]] | None = None
         self._wakeup: Wakeup | None = None
@@ -111,7 +111,7 @@ class Relay(Service):
         conn = self._connection()
         try:
             with conn.transaction():
-                rows = outbox.claim(conn, self.name, self.settings.relay_batch_size, self.claim_seconds)
+                rows = outbox.claim(conn, self.instance, self.settings.relay_batch_size, self.claim_seconds)
             if not rows:
                 return BatchReport(0, 0, 0, 0)
             ids = [row.id for row in rows]
@@ -122,11 +122,11 @@ class Relay(Service):
             except TransportError:
                 metrics.FAILURES.inc()
                 with conn.transaction():
-                    outbox.release(conn, self.name, ids)
+                    outbox.release(conn, self.instance, ids)
                 raise
             publish_s = time.monotonic() - started
             with conn.transaction():
-                done = outbox.complete(conn, self.name, ids)
+                done = outbox.complete(conn, self.instance, ids)
         except psycopg.OperationalError:
             # The connection is gone; the next attempt opens a new one.
             conn.close()

@@ -154,7 +154,14 @@ class Service(ABC):
                     self.log.info("recovered after %d failed attempts", self.status.failures)
                 self.status.succeeded()
                 if not more and not stop.is_set():
-                    self.idle(stop)
+                    try:
+                        self.idle(stop)
+                    except self.transient as error:
+                        # A wake-up connection that broke while idle: the next step rebuilds
+                        # it, and backs off there should the dependency still be down.
+                        self.status.failed(error)
+                        self.log.warning("%s while idle; rebuilding clients", self.status.last_error)
+                        self.reset()
                     self.status.turned()
             self.status.stopping = True
             self.drain()

@@ -137,7 +137,7 @@ class Worker(Service):
         self.topic = topics.jobs
         self.concurrency = concurrency
         self.grace_s = grace_s
-        self.name = name
+        self.instance = name  # this process's instance of the service (``self.name`` is its role)
         self.codec = codec
         self.handlers = handlers
         self.progress = Progress()
@@ -514,7 +514,7 @@ class Worker(Service):
             schedule_id=job.schedule_id,
             app=job.app,
             attempt=job.attempt,
-            worker=self.name,
+            worker=self.instance,
             started_at=started,
         )
         self._produce(self.topics.results, job.run_id, self.codec.encode(event), delivery, outcome=False)
@@ -531,7 +531,7 @@ class Worker(Service):
             schedule_id=job.schedule_id,
             app=job.app,
             attempt=job.attempt,
-            worker=self.name,
+            worker=self.instance,
             started_at=started,
             finished_at=datetime.now(UTC),
             result=result_json,
@@ -564,7 +564,7 @@ class Worker(Service):
                 schedule_id=job.schedule_id,
                 app=job.app,
                 attempt=job.attempt,
-                worker=self.name,
+                worker=self.instance,
                 started_at=started,
                 finished_at=finished,
                 error=error,
@@ -580,7 +580,7 @@ class Worker(Service):
             finished_at=finished,
             error=error,
             error_class=error_class,
-            worker=self.name,
+            worker=self.instance,
             started_at=started,
         )
         dead = JobDeadLetter(
@@ -590,7 +590,7 @@ class Worker(Service):
             run_id=job.run_id,
             schedule_id=job.schedule_id,
             attempt=job.attempt,
-            worker=self.name,
+            worker=self.instance,
             started_at=started,
             finished_at=finished,
             error=error,
@@ -637,7 +637,7 @@ class Worker(Service):
             run_id=None,
             schedule_id=None,
             attempt=None,
-            worker=self.name,
+            worker=self.instance,
             started_at=None,
             finished_at=datetime.now(UTC),
             error=reason,
