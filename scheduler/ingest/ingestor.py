@@ -39,6 +39,7 @@ from scheduler.kafka.registry import Framing, RegistryUnavailable, SchemaRegistr
 from scheduler.kafka.tracing import HEADER, child_traceparent, traceparent_of
 from scheduler.kafka.transport import (
     Consumer,
+    ConsumerSlot,
     DeliveryError,
     Offset,
     OutgoingMessage,
@@ -48,7 +49,7 @@ from scheduler.kafka.transport import (
 )
 from scheduler.runtime.service import Check, Service
 from scheduler.scan.dispatch import JobDispatcher
-from scheduler.store.database import Database
+from scheduler.store.database import Database, Session
 from scheduler.store.ingest import Rejection, Source
 
 log = logging.getLogger(__name__)
@@ -200,31 +201,22 @@ class Ingestor(Service):
         self.dispatcher = dispatcher
         self.publisher = publisher
         self.kafka_check = kafka_check
-        self._consumers = consumers
-        self._consumer: Consumer | None = None
-        self._conn: psycopg.Connection[Row] | None = None
+        self.consumer = ConsumerSlot(consumers)
+        self.session = Session(database)
         self._last_lag = 0.0
 
     def checks(self) -> Sequence[Check]:
-        def group() -> str | None:
-            if self._consumer is None:
-                raise RuntimeError("no consumer (being rebuilt)")
-            return None
-
-        return (self.database.check(), self.kafka_check, Check("consumer_group", group))
+        return (self.database.check(), self.kafka_check, self.consumer.check())
 
     def step(self) -> bool:
-        if self._consumer is None:
-            self._consumer = self._consumers()
-        if self._conn is None or self._conn.closed:
-            self._conn = self.database.connect()
-        messages = self._consumer.consume(self.batch_size, POLL_S)
+        consumer, conn = self.consumer.consumer, self.session.conn
+        messages = consumer.consume(self.batch_size, POLL_S)
         if messages:
             batch = [consumed(m) for m in messages]
-            self.ingest(self._conn, batch)
-            _commit(self._consumer, batch)
+            self.ingest(conn, batch)
+            _commit(consumer, batch)
         if time.monotonic() - self._last_lag >= 1.0:
-            for partition, behind in self._consumer.lag().items():
+            for partition, behind in consumer.lag().items():
                 metrics.CONSUMER_LAG.labels(partition.topic, str(partition.partition)).set(behind)
             self._last_lag = time.monotonic()
         return True  # consuming waits for messages itself
@@ -232,12 +224,8 @@ class Ingestor(Service):
     def reset(self) -> None:
         # The consumer's position is past a batch that was not committed: a new consumer starts
         # from the committed offsets and so reads that batch again.
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            _close_quietly(consumer)
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
+        self.consumer.close()
+        self.session.close()
 
     def close(self) -> None:
         self.reset()
@@ -325,10 +313,3 @@ def _commit(consumer: Consumer, batch: Sequence[Consumed]) -> None:
         consumer.commit(next_offsets(batch))
     except TransportError as exc:
         log.info("offset commit failed (%s); the batch is applied and a re-read finds it so", exc)
-
-
-def _close_quietly(consumer: Consumer) -> None:
-    try:
-        consumer.close()
-    except RuntimeError as exc:  # TransportError, or confluent-kafka's "consumer closed"
-        log.debug("closing the consumer: %s", exc)

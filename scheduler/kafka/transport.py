@@ -24,6 +24,7 @@ from confluent_kafka import Producer as _Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from scheduler.kafka.connection import KafkaConnection
+from scheduler.runtime.service import Check
 
 log = logging.getLogger(__name__)
 
@@ -478,6 +479,45 @@ def _partitions(partitions: Iterable[TopicPartition]) -> list[Partition]:
 
 def _topic_partitions(partitions: Iterable[Partition]) -> list[TopicPartition]:
     return [TopicPartition(p.topic, p.partition) for p in partitions]
+
+
+class ConsumerSlot:
+    """A service's consumer: built on first use, closed and dropped after a failure, and so built
+    afresh (from the committed offsets) by the next use. Every consuming service holds one."""
+
+    def __init__(self, factory: Callable[[], Consumer]) -> None:
+        self._factory = factory
+        self._consumer: Consumer | None = None
+
+    @property
+    def consumer(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = self._factory()
+        return self._consumer
+
+    @property
+    def built(self) -> Consumer | None:
+        """The consumer if there is one now (for probes and gauges, which must not build one)."""
+        return self._consumer
+
+    def check(self) -> Check:
+        """Readiness of the group membership: a consumer exists (joining or assigned)."""
+
+        def probe() -> str | None:
+            consumer = self._consumer
+            if consumer is None:
+                raise ConsumerError("no consumer: it is being rebuilt")
+            return None
+
+        return Check("consumer_group", probe)
+
+    def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            try:
+                consumer.close()
+            except RuntimeError as exc:  # TransportError, or confluent-kafka's "consumer closed"
+                log.debug("closing a consumer: %s", exc)
 
 
 class TopicAdmin:

@@ -20,9 +20,8 @@ from scheduler.reconcile import metrics
 from scheduler.runtime.service import Check, Service
 from scheduler.scan.dispatch import JobDispatcher, lease_expiry
 from scheduler.store import reconcile as store
-from scheduler.store.database import Database
+from scheduler.store.database import Database, Session
 from scheduler.store.entities import execution_from_row
-from scheduler.store.listen import Wakeup
 from scheduler.store.scan import NewRun, notify_outbox
 
 RUN_FINISHED_CHANNEL = "scheduler_run_finished"
@@ -37,36 +36,25 @@ class BufferRelease(Service):
         super().__init__("buffer-release")
         self.database = database
         self.dispatcher = dispatcher
-        self._conn: psycopg.Connection[Row] | None = None
-        self._wakeup: Wakeup | None = None
+        self.session = Session(database, RUN_FINISHED_CHANNEL)
 
     def checks(self) -> Sequence[Check]:
         return (self.database.check(),)
 
     def step(self) -> bool:
-        if self._conn is None or self._conn.closed:
-            self._conn = self.database.connect()
-        if self._wakeup is None:
-            self._wakeup = self.database.wakeup(RUN_FINISHED_CHANNEL)
-        released = self.release(self._conn)
+        released = self.release(self.session.conn)
         if released:
             metrics.BUFFERED_RELEASED.inc(released)
         return False
 
     def idle(self, stop: threading.Event) -> None:
-        if self._wakeup is None:
-            stop.wait(POLL_S)
-            return
-        self._wakeup.wait(POLL_S, stop)
+        self.session.wait(POLL_S, stop)
 
     def reset(self) -> None:
-        for closable in (self._conn, self._wakeup):
-            if closable is not None:
-                closable.close()
-        self._conn, self._wakeup = None, None
+        self.session.close()
 
     def close(self) -> None:
-        self.reset()
+        self.session.close()
 
     def release(self, conn: psycopg.Connection[Row]) -> int:
         """Dispatch every waiting fire whose schedule is free now, in one transaction."""

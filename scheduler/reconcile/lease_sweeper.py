@@ -26,7 +26,7 @@ from scheduler.reconcile import metrics
 from scheduler.runtime.service import Check, Service
 from scheduler.scan.dispatch import JobDispatcher
 from scheduler.store import reconcile as store
-from scheduler.store.database import Database
+from scheduler.store.database import Database, Session
 from scheduler.store.entities import execution_from_row
 
 BATCH = 2000
@@ -54,26 +54,22 @@ class LeaseSweeper(Service):
         self.codec = codec
         self.kafka_check = kafka_check
         self.dlq_topic = dlq_topic
-        self._conn: psycopg.Connection[Row] | None = None
+        self.session = Session(database)
 
     def checks(self) -> Sequence[Check]:
         return (self.database.check(), self.kafka_check)
 
     def step(self) -> bool:
-        if self._conn is None or self._conn.closed:
-            self._conn = self.database.connect()
-        return self.sweep(self._conn) >= BATCH
+        return self.sweep(self.session.conn) >= BATCH
 
     def idle(self, stop: threading.Event) -> None:
         stop.wait(SWEEP_EVERY_S)
 
     def reset(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
+        self.session.close()
 
     def close(self) -> None:
-        self.reset()
+        self.session.close()
         self.producer.close()
 
     def sweep(self, conn: psycopg.Connection[Row], now: datetime | None = None) -> int:

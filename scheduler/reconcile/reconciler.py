@@ -27,11 +27,11 @@ from scheduler.config import Settings
 from scheduler.domain.run_state import RunState
 from scheduler.kafka.avro import AvroCodec, MessageDecodeError
 from scheduler.kafka.messages import JobDeadLetter, JobResult, JobRetry
-from scheduler.kafka.transport import Consumer, Offset, Received, TransportError
+from scheduler.kafka.transport import Consumer, ConsumerSlot, Offset, Received, TransportError
 from scheduler.reconcile import metrics
 from scheduler.runtime.service import Check, Service
 from scheduler.store import reconcile as store
-from scheduler.store.database import Database
+from scheduler.store.database import Database, Session
 from scheduler.store.reconcile import OutcomeEvent, UndecodableLetter
 from scheduler.telemetry.tracing import (
     job_outcome_attributes,
@@ -73,44 +73,31 @@ class Reconciler(Service):
         self.codec = codec
         self.kafka_check = kafka_check
         self.group = f"{settings.topic_prefix}.reconciler"
-        self._consumers = consumers
-        self._consumer: Consumer | None = None
-        self._conn: psycopg.Connection[Row] | None = None
+        self.consumer = ConsumerSlot(consumers)
+        self.session = Session(database)
         self._last_lag = 0.0
         self._tracing = tracing_exports()
 
     def checks(self) -> Sequence[Check]:
-        def group() -> str | None:
-            if self._consumer is None:
-                raise RuntimeError("no consumer (being rebuilt)")
-            return None
-
-        return (self.database.check(), self.kafka_check, Check("consumer_group", group))
+        return (self.database.check(), self.kafka_check, self.consumer.check())
 
     def step(self) -> bool:
-        if self._consumer is None:
-            self._consumer = self._consumers()
-        if self._conn is None or self._conn.closed:
-            self._conn = self.database.connect()
-        messages = self._consumer.consume(BATCH, POLL_S)
+        consumer, conn = self.consumer.consumer, self.session.conn
+        messages = consumer.consume(BATCH, POLL_S)
         if messages:
-            self.apply(self._conn, messages)
-            self._consumer.commit(next_offsets(messages))
+            self.apply(conn, messages)
+            consumer.commit(next_offsets(messages))
         metrics.LAST_BATCH.set(time.time())
         if time.monotonic() - self._last_lag >= LAG_EVERY_S:
-            for partition, behind in self._consumer.lag().items():
+            for partition, behind in consumer.lag().items():
                 metrics.CONSUMER_LAG.labels(partition.topic, str(partition.partition)).set(behind)
             self._last_lag = time.monotonic()
         return True  # consuming waits for messages itself
 
     def reset(self) -> None:
         # A new consumer starts from the committed offsets: the batch that failed is read again.
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            consumer.close()
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
+        self.consumer.close()
+        self.session.close()
 
     def close(self) -> None:
         self.reset()

@@ -16,7 +16,6 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 from opentelemetry.trace import SpanKind
@@ -27,8 +26,7 @@ from scheduler.kafka.transport import OutgoingMessage, Producer, TransportError
 from scheduler.relay import metrics
 from scheduler.runtime.service import Check, Service
 from scheduler.store import outbox
-from scheduler.store.database import Database
-from scheduler.store.listen import Wakeup
+from scheduler.store.database import Database, Session
 from scheduler.store.outbox import OutboxRow
 from scheduler.telemetry.tracing import (
     JOB_SCHEDULING,
@@ -66,26 +64,19 @@ class Relay(Service):
         self.kafka_check = kafka_check
         self.instance = name  # this process's instance of the service (``self.name`` is its role)
         self.claim_seconds = settings.relay_claim_s
-        self._conn: psycopg.Connection[dict[str, Any]] | None = None
-        self._wakeup: Wakeup | None = None
+        self.session = Session(database, CHANNEL)
         self._last_stats = 0.0
         self._tracing = tracing_exports()
 
     def checks(self) -> Sequence[Check]:
         return (self.database.check(), self.kafka_check)
 
-    def _connection(self) -> psycopg.Connection[dict[str, Any]]:
-        if self._conn is None or self._conn.closed:
-            self._conn = self.database.connect()
-        return self._conn
-
     def step(self) -> bool:
-        if self._wakeup is None:
-            self._wakeup = self.database.wakeup(CHANNEL)
         report = self.relay_once()
         if time.monotonic() - self._last_stats >= STATS_EVERY_S:
-            with self._connection().transaction():
-                stats = outbox.stats(self._connection())
+            conn = self.session.conn
+            with conn.transaction():
+                stats = outbox.stats(conn)
             metrics.OUTBOX_DEPTH.set(stats.depth)
             metrics.OUTBOX_OLDEST_AGE.set(stats.oldest_age_s)
             self._last_stats = time.monotonic()
@@ -93,22 +84,18 @@ class Relay(Service):
 
     def idle(self, stop: threading.Event) -> None:
         """Woken by the scanner's NOTIFY; never idle longer than a second (a lapsed claim)."""
-        if self._wakeup is not None:
-            self._wakeup.wait(IDLE_WAKE_S, stop)
+        self.session.wait(IDLE_WAKE_S, stop)
 
     def reset(self) -> None:
-        for closable in (self._conn, self._wakeup):
-            if closable is not None:
-                closable.close()
-        self._conn, self._wakeup = None, None
+        self.session.close()
 
     def close(self) -> None:
-        self.reset()
+        self.session.close()
         self.producer.close()
 
     def relay_once(self) -> BatchReport:
         """Claim, publish and complete one batch; raises if Kafka or PostgreSQL failed."""
-        conn = self._connection()
+        conn = self.session.conn
         try:
             with conn.transaction():
                 rows = outbox.claim(conn, self.instance, self.settings.relay_batch_size, self.claim_seconds)

@@ -30,8 +30,7 @@ from scheduler.runtime.service import Check, Service
 from scheduler.scan import metrics
 from scheduler.scan.dispatch import JobDispatcher, lease_expiry
 from scheduler.store import scan as store
-from scheduler.store.database import Database
-from scheduler.store.listen import Wakeup
+from scheduler.store.database import Database, Session
 from scheduler.store.scan import DueRetry, DueSchedule, NewRun, NextAttempt, ScheduleAdvance
 
 CHANNEL = "scheduler_due"
@@ -56,22 +55,18 @@ class Scanner(Service):
         self.database = database
         self.dispatcher = dispatcher
         self.catchup_window = timedelta(seconds=settings.catchup_window_s)
-        self._conn: psycopg.Connection[Row] | None = None
-        self._wakeup: Wakeup | None = None
+        self.session = Session(database, CHANNEL)
         self._due_in: float | None = None
 
     def checks(self) -> Sequence[Check]:
         return (self.database.check(),)
 
     def step(self) -> bool:
-        if self._conn is None or self._conn.closed:
-            self._conn = self.database.connect()
-        if self._wakeup is None:
-            self._wakeup = self.database.wakeup(CHANNEL)
-        report = self.scan_once(self._conn)
+        conn = self.session.conn
+        report = self.scan_once(conn)
         batch = self.settings.scan_batch_size
-        with self._conn.transaction():
-            self._due_in = store.next_due_in(self._conn)
+        with conn.transaction():
+            self._due_in = store.next_due_in(conn)
         # Negative: the oldest due fire is that late, which is what the scan lag reports.
         metrics.SCAN_LAG.set(0.0 if self._due_in is None else max(0.0, -self._due_in))
         return report.schedules >= batch or report.retries >= batch
@@ -79,17 +74,13 @@ class Scanner(Service):
     def idle(self, stop: threading.Event) -> None:
         """Until the next due time by the database clock, a NOTIFY, or ``max_scan_sleep_s``."""
         sleep = self.settings.max_scan_sleep_s if self._due_in is None else self._due_in
-        if self._wakeup is not None:
-            self._wakeup.wait(min(max(sleep, 0.0), self.settings.max_scan_sleep_s), stop)
+        self.session.wait(min(max(sleep, 0.0), self.settings.max_scan_sleep_s), stop)
 
     def reset(self) -> None:
-        for closable in (self._conn, self._wakeup):
-            if closable is not None:
-                closable.close()
-        self._conn, self._wakeup = None, None
+        self.session.close()
 
     def close(self) -> None:
-        self.reset()
+        self.session.close()
 
     def scan_once(self, conn: psycopg.Connection[Row], now: datetime | None = None) -> ScanReport:
         """One batch in one transaction. ``now`` replaces the database clock in tests."""

@@ -6,6 +6,7 @@ URL themselves. ``display`` is the connection target without credentials, for lo
 
 from __future__ import annotations
 
+import threading
 from typing import Any, LiteralString
 
 import psycopg
@@ -40,3 +41,37 @@ class Database:
 
     def __repr__(self) -> str:
         return f"Database({self.display})"
+
+
+class Session:
+    """A service's connection to PostgreSQL (and its LISTEN wake-up, when it has a channel): opened
+    on first use, dropped by :meth:`close` after a failure, and so opened afresh by the next use.
+    Every database service holds one, so "a broken connection is rebuilt" is written once."""
+
+    def __init__(self, database: Database, channel: LiteralString | None = None) -> None:
+        self.database = database
+        self.channel = channel
+        self._conn: psycopg.Connection[dict[str, Any]] | None = None
+        self._wakeup: Wakeup | None = None
+
+    @property
+    def conn(self) -> psycopg.Connection[dict[str, Any]]:
+        if self._conn is None or self._conn.closed:
+            self._conn = self.database.connect()
+        if self.channel is not None and self._wakeup is None:
+            # Listening before the work is read: a NOTIFY that follows is never missed.
+            self._wakeup = self.database.wakeup(self.channel)
+        return self._conn
+
+    def wait(self, timeout_s: float, stop: threading.Event) -> None:
+        """Until the channel is notified, ``timeout_s`` passes, or ``stop`` is set."""
+        if self._wakeup is None:
+            stop.wait(timeout_s)
+        else:
+            self._wakeup.wait(timeout_s, stop)
+
+    def close(self) -> None:
+        for closable in (self._conn, self._wakeup):
+            if closable is not None:
+                closable.close()
+        self._conn, self._wakeup = None, None

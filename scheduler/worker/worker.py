@@ -49,6 +49,8 @@ from scheduler.kafka.messages import (
 from scheduler.kafka.tracing import HEADER, child_traceparent, traceparent_of
 from scheduler.kafka.transport import (
     Consumer,
+    ConsumerError,
+    ConsumerSlot,
     DeliveryError,
     Offset,
     OutgoingMessage,
@@ -156,8 +158,9 @@ class Worker(Service):
         # thread too (a full producer queue polls there), so they only queue; the main thread settles.
         self._done: queue.SimpleQueue[tuple[Delivery, bool]] = queue.SimpleQueue()
         self._producer = producer
-        self._consumers = consumers
-        self._consumer_instance: Consumer | None = None
+        self._slot = ConsumerSlot(
+            lambda: consumers(on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
+        )
         self._assigned: frozenset[Partition] = frozenset()
         self._loop = asyncio.new_event_loop()
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="job")
@@ -173,16 +176,12 @@ class Worker(Service):
 
     @property
     def _consumer(self) -> Consumer:
-        if self._consumer_instance is None:
-            self._consumer_instance = self._consumers(
-                on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
-            )
-        return self._consumer_instance
+        return self._slot.consumer
 
     def checks(self) -> Sequence[Check]:
         def group() -> str | None:
-            if self._consumer_instance is None:
-                raise RuntimeError("no consumer (being rebuilt)")
+            if self._slot.built is None:
+                raise ConsumerError("no consumer: it is being rebuilt")
             assigned = len(self._assigned)
             return f"{assigned} partitions assigned" if assigned else "joining the group"
 
@@ -210,9 +209,7 @@ class Worker(Service):
 
     def reset(self) -> None:
         # A rebuilt consumer joins the group afresh; closing this one revokes (and commits) first.
-        consumer, self._consumer_instance = self._consumer_instance, None
-        if consumer is not None:
-            consumer.close()
+        self._slot.close()
 
     def close(self) -> None:
         self._shutdown()
@@ -221,9 +218,10 @@ class Worker(Service):
         with self._counts_lock:
             running = self._running
         metrics.ACTIVE_JOBS.labels(self.app).set(running)
-        if self._consumer_instance is None:
+        consumer = self._slot.built
+        if consumer is None:
             return
-        lag = self._consumer_instance.lag()
+        lag = consumer.lag()
         metrics.QUEUE_SIZE.labels(self.app).set(sum(lag.values()))
         for partition, behind in lag.items():
             metrics.CONSUMER_LAG.labels(partition.topic, str(partition.partition)).set(behind)
@@ -361,9 +359,7 @@ class Worker(Service):
         self._loop_thread.join(5)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._producer.close(5)
-        if self._consumer_instance is not None:
-            self._consumer_instance.close()
-            self._consumer_instance = None
+        self._slot.close()
 
     # --- event loop thread --------------------------------------------------------------------
 
