@@ -25,6 +25,7 @@ from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.registry import SchemaRegistry, registry_for
 from scheduler.kafka.transport import (
     Consumer,
+    KafkaUnavailable,
     Producer,
     TopicAdmin,
     consumer_config,
@@ -41,7 +42,8 @@ from scheduler.store.database import Database
 from scheduler.worker.handlers import HandlerRegistry
 from scheduler.worker.worker import Worker, WorkerTopics
 
-KAFKA_PROBE_TIMEOUT_S = 2.0
+# Under a kubelet's default probe timeout of a second.
+KAFKA_PROBE_TIMEOUT_S = 0.8
 R = TypeVar("R", bound=Reconciler)
 
 
@@ -103,11 +105,16 @@ class Wiring:
         one place the CLI gets one from."""
         return ScheduleClient.from_settings(self.settings, client_id=client_id)
 
-    def kafka_check(self) -> Check:
+    def kafka_check(self, topic: str | None = None) -> Check:
+        """Kafka answers a metadata request (and, given ``topic``, has that topic)."""
         admin = self.admin
 
         def probe() -> str | None:
-            return f"{admin.ping(KAFKA_PROBE_TIMEOUT_S) * 1000:.1f} ms metadata round trip"
+            if topic is None:
+                return f"{admin.ping(KAFKA_PROBE_TIMEOUT_S) * 1000:.1f} ms metadata round trip"
+            if topic not in admin.topics(KAFKA_PROBE_TIMEOUT_S):
+                raise KafkaUnavailable(f"topic {topic} does not exist: is its app created?")
+            return None
 
         return Check("kafka", probe)
 
@@ -182,7 +189,7 @@ class Wiring:
             # Outcomes must not be lost: librdkafka retries a delivery for as long as this allows.
             producer=self.producer(name, {"message.timeout.ms": 300_000}),
             consumers=lambda **callbacks: Consumer(consumer, [topics.jobs], **callbacks),
-            kafka_check=self.kafka_check(),
+            kafka_check=self.kafka_check(topics.jobs),
             concurrency=concurrency,
             grace_s=grace_s,
             name=name,

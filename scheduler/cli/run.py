@@ -15,6 +15,7 @@ import click
 from scheduler.cli.common import fail, settings_or_exit
 from scheduler.runtime.process import run_component
 from scheduler.runtime.service import Service
+from scheduler.schedule.spec import InvalidSchedule, validate_app_name
 from scheduler.telemetry.logs import configure_logging
 from scheduler.telemetry.tracing import configure_tracing, shutdown_tracing
 from scheduler.wiring import Wiring
@@ -40,18 +41,23 @@ def _serve(
         fail(str(exc), code=2)
     configure_tracing(component)
     wiring = Wiring(settings)
+    port = metrics_port if metrics_port is not None else settings.metrics_port
     try:
         services = build(wiring)
         code = run_component(
             component,
             services,
             wiring.registry_of(component),
-            metrics_port=metrics_port if metrics_port is not None else settings.metrics_port,
+            metrics_port=port,
             metrics_host=settings.metrics_host,
             grace_s=grace_s,
         )
     except OSError as exc:
-        fail(f"{component}: {exc}")  # e.g. the metrics port is taken
+        reason = exc.strerror or str(exc)
+        fail(
+            f"{component}: cannot listen on {settings.metrics_host}:{port} "
+            f"(--metrics-port or SCHEDULER_METRICS_PORT, SCHEDULER_METRICS_HOST): {reason}"
+        )
     finally:
         shutdown_tracing()
     raise SystemExit(code)
@@ -99,6 +105,10 @@ def ingestor(metrics_port: int | None) -> None:
 @metrics_port_option
 def worker(app: str, concurrency: int, grace: float, metrics_port: int | None) -> None:
     """Execute the jobs of one app (a consumer group member of its topic)."""
+    try:
+        validate_app_name(app)
+    except InvalidSchedule as exc:
+        fail(str(exc), code=2)
     _serve("worker", lambda w: [w.worker(app, concurrency, grace)], metrics_port, grace_s=grace)
 
 
@@ -129,5 +139,13 @@ def all_(apps: tuple[str, ...], workers: int, concurrency: int, metrics_port: in
         with database(settings) as conn:
             apps = tuple(row["name"] for row in schedules.list_apps(conn))
     base = metrics_port if metrics_port is not None else settings.metrics_port
-    supervisor = Supervisor(pipeline_children(apps, workers, concurrency), metrics_port=base)
+    children = pipeline_children(apps, workers, concurrency)
+    if base is not None and base + len(children) - 1 > 65535:
+        last = base + len(children) - 1
+        fail(f"--metrics-port {base}: {len(children)} components need ports {base} to {last}", code=2)
+    if not apps:
+        click.echo(
+            "warning: no apps yet, so no workers (create one with `scheduler apps create NAME`)", err=True
+        )
+    supervisor = Supervisor(children, metrics_port=base)
     raise SystemExit(supervisor.run())

@@ -131,12 +131,33 @@ DeliveryCallback = Callable[[DeliveryError | None], None]
 RebalanceCallback = Callable[[list[Partition]], None]
 
 
+ERROR_LOG_EVERY_S = 60.0
+
+
+class _ClientErrors:
+    """librdkafka's error events as our own log lines: one warning per kind of error a minute,
+    not librdkafka's own line per reconnect attempt (hundreds a minute while a broker is down)."""
+
+    def __init__(self, client_id: str) -> None:
+        self.client_id = client_id
+        self._logged: dict[str, float] = {}
+
+    def __call__(self, err: KafkaError) -> None:
+        now = time.monotonic()
+        name = err.name()
+        if now - self._logged.get(name, -ERROR_LOG_EVERY_S) >= ERROR_LOG_EVERY_S:
+            self._logged[name] = now
+            log.warning("Kafka client %s: %s (%s)", self.client_id, err.str(), name)
+
+
 def _base_config(connection: KafkaConnection, client_id: str) -> dict[str, Any]:
     return connection.librdkafka() | {
         "client.id": client_id,
         "socket.keepalive.enable": True,
-        # librdkafka logs reconnect attempts at error level; ours are reported by our own errors.
-        "log_level": 3,
+        # Only librdkafka's critical lines reach stderr unformatted; its errors (a refused
+        # connection, a failed SASL handshake) come through error_cb as our own warnings.
+        "log_level": 2,
+        "error_cb": _ClientErrors(client_id),
     }
 
 

@@ -98,6 +98,7 @@ class _Child:
     failures: int = 0
     restart_at: float | None = None
     history: list[int] = field(default_factory=list)
+    signalled: bool = False  # told to stop: it gets one SIGTERM, never a second
 
 
 class Supervisor:
@@ -125,23 +126,37 @@ class Supervisor:
         child.proc = subprocess.Popen(component_argv(child.spec.args, child.port), env=self._env)
         child.started_at = time.monotonic()
         child.restart_at = None
+        child.signalled = False
 
     def _stop_all(self, signum: int = 0, _frame: object = None) -> None:
+        """Idempotent: a second Ctrl-C while the children drain changes nothing."""
         if not self._stopping and signum:
             log.info("received %s, stopping every component", signal.Signals(signum).name)
         self._stopping = True
+        self._signal_children()
+
+    def _signal_children(self) -> None:
         for child in self._children:
-            if child.proc is not None and child.proc.poll() is None:
+            if child.proc is not None and child.proc.poll() is None and not child.signalled:
+                child.signalled = True
                 child.proc.send_signal(signal.SIGTERM)
+
+    def _stopped_cleanly(self, child: _Child) -> bool:
+        if child.proc is None:
+            return True  # never started: stopped before its turn
+        code = child.proc.returncode
+        # Killed by the SIGTERM we sent before it had installed its handler: a stop, not a crash.
+        return code == 0 or (child.signalled and code == -signal.SIGTERM)
 
     def run(self) -> int:
         """Until Ctrl-C or SIGTERM; 0 when every child stopped cleanly at the end."""
         signal.signal(signal.SIGTERM, self._stop_all)
         signal.signal(signal.SIGINT, self._stop_all)
-        for child in self._children:
-            self._start(child)
         width = max((len(c.spec.name) for c in self._children), default=0)
         for child in self._children:
+            if self._stopping:
+                break  # a stop during start-up: the rest are not started at all
+            self._start(child)
             assert child.proc is not None
             where = f"  health and metrics on port {child.port}" if child.port is not None else ""
             self._echo(f"{child.spec.name:<{width}}  pid {child.proc.pid}{where}")
@@ -152,17 +167,15 @@ class Supervisor:
                     self._tick()
                 time.sleep(0.1)
         finally:
-            if not self._stopping:
-                self._stop_all()
+            self._stopping = True
+            self._signal_children()  # also any started after the signal arrived
             stop_processes(
                 [c.proc for c in self._children if c.proc is not None], self._grace_s, signal=False
             )
-        failed = [c for c in self._children if c.proc is None or c.proc.returncode != 0]
+        failed = [c for c in self._children if not self._stopped_cleanly(c)]
         for child in failed:
-            code = None if child.proc is None else child.proc.returncode
-            log.error(
-                "%s stopped with %s", child.spec.name, "no process" if code is None else describe_exit(code)
-            )
+            assert child.proc is not None
+            log.error("%s stopped with %s", child.spec.name, describe_exit(child.proc.returncode))
         return 1 if failed else 0
 
     def _watch(self) -> None:

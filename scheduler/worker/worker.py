@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, SpanKind, use_span
 
 from scheduler.domain.retry import RetryPolicy
 from scheduler.kafka.avro import AvroCodec, MessageDecodeError
@@ -67,6 +67,7 @@ from scheduler.telemetry.tracing import (
     job_outcome_attributes,
     kafka_attributes,
     record_failure,
+    span_context_from_traceparent,
     start_span_from_traceparent,
     traceparent_of_span,
     tracing_exports,
@@ -83,6 +84,7 @@ COMMIT_EVERY_S = 0.2
 MAX_UNACKED = 20_000
 PAUSE_AFTER_FULL_S = 5.0
 DEFAULT_GRACE_S = 30.0
+CANCEL_WAIT_S = 2.0
 
 
 METRICS_EVERY_S = 1.0
@@ -223,6 +225,8 @@ class Worker(Service):
             return
         lag = consumer.lag()
         metrics.QUEUE_SIZE.labels(self.app).set(sum(lag.values()))
+        # Cleared first: a partition revoked since the last look must not keep its old value.
+        metrics.CONSUMER_LAG.clear()
         for partition, behind in lag.items():
             metrics.CONSUMER_LAG.labels(partition.topic, str(partition.partition)).set(behind)
 
@@ -353,15 +357,30 @@ class Worker(Service):
         self._commit(asynchronous=False)
 
     def _shutdown(self) -> None:
-        for task in list(self._tasks):
-            self._loop.call_soon_threadsafe(task.cancel)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._loop_thread.join(5)
+        if self._tasks:
+            # Their offsets stay uncommitted, so the group redelivers them to another member.
+            log.warning("%d jobs still running after the grace period are abandoned", len(self._tasks))
+        if self._loop_thread.is_alive():
+            try:
+                # Cancelled on the loop and awaited there, so each job's own cleanup runs in its
+                # own context rather than when the loop is torn down.
+                asyncio.run_coroutine_threadsafe(self._cancel_jobs(), self._loop).result(CANCEL_WAIT_S + 1)
+            except Exception:  # a job that ignores cancellation: the loop is stopped regardless
+                log.debug("cancelling the jobs", exc_info=True)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(5)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._producer.close(5)
         self._slot.close()
 
     # --- event loop thread --------------------------------------------------------------------
+
+    async def _cancel_jobs(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
 
     def _start_jobs(self, deliveries: list[Delivery]) -> None:
         for delivery in deliveries:
@@ -390,7 +409,10 @@ class Worker(Service):
             return
         with log_context(app=job.app, schedule_id=job.schedule_id, run_id=job.run_id, attempt=job.attempt):
             if not self._tracing:
-                await self._attempt(delivery, job, started)
+                # No span of our own, but the job's trace: log lines still carry its trace id.
+                parent = span_context_from_traceparent(delivery.traceparent)
+                with use_span(NonRecordingSpan(parent) if parent is not None else INVALID_SPAN):
+                    await self._attempt(delivery, job, started)
                 return
             attributes = job_attributes(
                 job.run_id,
@@ -431,8 +453,9 @@ class Worker(Service):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            # Stored as "<class>: <error>", so the class is not repeated in the error itself.
             return self._failed(
-                delivery, job, started, f"{type(exc).__name__}: {exc}", type(exc).__name__, True
+                delivery, job, started, str(exc) or type(exc).__name__, type(exc).__name__, True
             )
         self._succeeded(delivery, job, started, result)
         return "succeeded", None
