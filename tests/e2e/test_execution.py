@@ -202,6 +202,8 @@ def test_a_worker_killed_mid_job_loses_nothing(
                     ).fetchall()
                 raise AssertionError(f"runs by state: {states}\n{survivor.output()[-2000:]}") from None
         finally:
+            if victim.proc.poll() is None:  # the test failed before killing it
+                victim.kill()
             assert survivor.stop() == 0
     done = runs(settings)
     assert len(done) == jobs and {r["state"] for r in done} == {"succeeded"}
