@@ -95,6 +95,7 @@ def _new_schedule(command: ValidCommand, schedule_id: uuid.UUID, now: datetime) 
         jitter_ms=spec.jitter_ms,
         next_fire_at=service.first_fire(spec, schedule_id, now),
         actor=command.actor,
+        traceparent=command.consumed.traceparent,
     )
 
 

@@ -65,6 +65,7 @@ class NewKeyedSchedule:
     next_fire_at: datetime | None
     """None: due at the database's now (immediate)."""
     actor: str
+    traceparent: str | None = None  # the command's trace context, which a one-shot's run continues
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +169,7 @@ def create_keyed_schedules(conn: psycopg.Connection[Row], new: Sequence[NewKeyed
             "jitter_ms": [n.jitter_ms for n in new],
             "next_fire_at": [n.next_fire_at for n in new],
             "actors": [n.actor for n in new],
+            "traceparents": [n.traceparent for n in new],
         },
     ).fetchall()
     return {r["id"] for r in rows}

@@ -61,10 +61,11 @@ with new as (
                   %(end_at)s::timestamptz[], %(handlers)s::text[], %(payloads)s::text[],
                   %(max_attempts)s::int[], %(backoff_base_ms)s::int[], %(backoff_max_ms)s::int[],
                   %(timeout_ms)s::int[], %(misfire_policies)s::text[], %(overlap_policies)s::text[],
-                  %(jitter_ms)s::int[], %(next_fire_at)s::timestamptz[], %(actors)s::text[])
+                  %(jitter_ms)s::int[], %(next_fire_at)s::timestamptz[], %(actors)s::text[],
+                  %(traceparents)s::text[])
            as n(id, app, schedule_key, name, kind, cron, tz, run_at, start_at, end_at, handler, payload,
                 max_attempts, backoff_base_ms, backoff_max_ms, timeout_ms, misfire_policy, overlap_policy,
-                jitter_ms, next_fire_at, actor)
+                jitter_ms, next_fire_at, actor, traceparent)
 ), keyed as (
     insert into schedule_keys (app, schedule_key, schedule_id)
     select app, schedule_key, id from new order by app, schedule_key
@@ -73,12 +74,12 @@ with new as (
 ), inserted as (
     insert into schedules (id, app, name, kind, cron, tz, run_at, start_at, end_at, handler, payload,
                            max_attempts, backoff_base_ms, backoff_max_ms, timeout_ms, misfire_policy,
-                           overlap_policy, jitter_ms, state, next_fire_at)
+                           overlap_policy, jitter_ms, state, next_fire_at, traceparent)
     select n.id, n.app, n.name, n.kind, n.cron, n.tz, n.run_at, n.start_at, n.end_at, n.handler,
            n.payload::jsonb, n.max_attempts, n.backoff_base_ms, n.backoff_max_ms, n.timeout_ms,
            n.misfire_policy, n.overlap_policy, n.jitter_ms, 'active',
            -- An immediate schedule is due at the database's now, as in insert_schedule.
-           coalesce(n.next_fire_at, now())
+           coalesce(n.next_fire_at, now()), n.traceparent
       from new n
       join keyed k on k.schedule_id = n.id
     returning *
