@@ -216,10 +216,7 @@ class Ingestor(Service):
             self.ingest(conn, batch)
             _commit(consumer, batch)
         if time.monotonic() - self._last_lag >= 1.0:
-            # Cleared first: a partition revoked since the last look must not keep its old value.
-            metrics.CONSUMER_LAG.clear()
-            for partition, behind in consumer.lag().items():
-                metrics.CONSUMER_LAG.labels(partition.topic, str(partition.partition)).set(behind)
+            self.consumer.observe_lag(metrics.CONSUMER_LAG)
             self._last_lag = time.monotonic()
         return True  # consuming waits for messages itself
 

@@ -22,6 +22,7 @@ from confluent_kafka import Consumer as _Consumer
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka import Producer as _Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from prometheus_client import Gauge
 
 from scheduler.kafka.connection import KafkaConnection
 from scheduler.runtime.service import Check
@@ -520,6 +521,19 @@ class ConsumerSlot:
     def built(self) -> Consumer | None:
         """The consumer if there is one now (for probes and gauges, which must not build one)."""
         return self._consumer
+
+    def observe_lag(self, gauge: Gauge) -> int | None:
+        """Set ``gauge{topic,partition}`` to each assigned partition's lag; returns their sum, or
+        None when there is no consumer. Cleared first: a partition revoked since the last look
+        must not keep reporting its old value."""
+        consumer = self._consumer
+        if consumer is None:
+            return None
+        lag = consumer.lag()
+        gauge.clear()
+        for partition, behind in lag.items():
+            gauge.labels(partition.topic, str(partition.partition)).set(behind)
+        return sum(lag.values())
 
     def check(self) -> Check:
         """Readiness of the group membership: a consumer exists (joining or assigned)."""

@@ -89,10 +89,7 @@ class Reconciler(Service):
             consumer.commit(next_offsets(messages))
         metrics.LAST_BATCH.set(time.time())
         if time.monotonic() - self._last_lag >= LAG_EVERY_S:
-            # Cleared first: a partition revoked since the last look must not keep its old value.
-            metrics.CONSUMER_LAG.clear()
-            for partition, behind in consumer.lag().items():
-                metrics.CONSUMER_LAG.labels(partition.topic, str(partition.partition)).set(behind)
+            self.consumer.observe_lag(metrics.CONSUMER_LAG)
             self._last_lag = time.monotonic()
         return True  # consuming waits for messages itself
 

@@ -220,15 +220,9 @@ class Worker(Service):
         with self._counts_lock:
             running = self._running
         metrics.ACTIVE_JOBS.labels(self.app).set(running)
-        consumer = self._slot.built
-        if consumer is None:
-            return
-        lag = consumer.lag()
-        metrics.QUEUE_SIZE.labels(self.app).set(sum(lag.values()))
-        # Cleared first: a partition revoked since the last look must not keep its old value.
-        metrics.CONSUMER_LAG.clear()
-        for partition, behind in lag.items():
-            metrics.CONSUMER_LAG.labels(partition.topic, str(partition.partition)).set(behind)
+        waiting = self._slot.observe_lag(metrics.CONSUMER_LAG)
+        if waiting is not None:
+            metrics.QUEUE_SIZE.labels(self.app).set(waiting)
 
     def _free_slots(self) -> int:
         with self._counts_lock:
