@@ -82,12 +82,8 @@ def parse_instant(text: str, what: str) -> datetime:
 
 
 @contextmanager
-def database(source: Wiring | Settings) -> Iterator[psycopg.Connection[dict[str, Any]]]:
-    """A connection to the wiring's database, with the usual failures turned into one line each.
-
-    A command that builds other clients too passes its :class:`Wiring`; settings alone get one of
-    their own."""
-    wiring = source if isinstance(source, Wiring) else Wiring(source)
+def database(wiring: Wiring) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    """A connection to the wiring's database, with the usual failures turned into one line each."""
     try:
         with wiring.database.connect() as conn:
             yield conn

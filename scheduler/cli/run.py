@@ -136,7 +136,7 @@ def all_(apps: tuple[str, ...], workers: int, concurrency: int, metrics_port: in
     except ValueError as exc:
         fail(str(exc), code=2)
     if not apps:
-        with database(settings) as conn:
+        with database(Wiring(settings)) as conn:
             apps = tuple(row["name"] for row in schedules.list_apps(conn))
     base = metrics_port if metrics_port is not None else settings.metrics_port
     children = pipeline_children(apps, workers, concurrency)

@@ -547,12 +547,16 @@ class ConsumerSlot:
         return Check("consumer_group", probe)
 
     def close(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            try:
-                consumer.close()
-            except RuntimeError as exc:  # TransportError, or confluent-kafka's "consumer closed"
-                log.debug("closing a consumer: %s", exc)
+        consumer = self._consumer
+        if consumer is None:
+            return
+        try:
+            # Still ``built`` while it closes: its revoke callback commits through it.
+            consumer.close()
+        except RuntimeError as exc:  # TransportError, or confluent-kafka's "consumer closed"
+            log.debug("closing a consumer: %s", exc)
+        finally:
+            self._consumer = None
 
 
 class TopicAdmin:
@@ -567,15 +571,18 @@ class TopicAdmin:
             config |= {"log_level": 0, "socket.connection.setup.timeout.ms": 2000}
         self._admin = AdminClient(config)
 
-    def ping(self, timeout_s: float = 5.0) -> float:
-        """Seconds one metadata round trip took; raises :class:`KafkaUnavailable` without an answer."""
-        started = time.monotonic()
+    def _metadata(self, timeout_s: float, topic: str | None = None) -> Any:
         try:
-            metadata = self._admin.list_topics(timeout=timeout_s)
+            return self._admin.list_topics(topic, timeout=timeout_s)
         except KafkaException as exc:
             raise _from_exception(
                 KafkaUnavailable, "Kafka did not answer a metadata request: ", exc
             ) from None
+
+    def ping(self, timeout_s: float = 5.0) -> float:
+        """Seconds one metadata round trip took; raises :class:`KafkaUnavailable` without an answer."""
+        started = time.monotonic()
+        metadata = self._metadata(timeout_s)
         if not metadata.brokers:
             raise KafkaUnavailable("Kafka answered a metadata request with no brokers")
         return time.monotonic() - started
@@ -621,22 +628,10 @@ class TopicAdmin:
         raise KafkaUnavailable(f"topics {sorted(names)} not visible after {timeout_s:.0f} s")
 
     def topics(self, timeout_s: float = 10.0) -> set[str]:
-        try:
-            metadata = self._admin.list_topics(timeout=timeout_s)
-        except KafkaException as exc:
-            raise _from_exception(
-                KafkaUnavailable, "Kafka did not answer a metadata request: ", exc
-            ) from None
-        return {name for name in metadata.topics if not name.startswith("__")}
+        return {name for name in self._metadata(timeout_s).topics if not name.startswith("__")}
 
     def partitions(self, topic: str, timeout_s: float = 10.0) -> int:
-        try:
-            metadata = self._admin.list_topics(topic, timeout=timeout_s)
-        except KafkaException as exc:
-            raise _from_exception(
-                KafkaUnavailable, "Kafka did not answer a metadata request: ", exc
-            ) from None
-        return len(metadata.topics[topic].partitions)
+        return len(self._metadata(timeout_s, topic).topics[topic].partitions)
 
     def delete_topics(self, names: Sequence[str], timeout_s: float = 30.0) -> None:
         if not names:

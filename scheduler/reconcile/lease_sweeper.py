@@ -82,7 +82,18 @@ class LeaseSweeper(Service):
         if dead:
             # After the commit: a dead letter on Kafka for a run PostgreSQL does not call dead would
             # be a lie, while a letter lost here is still in PostgreSQL (`dlq list` reads it there).
-            self.producer.send([self._dead_letter(row) for row in dead])
+            try:
+                self.producer.send([self._dead_letter(row) for row in dead])
+            except TransportError:
+                # Said out loud, not skipped: the runs stay dead with their error in PostgreSQL
+                # (`scheduler dlq list` shows them), but no letter for them reaches the topic.
+                self.log.error(
+                    "%d dead letters of expired leases not published to %s; runs %s",
+                    len(dead),
+                    self.dlq_topic,
+                    ", ".join(str(row["id"]) for row in dead[:20]),
+                )
+                raise
         for row in swept:
             outcome = "dead" if row["state"] == RunState.DEAD else "retry"
             metrics.LEASE_EXPIRIES.labels(outcome).inc()

@@ -17,11 +17,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 from typing import Any
 
 import psycopg
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import Span, SpanKind, use_span
 
 from scheduler.config import Settings
 from scheduler.domain.run_state import RunState
@@ -34,11 +33,12 @@ from scheduler.store import reconcile as store
 from scheduler.store.database import Database, Session
 from scheduler.store.reconcile import OutcomeEvent, UndecodableLetter
 from scheduler.telemetry.tracing import (
+    ending,
     job_outcome_attributes,
     kafka_attributes,
+    message_span,
     messaging_span_name,
     record_failure,
-    start_span_from_traceparent,
     tracing_exports,
 )
 
@@ -172,14 +172,11 @@ class Reconciler(Service):
         decoded = [self.decode(m) for m in messages]
         events = [d for d in decoded if isinstance(d, OutcomeEvent)]
         letters = [d for d in decoded if isinstance(d, UndecodableLetter)]
-        with ExitStack() as spans:
-            if self._tracing:
-                self._trace(messages, decoded, spans)
-            with conn.transaction():
-                applied = store.apply_outcomes(conn, events)
-                store.record_undecodable(conn, letters)
-                if applied.finished:
-                    store.notify_run_finished(conn)
+        with ending(self._trace(messages, decoded) if self._tracing else ()), conn.transaction():
+            applied = store.apply_outcomes(conn, events)
+            store.record_undecodable(conn, letters)
+            if applied.finished:
+                store.notify_run_finished(conn)
         metrics.EVENTS.labels("applied").inc(applied.applied)
         metrics.EVENTS.labels("stale").inc(applied.stale)
         metrics.EVENTS.labels("duplicate").inc(applied.duplicate)
@@ -191,9 +188,9 @@ class Reconciler(Service):
         self,
         messages: Sequence[Received],
         decoded: Sequence[OutcomeEvent | UndecodableLetter | None],
-        spans: ExitStack,
-    ) -> None:
+    ) -> list[Span]:
         """One ``process`` span per outcome, in its job's trace, ended when the batch is applied."""
+        spans = []
         for message, event in zip(messages, decoded, strict=True):
             attributes = kafka_attributes(
                 "process",
@@ -203,21 +200,20 @@ class Reconciler(Service):
                 consumer_group=self.group,
             )
             if isinstance(event, OutcomeEvent):
-                status = {"retry": RunState.RETRY_WAIT, "started": RunState.RUNNING}.get(
-                    event.kind, event.kind
-                )
+                status = OUTCOME_STATES.get(event.kind, event.kind)
                 attributes |= {"job.id": str(event.run_id), "job.retry_count": event.attempt - 1}
                 attributes |= job_outcome_attributes(str(status))
-            spans.enter_context(
-                start_span_from_traceparent(
-                    messaging_span_name("process", message.topic),
-                    message.header("traceparent"),
-                    SpanKind.CONSUMER,
-                    attributes,
-                )
+            span = message_span(
+                messaging_span_name("process", message.topic),
+                message.header("traceparent"),
+                SpanKind.CONSUMER,
+                attributes,
             )
             if isinstance(event, OutcomeEvent) and event.kind == "dead":
-                record_failure(event.error_class or "Error", event.error)
+                with use_span(span, end_on_exit=False):
+                    record_failure(event.error_class or "Error", event.error)
+            spans.append(span)
+        return spans
 
 
 def next_offsets(messages: Sequence[Received]) -> list[Offset]:

@@ -14,11 +14,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 
 import psycopg
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import Span, SpanKind
 
 from scheduler.config import Settings
 from scheduler.kafka.tracing import HEADER
@@ -30,8 +29,9 @@ from scheduler.store.database import Database, Session
 from scheduler.store.outbox import OutboxRow
 from scheduler.telemetry.tracing import (
     JOB_SCHEDULING,
+    ending,
     kafka_attributes,
-    start_span_from_traceparent,
+    message_span,
     traceparent_of_span,
     tracing_exports,
 )
@@ -96,54 +96,49 @@ class Relay(Service):
     def relay_once(self) -> BatchReport:
         """Claim, publish and complete one batch; raises if Kafka or PostgreSQL failed."""
         conn = self.session.conn
+        with conn.transaction():
+            rows = outbox.claim(conn, self.instance, self.settings.relay_batch_size, self.claim_seconds)
+        if not rows:
+            return BatchReport(0, 0, 0, 0)
+        ids = [row.id for row in rows]
+        started = time.monotonic()
+        messages, spans = self._messages(rows)
         try:
+            with ending(spans):
+                self.producer.send(messages, timeout_s=self.claim_seconds * 0.75)
+        except TransportError:
+            metrics.FAILURES.inc()
             with conn.transaction():
-                rows = outbox.claim(conn, self.instance, self.settings.relay_batch_size, self.claim_seconds)
-            if not rows:
-                return BatchReport(0, 0, 0, 0)
-            ids = [row.id for row in rows]
-            started = time.monotonic()
-            try:
-                with ExitStack() as spans:
-                    self.producer.send(self._messages(rows, spans), timeout_s=self.claim_seconds * 0.75)
-            except TransportError:
-                metrics.FAILURES.inc()
-                with conn.transaction():
-                    outbox.release(conn, self.instance, ids)
-                raise
-            publish_s = time.monotonic() - started
-            with conn.transaction():
-                done = outbox.complete(conn, self.instance, ids)
-        except psycopg.OperationalError:
-            # The connection is gone; the next attempt opens a new one.
-            conn.close()
+                outbox.release(conn, self.instance, ids)
             raise
+        publish_s = time.monotonic() - started
+        with conn.transaction():
+            done = outbox.complete(conn, self.instance, ids)
         metrics.PUBLISHED.inc(done.published)
         metrics.REPUBLISHED.inc(done.republished)
         for row in rows:
             metrics.DISPATCH_LAG.observe(row.age_s + publish_s)
         return BatchReport(len(rows), done.published, done.republished, done.dispatched)
 
-    def _messages(self, rows: Sequence[OutboxRow], spans: ExitStack) -> list[OutgoingMessage]:
-        """The batch's messages; when traces are exported, each in a ``job.scheduling`` span that
-        runs from the outbox row's creation to Kafka's acknowledgement (``spans`` closes them)."""
+    def _messages(self, rows: Sequence[OutboxRow]) -> tuple[list[OutgoingMessage], list[Span]]:
+        """The batch's messages; when traces are exported, each with a ``job.scheduling`` span
+        that runs from the outbox row's creation to Kafka's acknowledgement (the caller ends it)."""
         if not self._tracing:
-            return [OutgoingMessage(r.topic, r.value, r.key, list(r.headers.items())) for r in rows]
+            return [OutgoingMessage(r.topic, r.value, r.key, list(r.headers.items())) for r in rows], []
         now_ns = time.time_ns()
-        messages = []
+        messages, spans = [], []
         for row in rows:
-            span = spans.enter_context(
-                start_span_from_traceparent(
-                    JOB_SCHEDULING,
-                    row.headers.get(HEADER),
-                    SpanKind.PRODUCER,
-                    kafka_attributes("send", row.topic, key=row.key) | _job_of(row),
-                    start_time=now_ns - int(row.age_s * 1e9),
-                )
+            span = message_span(
+                JOB_SCHEDULING,
+                row.headers.get(HEADER),
+                SpanKind.PRODUCER,
+                kafka_attributes("send", row.topic, key=row.key) | _job_of(row),
+                start_time=now_ns - int(row.age_s * 1e9),
             )
+            spans.append(span)
             headers = dict(row.headers) | {HEADER: traceparent_of_span(span)}
             messages.append(OutgoingMessage(row.topic, row.value, row.key, list(headers.items())))
-        return messages
+        return messages, spans
 
 
 def _job_of(row: OutboxRow) -> dict[str, str | int]:

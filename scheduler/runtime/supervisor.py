@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from signal import SIGTERM
 from typing import Any
 
@@ -97,7 +97,6 @@ class _Child:
     started_at: float = 0.0
     failures: int = 0
     restart_at: float | None = None
-    history: list[int] = field(default_factory=list)
     signalled: bool = False  # told to stop: it gets one SIGTERM, never a second
 
 
@@ -195,7 +194,6 @@ class Supervisor:
                 child.failures = 0
             delay = random.uniform(0, min(RESTART_MAX_S, RESTART_INITIAL_S * 2**child.failures))
             child.failures += 1
-            child.history.append(code)
             child.restart_at = now + delay
             log.error(
                 "%s (pid %d) died: %s; restarting in %.1f s",

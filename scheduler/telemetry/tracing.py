@@ -28,7 +28,7 @@ import secrets
 import threading
 import traceback
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -69,11 +69,13 @@ __all__ = [
     "configure_tracing",
     "context_from_traceparent",
     "current_traceparent",
+    "ending",
     "job_attributes",
     "job_outcome_attributes",
     "kafka_attributes",
     "links_from_traceparents",
     "mark_span_failed",
+    "message_span",
     "messaging_span_kind",
     "messaging_span_name",
     "new_traceparent",
@@ -349,6 +351,36 @@ def start_span_from_traceparent(
     )
     with _activated(span, trace.get_current_span(parent).get_span_context()) as active:
         yield active
+
+
+def message_span(
+    name: str,
+    traceparent: str | bytes | None,
+    kind: SpanKind,
+    attributes: Attributes = None,
+    start_time: datetime | int | None = None,
+) -> Span:
+    """A started, not current, span in the trace a message's ``traceparent`` names, for the spans
+    of a batch that are open together (one per message) and end when the batch is done
+    (:func:`ending`). Not current, so that they neither parent nor link each other."""
+    parent = context_from_traceparent(traceparent) or Context()
+    return _TRACER.start_span(
+        name, context=parent, kind=kind, attributes=attributes, start_time=_ns(start_time)
+    )
+
+
+@contextmanager
+def ending(spans: Sequence[Span]) -> Iterator[Sequence[Span]]:
+    """Ends every span when the block ends; an exception leaving it marks each one failed first."""
+    try:
+        yield spans
+    except BaseException as exc:
+        for span in spans:
+            mark_span_failed(span, exc)
+        raise
+    finally:
+        for span in spans:
+            span.end()
 
 
 @contextmanager

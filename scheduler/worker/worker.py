@@ -281,11 +281,14 @@ class Worker(Service):
             self._loop.call_soon_threadsafe(self._start_jobs, deliveries)
 
     def _commit(self, asynchronous: bool) -> None:
+        consumer = self._slot.built
+        if consumer is None:
+            return  # the watermarks stay where they are until a consumer can commit them
         moves = self.progress.to_commit()
         if not moves:
             return
         try:
-            self._consumer.commit([Offset(t, p, o) for t, p, o in moves], asynchronous=asynchronous)
+            consumer.commit([Offset(t, p, o) for t, p, o in moves], asynchronous=asynchronous)
         except Exception as exc:
             log.warning("commit failed (%s); the jobs above the last commit will be re-delivered", exc)
 
@@ -341,7 +344,9 @@ class Worker(Service):
     def _drain(self) -> None:
         """Stop fetching; wait for in-flight jobs within the grace period, then publish and commit."""
         deadline = time.monotonic() + self.grace_s
-        self._consumer.pause(self._consumer.assignment())
+        consumer = self._slot.built  # none after a failed rebuild: nothing to pause or commit
+        if consumer is not None:
+            consumer.pause(consumer.assignment())
         while self._unacked > 0 and time.monotonic() < deadline:
             self._producer.poll(0.05)
             self._settle_done()

@@ -10,6 +10,7 @@ from psycopg.conninfo import conninfo_to_dict
 from scheduler.cli.common import database
 from scheduler.config import ConfigError, load_settings, redact_url
 from scheduler.kafka.connection import KafkaConnection
+from scheduler.wiring import Wiring
 
 PASSWORD = "hunter2-secret"
 
@@ -201,7 +202,7 @@ def test_the_cli_line_for_an_unreachable_database_shows_no_password(
 ) -> None:
     # Port 1 on the loopback refuses at once: the failure is ours to report, not a timeout.
     settings = load_settings({"SCHEDULER_DATABASE_URL": f"postgresql://app:{PASSWORD}@127.0.0.1:1/sched"})
-    with pytest.raises(SystemExit), database(settings):
+    with pytest.raises(SystemExit), database(Wiring(settings)):
         pass
     err = capsys.readouterr().err
     assert "cannot reach PostgreSQL at postgresql://app@127.0.0.1:1/sched" in err

@@ -21,6 +21,7 @@ import scheduler
 from scheduler.runtime import health as health_module
 from scheduler.runtime.health import Health, HealthServer
 from scheduler.runtime.service import Check, Service
+from tests.support import wait_for
 
 
 class FakeProbe:
@@ -120,11 +121,7 @@ def no_probe_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)
+    wait_for(condition, timeout, what, interval_s=0.005)
 
 
 # /live --------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from scheduler.runtime.service import Service, ServiceStatus
+from tests.support import wait_for
 
 
 class Transient(Exception):
@@ -154,11 +155,7 @@ class RecordingEvent(threading.Event):
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.002)
+    wait_for(condition, timeout, what, interval_s=0.002)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from scheduler.runtime.supervisor import (
     describe_exit,
     pipeline_children,
 )
+from tests.support import wait_for
 
 # The children: "good" exits 0 on SIGTERM, "stubborn" ignores it, "crash" exits 3 at once.
 CHILD = r"""
@@ -77,11 +78,7 @@ TABLE_LINE = re.compile(r"^(?P<name>\S+)\s+pid (?P<pid>\d+)(?:\s+health and metr
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
+    wait_for(condition, timeout, what, interval_s=0.02)
 
 
 def running(pid: int) -> bool:

@@ -397,3 +397,20 @@ def test_messaging_spans_are_named_operation_then_destination() -> None:
 )
 def test_export_is_on_only_when_the_otel_variables_ask(environ: dict[str, str], exports: bool) -> None:
     assert traces_export_requested(environ) is exports
+
+
+def test_the_spans_of_a_batch_are_each_in_their_message_trace_and_never_linked_to_each_other(
+    finished: Finished,
+) -> None:
+    other = f"00-{'ab' * 16}-{'cd' * 8}-01"
+    with (
+        pytest.raises(RuntimeError),
+        tracing.ending(
+            [tracing.message_span(JOB_EXECUTION, tp, SpanKind.CONSUMER) for tp in (PARENT, other)]
+        ),
+    ):
+        raise RuntimeError("the batch failed")
+    spans = [s for s in finished() if s.name == JOB_EXECUTION]
+    assert sorted(hex_trace(s) for s in spans) == sorted([TRACE_ID, "ab" * 16])
+    assert all(not s.links for s in spans), "spans open together must not link each other"
+    assert all(s.status.status_code is StatusCode.ERROR for s in spans), "a failed batch fails each"
