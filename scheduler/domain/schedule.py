@@ -46,6 +46,7 @@ class ScheduleState(StrEnum):
     PAUSED = "paused"  # does not fire; on resume its misfire policy decides about missed fires
     CANCELLED = "cancelled"  # by a user; never fires again
     COMPLETED = "completed"  # a one-shot that fired, or a cron schedule past its end bound
+    ERROR = "error"  # its next fire cannot be computed (zone or expression); the reason is kept
 
 
 class MisfirePolicy(StrEnum):

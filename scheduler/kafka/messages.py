@@ -167,6 +167,7 @@ class JobRetry(_Record):
     error: str
     error_class: str
     not_before: datetime
+    backoff_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

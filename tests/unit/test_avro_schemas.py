@@ -38,7 +38,7 @@ CURRENT_FINGERPRINTS = {
     "JobDeadLetter": "8b1d60d559ce0da7",
     "JobMessage": "fa543296c0dda854",
     "JobResult": "4488bc799c6b173f",
-    "JobRetry": "61fbdf034c8c3d20",
+    "JobRetry": "66c14d83b828b742",
     "ScheduleCommand": "a629b71932943a1c",
     "ScheduleCommandRejected": "ee3ce1a9ff3951ab",
 }
