@@ -29,7 +29,7 @@ def test_the_states_are_spelled_as_in_the_design() -> None:
 
 def test_schedule_enums_are_spelled_as_in_the_design() -> None:
     assert [k.value for k in ScheduleKind] == ["immediate", "delayed", "cron"]
-    assert [s.value for s in ScheduleState] == ["active", "paused", "cancelled", "completed"]
+    assert [s.value for s in ScheduleState] == ["active", "paused", "cancelled", "completed", "error"]
     assert [p.value for p in MisfirePolicy] == ["fire_once", "fire_all", "skip"]
     assert [p.value for p in OverlapPolicy] == ["allow", "skip", "buffer_one"]
 
