@@ -557,7 +557,7 @@ def test_the_reader_applies_a_kind_conditioned_exclusion() -> None:
     "sql",
     [
         "select * from runs where state = 'canceled'",
-        "select * from schedules s where s.state in ('active', 'error')",
+        "select * from schedules s where s.state in ('active', 'errored')",
         "update runs set state = 'done' where state = 'pending'",
         "insert into schedules (id, state) values (%(id)s, 'running')",
     ],
