@@ -19,6 +19,7 @@ from scheduler.cli.dev import dev
 from scheduler.cli.dlq import dlq
 from scheduler.cli.init import init
 from scheduler.cli.produce import produce
+from scheduler.cli.quarantine import quarantine
 from scheduler.cli.run import run
 from scheduler.cli.runs import runs
 from scheduler.cli.schedules import schedules
@@ -44,5 +45,6 @@ main.add_command(schedules)
 main.add_command(runs)
 main.add_command(run)
 main.add_command(dlq)
+main.add_command(quarantine)
 main.add_command(demo)
 main.add_command(produce)
