@@ -56,8 +56,9 @@ def main() -> None:
         commands = [["worker", "--app", "bench", "--concurrency", str(args.concurrency)]] * args.workers
         with running(commands, component_env(settings)):
             started = time.monotonic()
+            # Two events per job on .results: its start (which gives the run its lease) and its success.
             done = wait_until(
-                lambda: results_count(settings.kafka_bootstrap, settings.results_topic, 6) >= args.jobs,
+                lambda: results_count(settings.kafka_bootstrap, settings.results_topic, 6) >= 2 * args.jobs,
                 600,
                 0.2,
             )

@@ -85,7 +85,14 @@ class Settings:
     relay_claim_s: float = 60.0
     max_scan_sleep_s: float = 1.0
     catchup_window_s: float = 60.0
+    # How long a started job's run stays leased after its start event or a heartbeat (the worker
+    # sends one every 5 s): silence past this is what lets the lease sweeper give up on it.
+    lease_window_s: float = 30.0
     http_allowlist: tuple[str, ...] = ()
+    # Workers: the Python handlers they run besides the builtins (``package.module`` or
+    # ``package.module:function``), and a stable identity for static group membership.
+    handlers: tuple[str, ...] = ()
+    group_instance_id: str | None = None
     metrics_port: int | None = None
     # All interfaces by default: a pod's probes and Prometheus reach it on the pod's address.
     metrics_host: str = "0.0.0.0"
@@ -285,6 +292,19 @@ def _kafka_connection(env: Mapping[str, str], kafka_port: int) -> KafkaConnectio
         raise ConfigError(exc.naming(KAFKA_VARIABLES.__getitem__)) from None
 
 
+_GROUP_INSTANCE_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+def _group_instance_id(env: Mapping[str, str]) -> str | None:
+    value = env.get("SCHEDULER_GROUP_INSTANCE_ID") or None
+    if value is not None and not _GROUP_INSTANCE_RE.match(value):
+        raise ConfigError(
+            f"SCHEDULER_GROUP_INSTANCE_ID={value!r} may hold only letters, digits, '.', '_' and '-' "
+            "(at most 249)"
+        )
+    return value
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate the settings; raises :class:`ConfigError` with one line on bad input."""
     env = os.environ if env is None else env
@@ -327,7 +347,11 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         relay_claim_s=_float(env, "SCHEDULER_RELAY_CLAIM_SECONDS", 60.0, 2.0, 3600.0),
         max_scan_sleep_s=_float(env, "SCHEDULER_MAX_SCAN_SLEEP", 1.0, 0.01, 60.0),
         catchup_window_s=_float(env, "SCHEDULER_CATCHUP_WINDOW", 60.0, 0.0, 86_400.0),
+        # At least two heartbeat intervals, so that one late heartbeat never expires a live job.
+        lease_window_s=_float(env, "SCHEDULER_LEASE_WINDOW_S", 30.0, 10.0, 86_400.0),
         http_allowlist=allowlist,
+        handlers=tuple(item.strip() for item in env.get("SCHEDULER_HANDLERS", "").split(",") if item.strip()),
+        group_instance_id=_group_instance_id(env),
         metrics_port=metrics_port,
         metrics_host=env.get("SCHEDULER_METRICS_HOST") or "0.0.0.0",
     )

@@ -22,6 +22,7 @@ from scheduler.client import ScheduleClient
 from scheduler.config import Settings
 from scheduler.ingest.ingestor import MAX_REJECTION_BYTES, Ingestor, RejectionPublisher
 from scheduler.kafka.avro import AvroCodec
+from scheduler.kafka.positions import GroupPositions
 from scheduler.kafka.registry import SchemaRegistry, registry_for
 from scheduler.kafka.transport import (
     Consumer,
@@ -128,8 +129,16 @@ class Wiring:
         # The producer gives up on a message well before the claim lapses, so a slow Kafka makes a
         # batch fail and be released rather than be published twice by two relays.
         timeout_ms = int(min(30.0, self.settings.relay_claim_s / 2) * 1000)
-        producer = self.producer(name, {"message.timeout.ms": timeout_ms})
-        return Relay(self.settings, self.database, producer, self.kafka_check(), name=name)
+        # A factory: a producer broken for good (a fatal idempotence error) is replaced. The
+        # relay's own admin client checks topics; the health probe keeps its own.
+        return Relay(
+            self.settings,
+            self.database,
+            lambda: self.producer(name, {"message.timeout.ms": timeout_ms}),
+            TopicAdmin(self.settings.kafka),
+            self.kafka_check(),
+            name=name,
+        )
 
     def reconciler(self) -> list[Service]:
         """The reconciler proper, the lease sweeper and the buffer release: one process."""
@@ -145,9 +154,17 @@ class Wiring:
         return kind(s, self.database, consumers, self.codec, self.kafka_check())
 
     def lease_sweeper(self) -> LeaseSweeper:
-        producer = self.producer(instance_name("lease-sweeper"))
+        s = self.settings
+        # Where the reconciler's group stands on the outcome topics: the sweeper waits for it.
+        positions = GroupPositions(
+            s.kafka,
+            f"{s.topic_prefix}.reconciler",
+            [s.results_topic, s.retry_topic, s.dlq_topic],
+            instance_name("lease-sweeper"),
+        )
+        # Its dead letters go through the outbox: it needs no producer.
         return LeaseSweeper(
-            self.database, producer, self.dispatcher, self.codec, self.kafka_check(), self.settings.dlq_topic
+            self.database, positions, self.dispatcher, self.codec, self.kafka_check(), s.dlq_topic
         )
 
     def buffer_release(self) -> BufferRelease:
@@ -164,7 +181,10 @@ class Wiring:
             s, self.database, consumers, publisher, self.codec, self.dispatcher, self.kafka_check(), name=name
         )
 
-    def worker(self, app: str, concurrency: int, grace_s: float) -> Worker:
+    def worker(self, app: str, concurrency: int, grace_s: float, handlers: Sequence[str] = ()) -> Worker:
+        """A worker of ``app`` running the builtins, ``SCHEDULER_HANDLERS``, ``handlers`` (``--handler``)
+        and the installed ``scheduler.handlers`` entry points; raises
+        :class:`~scheduler.worker.handlers.InvalidRegistration` when one cannot be loaded."""
         name = instance_name("worker")
         s = self.settings
         topics = WorkerTopics(
@@ -174,19 +194,23 @@ class Wiring:
             retry=s.retry_topic,
             dlq=s.dlq_topic,
         )
-        consumer = consumer_config(
-            s.kafka,
-            topics.group,
-            name,
+        overrides: dict[str, Any] = {
             # A member that stops polling this long leaves the group; jobs run in other threads.
-            {"max.poll.interval.ms": 300_000},
-        )
+            "max.poll.interval.ms": 300_000,
+        }
+        if s.group_instance_id is not None:
+            # Static membership: a restarted worker takes its partitions back without moving
+            # everyone else's (within the session timeout).
+            overrides["group.instance.id"] = s.group_instance_id
+        consumer = consumer_config(s.kafka, topics.group, name, overrides)
+        registry = HandlerRegistry(s.http_allowlist, [*s.handlers, *handlers])
         return Worker(
             app,
             topics,
             codec=self.codec,
-            handlers=HandlerRegistry(s.http_allowlist),
-            # Outcomes must not be lost: librdkafka retries a delivery for as long as this allows.
+            handlers=registry,
+            # librdkafka retries a delivery for as long as this allows; the worker then produces
+            # the outcome again, for as long as it runs.
             producer=self.producer(name, {"message.timeout.ms": 300_000}),
             consumers=lambda **callbacks: Consumer(consumer, [topics.jobs], **callbacks),
             kafka_check=self.kafka_check(topics.jobs),

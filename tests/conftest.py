@@ -12,6 +12,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -72,15 +73,32 @@ def database_url(stack: StackInfo) -> Iterator[str]:
             admin.execute(f'drop database if exists "{name}" with (force)')
 
 
+# Workers run only registered Python handlers: the tests' own, importable from the project root.
+TEST_HANDLERS = "tests.unit.handler_fixtures"
+PROJECT_ROOT = str(Path(__file__).resolve().parents[1])
+
+
+def _test_handlers_env() -> dict[str, str]:
+    path = os.environ.get("PYTHONPATH")
+    return {
+        "SCHEDULER_HANDLERS": os.environ.get("SCHEDULER_HANDLERS") or TEST_HANDLERS,
+        "PYTHONPATH": PROJECT_ROOT if not path else f"{PROJECT_ROOT}{os.pathsep}{path}",
+    }
+
+
 @pytest.fixture
 def settings(stack: StackInfo, database_url: str) -> Iterator[Settings]:
     """Settings for this test: its own database and its own topic prefix (topics deleted after)."""
     prefix = f"t{uuid.uuid4().hex[:10]}"
-    env = dict(os.environ) | {
-        "SCHEDULER_DATABASE_URL": database_url,
-        "SCHEDULER_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
-        "SCHEDULER_TOPIC_PREFIX": prefix,
-    }
+    env = (
+        dict(os.environ)
+        | _test_handlers_env()
+        | {
+            "SCHEDULER_DATABASE_URL": database_url,
+            "SCHEDULER_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
+            "SCHEDULER_TOPIC_PREFIX": prefix,
+        }
+    )
     yield load_settings(env)
     admin = TopicAdmin(stack.kafka_bootstrap)
     admin.delete_topics([t for t in admin.topics() if t.startswith(f"{prefix}.")])
@@ -89,11 +107,15 @@ def settings(stack: StackInfo, database_url: str) -> Iterator[Settings]:
 @pytest.fixture
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment a subprocess (the CLI, a component) needs to use this test's settings."""
-    return dict(os.environ) | {
-        "SCHEDULER_DATABASE_URL": settings.database_url,
-        "SCHEDULER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-        "SCHEDULER_TOPIC_PREFIX": settings.topic_prefix,
-    }
+    return (
+        dict(os.environ)
+        | _test_handlers_env()
+        | {
+            "SCHEDULER_DATABASE_URL": settings.database_url,
+            "SCHEDULER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "SCHEDULER_TOPIC_PREFIX": settings.topic_prefix,
+        }
+    )
 
 
 @pytest.fixture

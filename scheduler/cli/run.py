@@ -19,6 +19,7 @@ from scheduler.schedule.spec import InvalidSchedule, validate_app_name
 from scheduler.telemetry.logs import configure_logging
 from scheduler.telemetry.tracing import configure_tracing, shutdown_tracing
 from scheduler.wiring import Wiring
+from scheduler.worker.handlers import HandlerRegistry
 
 metrics_port_option = click.option(
     "--metrics-port",
@@ -96,20 +97,41 @@ def ingestor(metrics_port: int | None) -> None:
     _serve("ingestor", lambda w: [w.ingestor()], metrics_port)
 
 
+handler_option = click.option(
+    "--handler",
+    "handlers",
+    multiple=True,
+    metavar="ENTRY",
+    help="Python handlers to run besides the builtins: package.module (its public callables) or "
+    "package.module:function; repeatable, added to SCHEDULER_HANDLERS and the installed "
+    "scheduler.handlers entry points.",
+)
+
+
 @run.command()
 @click.option("--app", required=True, help="The app whose jobs to execute.")
 @click.option("--concurrency", type=click.IntRange(1, 10_000), default=16, show_default=True)
 @click.option(
     "--grace", type=float, default=30.0, show_default=True, help="Seconds to finish jobs on SIGTERM."
 )
+@handler_option
 @metrics_port_option
-def worker(app: str, concurrency: int, grace: float, metrics_port: int | None) -> None:
+def worker(
+    app: str, concurrency: int, grace: float, handlers: tuple[str, ...], metrics_port: int | None
+) -> None:
     """Execute the jobs of one app (a consumer group member of its topic)."""
     try:
         validate_app_name(app)
     except InvalidSchedule as exc:
         fail(str(exc), code=2)
-    _serve("worker", lambda w: [w.worker(app, concurrency, grace)], metrics_port, grace_s=grace)
+
+    def build(wiring: Wiring) -> list[Service]:
+        try:
+            return [wiring.worker(app, concurrency, grace, handlers)]
+        except ValueError as exc:  # InvalidRegistration, or a malformed SCHEDULER_HTTP_ALLOWLIST
+            fail(str(exc), code=2)
+
+    _serve("worker", build, metrics_port, grace_s=grace)
 
 
 @run.command("all")
@@ -118,13 +140,20 @@ def worker(app: str, concurrency: int, grace: float, metrics_port: int | None) -
     "--workers", type=click.IntRange(1, 64), default=1, show_default=True, help="Worker processes per app."
 )
 @click.option("--concurrency", type=click.IntRange(1, 10_000), default=16, show_default=True)
+@handler_option
 @click.option(
     "--metrics-port",
     type=click.IntRange(1, 65535),
     default=None,
     help="First of the consecutive ports given to the components [default: SCHEDULER_METRICS_PORT].",
 )
-def all_(apps: tuple[str, ...], workers: int, concurrency: int, metrics_port: int | None) -> None:
+def all_(
+    apps: tuple[str, ...],
+    workers: int,
+    concurrency: int,
+    handlers: tuple[str, ...],
+    metrics_port: int | None,
+) -> None:
     """Every component as its own process, restarted if it dies; Ctrl-C or SIGTERM stops them all."""
     from scheduler.cli.common import database
     from scheduler.runtime.supervisor import Supervisor, pipeline_children
@@ -135,11 +164,16 @@ def all_(apps: tuple[str, ...], workers: int, concurrency: int, metrics_port: in
         configure_logging("supervisor")
     except ValueError as exc:
         fail(str(exc), code=2)
+    try:
+        # A bad entry would only crash-loop every worker child: said once, here, instead.
+        HandlerRegistry(settings.http_allowlist, [*settings.handlers, *handlers])
+    except ValueError as exc:  # InvalidRegistration, or a malformed SCHEDULER_HTTP_ALLOWLIST
+        fail(str(exc), code=2)
     if not apps:
         with database(Wiring(settings)) as conn:
             apps = tuple(row["name"] for row in schedules.list_apps(conn))
     base = metrics_port if metrics_port is not None else settings.metrics_port
-    children = pipeline_children(apps, workers, concurrency)
+    children = pipeline_children(apps, workers, concurrency, handlers)
     if base is not None and base + len(children) - 1 > 65535:
         last = base + len(children) - 1
         fail(f"--metrics-port {base}: {len(children)} components need ports {base} to {last}", code=2)

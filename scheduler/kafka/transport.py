@@ -132,6 +132,18 @@ DeliveryCallback = Callable[[DeliveryError | None], None]
 RebalanceCallback = Callable[[list[Partition]], None]
 
 
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """Kafka's answer to an asynchronous commit, for one partition: confirmed when ``error`` is None."""
+
+    offset: Offset
+    error: ConsumerError | None = None
+
+
+CommitCallback = Callable[[list[CommitResult]], None]
+"""Called with the answer to each asynchronous commit, from inside a later consume, poll or close."""
+
+
 ERROR_LOG_EVERY_S = 60.0
 
 
@@ -299,7 +311,8 @@ class Consumer:
     Subscribed at construction. The rebalance callbacks run inside :meth:`consume` and
     :meth:`poll`; ``on_assign`` runs once the partitions are assigned (so it may pause them),
     ``on_revoke`` and ``on_lost`` while they still are (so ``on_revoke`` may commit them).
-    ``on_lost`` defaults to ``on_revoke``, as in librdkafka. Use from one thread only.
+    ``on_lost`` defaults to ``on_revoke``, as in librdkafka. ``on_commit`` learns Kafka's answer to
+    each asynchronous commit (a commit counts as done only once confirmed). Use from one thread only.
     """
 
     def __init__(
@@ -310,8 +323,12 @@ class Consumer:
         on_assign: RebalanceCallback | None = None,
         on_revoke: RebalanceCallback | None = None,
         on_lost: RebalanceCallback | None = None,
+        on_commit: CommitCallback | None = None,
     ) -> None:
-        self._consumer = _Consumer(dict(config))
+        config = dict(config)
+        if on_commit is not None:
+            config["on_commit"] = _commit_report(on_commit)
+        self._consumer = _Consumer(config)
         # Under the cooperative protocol a rebalance hands over only what changes, and the
         # assignment must be changed incrementally; the eager protocol replaces it whole.
         self._cooperative = "cooperative" in str(config.get("partition.assignment.strategy", "")) or (
@@ -426,7 +443,9 @@ class Consumer:
     # -- offsets and flow ------------------------------------------------------------------------
 
     def commit(self, offsets: Sequence[Offset], asynchronous: bool = False) -> None:
-        """Commit ``offsets`` (each the next one to read); an asynchronous failure goes unreported."""
+        """Commit ``offsets`` (each the next one to read). A synchronous commit raises
+        :class:`ConsumerError` unless every partition was confirmed; an asynchronous one's answer
+        goes to ``on_commit`` (unreported without one)."""
         if not offsets:
             return
         partitions = [TopicPartition(o.topic, o.partition, o.offset) for o in offsets]
@@ -478,6 +497,24 @@ class Consumer:
         self._closed = True
         with _consumer_errors("close"):
             self._consumer.close()
+
+
+def _commit_report(on_commit: CommitCallback) -> Callable[[KafkaError | None, list[TopicPartition]], None]:
+    def report(err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        # A request that failed as a whole may leave its partitions without an error of their own.
+        whole = None if err is None or err.code() == KafkaError._NO_OFFSET else err
+        results = []
+        for tp in partitions:
+            failure = tp.error or whole
+            error = (
+                None
+                if failure is None
+                else _error(ConsumerError, f"commit of {tp.topic}[{tp.partition}] failed: ", failure)
+            )
+            results.append(CommitResult(Offset(tp.topic, tp.partition, tp.offset), error))
+        on_commit(results)
+
+    return report
 
 
 @contextmanager

@@ -7,14 +7,18 @@ full-jitter backoff; the others go on, since each component recovers from the ot
 SIGTERM first, SIGKILL for whatever outlives the grace period.
 
 When a base metrics port is given, the children get consecutive ports starting at it, in the
-order the table printed at start shows.
+order the table printed at start shows. Each worker child gets a static group membership identity
+(``SCHEDULER_GROUP_INSTANCE_ID``) that it keeps across its restarts.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +35,7 @@ RESTART_MAX_S = 10.0
 STABLE_AFTER_S = 60.0
 DEFAULT_GRACE_S = 40.0
 PIPELINE = ("scanner", "relay", "reconciler", "ingestor")
+GROUP_INSTANCE_ENV = "SCHEDULER_GROUP_INSTANCE_ID"
 
 
 @dataclass(frozen=True)
@@ -41,18 +46,35 @@ class ChildSpec:
     args: tuple[str, ...]
 
 
-def pipeline_children(apps: Sequence[str], workers: int, concurrency: int) -> list[ChildSpec]:
-    """Every component of the pipeline, with ``workers`` worker processes for each app."""
+def pipeline_children(
+    apps: Sequence[str], workers: int, concurrency: int, handlers: Sequence[str] = ()
+) -> list[ChildSpec]:
+    """Every component of the pipeline, with ``workers`` worker processes for each app, each
+    running the builtins and ``handlers`` (besides what SCHEDULER_HANDLERS registers)."""
     children = [ChildSpec(name, (name,)) for name in PIPELINE]
+    registered = tuple(arg for handler in handlers for arg in ("--handler", handler))
     for app in apps:
         for index in range(1, workers + 1):
             suffix = f"-{index}" if workers > 1 else ""
             children.append(
                 ChildSpec(
-                    f"worker-{app}{suffix}", ("worker", "--app", app, "--concurrency", str(concurrency))
+                    f"worker-{app}{suffix}",
+                    ("worker", "--app", app, "--concurrency", str(concurrency), *registered),
                 )
             )
     return children
+
+
+def group_instance_id(spec: ChildSpec, base: str | None = None) -> str | None:
+    """The static group membership identity of a worker child: the same across its restarts (so
+    it takes its partitions back without a rebalance of the whole group) and unique among every
+    supervisor's children (two live members with one identity fence each other). ``base`` is the
+    operator's ``SCHEDULER_GROUP_INSTANCE_ID`` (stable across supervisor restarts too, as a pod
+    name is), else this host and supervisor."""
+    if spec.args[:1] != ("worker",):
+        return None
+    base = base or f"{socket.gethostname()}-{os.getpid()}"
+    return re.sub(r"[^a-zA-Z0-9._-]", "-", f"{base}-{spec.name}")[:249]
 
 
 def component_argv(args: Sequence[str], metrics_port: int | None = None) -> list[str]:
@@ -122,7 +144,11 @@ class Supervisor:
         self._stopping = False
 
     def _start(self, child: _Child) -> None:
-        child.proc = subprocess.Popen(component_argv(child.spec.args, child.port), env=self._env)
+        env = dict(os.environ if self._env is None else self._env)
+        identity = group_instance_id(child.spec, env.get(GROUP_INSTANCE_ENV))
+        if identity is not None:
+            env[GROUP_INSTANCE_ENV] = identity
+        child.proc = subprocess.Popen(component_argv(child.spec.args, child.port), env=env)
         child.started_at = time.monotonic()
         child.restart_at = None
         child.signalled = False

@@ -2,12 +2,13 @@
 
 The worker decodes a job message into a :class:`JobContext`, asks the :class:`HandlerRegistry` for
 the handler named by the schedule (``builtin:noop``, ``builtin:sleep``, ``builtin:fail``,
-``builtin:http`` or an importable ``package.module:function``) and calls it, awaiting it when
-:meth:`HandlerRegistry.is_async` says so. A handler's outcome decides the run's fate: returning
-(a JSON-able result or ``None``) is success; raising :class:`HandlerError` carries its own
-classification (``retryable`` goes to the retry topic, anything else straight to the dead-letter
-topic); any other exception is treated as retryable, because an unexpected crash may well be
-transient. :func:`describe_failure` is the one place that turns an exception into that
+``builtin:http``, or a ``package.module:function`` its operator registered) and calls it, awaiting
+it when :meth:`HandlerRegistry.is_async` says so. A reference nobody registered is refused without
+importing anything (:class:`HandlerNotRegistered`, not retryable). A handler's outcome decides the
+run's fate: returning (a JSON-able result or ``None``) is success; raising :class:`HandlerError`
+carries its own classification (``retryable`` goes to the retry topic, anything else straight to
+the dead-letter topic); any other exception is treated as retryable, because an unexpected crash
+may well be transient. :func:`describe_failure` is the one place that turns an exception into that
 classification.
 """
 
@@ -15,12 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.metadata
 import inspect
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from importlib.metadata import EntryPoint
+from types import ModuleType
 from typing import Any
 from uuid import UUID
 
@@ -74,6 +78,18 @@ class NonRetryableError(HandlerError):
 
 class HandlerNotFound(NonRetryableError):
     """The handler reference names nothing callable; retrying cannot fix a bad reference."""
+
+
+class HandlerExited(HandlerError):
+    """A handler raised what ends a program or a thread (``SystemExit``, ``KeyboardInterrupt``,
+    ``GeneratorExit``, a ``CancelledError`` the worker did not ask for): it fails the attempt as any
+    unexpected error does, and never the worker's job loop."""
+
+    def __init__(self, raised: BaseException) -> None:
+        name = type(raised).__name__
+        detail = _one_line(raised)
+        super().__init__(f"the handler raised {name}({detail})" if detail else f"the handler raised {name}")
+        self.error_class = name
 
 
 Handler = Callable[[JobContext], Any]
@@ -155,15 +171,43 @@ _BUILTIN_NAMES = ", ".join(sorted([*_BUILTINS, "http"]))
 
 # --- the registry ------------------------------------------------------------------------------
 
+ENTRY_POINT_GROUP = "scheduler.handlers"
+"""Installed packages register their handlers under this entry point group (``module`` or ``module:attr``)."""
+
+# A registered entry: ``package.module`` (its public callables) or ``package.module:attribute``.
+_ENTRY_RE = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?::[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)?$")
+_LISTED_ENTRIES = 5
+
+
+class InvalidRegistration(ValueError):
+    """A handler entry of the worker's configuration that cannot be loaded: the worker does not start."""
+
+
+class HandlerNotRegistered(HandlerNotFound):
+    """The reference names a module or function this worker was not configured to run. Its module is
+    never imported: an import runs code, and only the operator decides which code a worker runs."""
+
 
 class HandlerRegistry:
-    """Turns handler references into callables, once per reference.
+    """Turns handler references into callables: the builtins, plus what the operator registered.
 
-    Both outcomes are cached: a good reference is a dictionary lookup from then on, and a bad one must
-    not re-run a module's import (and its side effects) for every job that names it.
+    ``registered`` entries (``SCHEDULER_HANDLERS``, ``--handler``) and the installed entry points of
+    :data:`ENTRY_POINT_GROUP` are imported here, at start-up, so that a bad one stops the worker with
+    one line rather than failing its jobs. A ``package.module`` entry allows every public callable of
+    that module (``package.module:name``, also ``package.module:Class.method``); a
+    ``package.module:function`` entry allows exactly that one. Any other reference is refused
+    without importing anything.
+
+    Both outcomes of a lookup are cached: a good reference is a dictionary lookup from then on.
     """
 
-    def __init__(self, http_allowlist: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        http_allowlist: Sequence[str] = (),
+        registered: Sequence[str] = (),
+        *,
+        entry_points: Iterable[EntryPoint] | None = None,
+    ) -> None:
         self._http_allowlist = tuple(http_allowlist)
         if self._http_allowlist:
             # Parse it now so that a malformed entry stops the worker at start-up with one clear line,
@@ -172,24 +216,68 @@ class HandlerRegistry:
 
             AddressPolicy.from_allowlist(self._http_allowlist)
         self._resolved: dict[str, Handler] = {}
-        self._failed: dict[str, str] = {}
+        self._failed: dict[str, HandlerNotFound] = {}
+        self._modules: dict[str, ModuleType] = {}  # registered whole: their public callables
+        self._entries: list[str] = []
+        installed = (
+            importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if entry_points is None else entry_points
+        )
+        sources = [
+            (entry.strip(), "SCHEDULER_HANDLERS or --handler") for entry in registered if entry.strip()
+        ]
+        sources += [
+            (ep.value.strip(), f"entry point {ep.name!r} of group {ENTRY_POINT_GROUP}") for ep in installed
+        ]
+        for entry, origin in sources:
+            self._register(entry, origin)
+
+    @property
+    def registered(self) -> tuple[str, ...]:
+        """The entries this registry loaded, in order (the builtins are always there too)."""
+        return tuple(self._entries)
+
+    def _register(self, entry: str, origin: str) -> None:
+        if entry in self._entries:
+            return
+        if not _ENTRY_RE.match(entry) or entry.startswith("builtin:"):
+            raise InvalidRegistration(
+                f"handler registration {entry!r} ({origin}): "
+                "expected package.module or package.module:function"
+            )
+        module_name, _, attribute_path = entry.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # a module may raise anything while it is imported
+            raise InvalidRegistration(
+                f"handler registration {entry!r} ({origin}): cannot import {module_name!r}: "
+                f"{type(exc).__name__}: {_one_line(exc)}"
+            ) from exc
+        if attribute_path:
+            try:
+                self._resolved[entry] = _walk(entry, module, attribute_path, public_only=False)
+            except HandlerNotFound as exc:
+                reason = str(exc).removeprefix(f"handler {entry!r}: ")
+                raise InvalidRegistration(f"handler registration {entry!r} ({origin}): {reason}") from None
+        else:
+            self._modules[module_name] = module
+        self._entries.append(entry)
 
     def resolve(self, ref: str) -> Handler:
         """The handler named by ``ref``; :class:`HandlerNotFound` with a one-line reason if none."""
         handler = self._resolved.get(ref)
         if handler is not None:
             return handler
-        reason = self._failed.get(ref)
-        if reason is None:
+        refused = self._failed.get(ref)
+        if refused is None:
             try:
                 handler = self._load(ref)
             except HandlerNotFound as exc:
-                reason = str(exc)
-                self._failed[ref] = reason
+                refused = self._failed[ref] = exc
             else:
                 self._resolved[ref] = handler
                 return handler
-        raise HandlerNotFound(reason)
+        # A fresh exception each time: one raised before carries the traceback of its first job.
+        raise type(refused)(str(refused))
 
     @staticmethod
     def is_async(handler: Handler) -> bool:
@@ -215,24 +303,35 @@ class HandlerRegistry:
             raise HandlerNotFound(
                 f"bad handler reference {ref!r}: expected builtin:NAME or package.module:function"
             )
-        return _import_callable(ref)
+        module_name, _, attribute_path = ref.partition(":")
+        module = self._modules.get(module_name)
+        if module is None:
+            listed = ", ".join(self._entries[:_LISTED_ENTRIES]) or "none"
+            if len(self._entries) > _LISTED_ENTRIES:
+                listed += f" and {len(self._entries) - _LISTED_ENTRIES} more"
+            raise HandlerNotRegistered(
+                f"this worker does not run handler {ref!r} (registered: {listed}; the builtins always run): "
+                "register its module or function with SCHEDULER_HANDLERS or --handler"
+            )
+        return _walk(ref, module, attribute_path, public_only=True)
 
 
-def _import_callable(ref: str) -> Handler:
-    module_name, _, attribute_path = ref.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as exc:  # a module may raise anything while it is imported
-        raise HandlerNotFound(
-            f"handler {ref!r}: cannot import {module_name!r}: {type(exc).__name__}: {_one_line(exc)}"
-        ) from exc
-    walked = module_name
+def _walk(ref: str, module: ModuleType, attribute_path: str, *, public_only: bool) -> Handler:
+    """The callable at ``attribute_path`` in ``module``. Of a module registered whole, only public
+    attributes defined there count: never a private one, and never one reached through another
+    module it imported (``mod:os.system`` is not the module's to offer)."""
+    target: Any = module
+    walked = module.__name__
     for name in attribute_path.split("."):
+        if public_only and name.startswith("_"):
+            raise HandlerNotFound(f"handler {ref!r}: {name!r} is private to {walked!r}")
         try:
             target = getattr(target, name)
         except AttributeError:
             raise HandlerNotFound(f"handler {ref!r}: {walked!r} has no attribute {name!r}") from None
-        walked = f"{walked}:{name}" if walked == module_name else f"{walked}.{name}"
+        if public_only and isinstance(target, ModuleType):
+            raise HandlerNotFound(f"handler {ref!r}: {name!r} is a module, not a handler of {walked!r}")
+        walked = f"{walked}:{name}" if walked == module.__name__ else f"{walked}.{name}"
     if not callable(target):
         raise HandlerNotFound(f"handler {ref!r}: {type(target).__name__} object is not callable")
     handler: Handler = target

@@ -53,4 +53,52 @@ UNDECODABLE = Counter(
     ["app"],
     registry=REGISTRY,
 )
+OUTCOMES_UNACKNOWLEDGED = Gauge(
+    "scheduler_worker_outcomes_unacknowledged",
+    "Outcomes produced and not yet acknowledged by Kafka; over the bound, no new job starts",
+    ["app"],
+    registry=REGISTRY,
+)
+OUTCOME_DELIVERY_FAILURES = Counter(
+    "scheduler_worker_outcome_delivery_failures_total",
+    "Failed deliveries of outcomes, each produced again after a backoff (never dropped)",
+    ["app"],
+    registry=REGISTRY,
+)
+OUTCOMES_UNENCODABLE = Counter(
+    "scheduler_worker_outcomes_unencodable_total",
+    "Outcomes that could not be encoded even in compact form; their runs recover by lease expiry",
+    ["app"],
+    registry=REGISTRY,
+)
+COMMIT_FAILURES = Counter(
+    "scheduler_worker_commit_failures_total",
+    "Offset commits Kafka refused or did not answer; retried by the next commit round",
+    ["app"],
+    registry=REGISTRY,
+)
+ABANDONED_THREADS = Counter(
+    "scheduler_worker_abandoned_threads_total",
+    "Synchronous handlers still running at their timeout, whose threads were left behind",
+    ["app"],
+    registry=REGISTRY,
+)
+ABANDONED_THREADS_ALIVE = Gauge(
+    "scheduler_worker_abandoned_threads_running",
+    "Threads of timed-out synchronous handlers that are still running",
+    ["app"],
+    registry=REGISTRY,
+)
+REFUSED_HANDLERS = Counter(
+    "scheduler_worker_refused_handlers_total",
+    "Jobs naming a handler this worker does not run (unregistered or unknown), dead at once",
+    ["app"],
+    registry=REGISTRY,
+)
+INTERNAL_ERRORS = Counter(
+    "scheduler_worker_internal_errors_total",
+    "Jobs the worker's own code failed on before handing over an outcome (logged with a trace)",
+    ["app"],
+    registry=REGISTRY,
+)
 ERROR_CLASS = BoundedLabel()

@@ -1,15 +1,29 @@
 """Per-partition commit watermarks: the worker commits an offset only when every job at or below it
-has its outcome acknowledged by Kafka.
+has its outcome acknowledged by Kafka, and counts a commit as done only once Kafka confirmed it.
 
 Jobs finish out of order (up to ``--concurrency`` run at once), so the committable offset of a
-partition is the end of the contiguous run of finished offsets from the last commit. A crash
-re-delivers everything above it; nothing below it is ever unfinished.
+partition is the end of the contiguous run of finished offsets. A crash re-delivers everything
+above the last confirmed commit; nothing below it is ever unfinished.
+
+Commits go out asynchronously while the worker runs. One is *sent* until Kafka's answer arrives:
+confirmed, it moves the partition's confirmed offset; failed (a broker restart, a rebalance), or
+unanswered for :data:`RESEND_AFTER_S`, it is sent again by a later round. The final commit of a
+drain, a stop or a revoke is synchronous and covers every partition whose committable offset is
+ahead of what Kafka confirmed, whether or not it moved lately, so that after a drain the group's
+committed offsets equal what the worker finished.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
+
+# A commit whose answer never came (its consumer was rebuilt meanwhile) is not waited for forever.
+RESEND_AFTER_S = 5.0
+
+Key = tuple[str, int]
+"""(topic, partition)."""
 
 
 @dataclass
@@ -17,13 +31,17 @@ class PartitionProgress:
     _outstanding: deque[int] = field(default_factory=deque)
     _finished: set[int] = field(default_factory=set)
     committable: int | None = None  # the next offset to read, as Kafka's commit wants it
-    committed: int | None = None
+    confirmed: int | None = None  # the last commit Kafka confirmed
+    sent: int | None = None  # an asynchronous commit awaiting Kafka's answer
+    sent_at: float = 0.0
 
     def started(self, offset: int) -> None:
         # A partition delivers offsets in increasing order, so the deque stays sorted.
         self._outstanding.append(offset)
 
     def finished(self, offset: int) -> None:
+        if not self._outstanding or offset < self._outstanding[0]:
+            return  # finished before (a redelivered outcome report): nothing moves
         self._finished.add(offset)
         while self._outstanding and self._outstanding[0] in self._finished:
             done = self._outstanding.popleft()
@@ -31,15 +49,21 @@ class PartitionProgress:
             self.committable = done + 1
 
     @property
+    def ahead(self) -> bool:
+        """Whether finished work is not yet confirmed as committed."""
+        return self.committable is not None and (self.confirmed is None or self.committable > self.confirmed)
+
+    @property
     def in_flight(self) -> int:
-        return len(self._outstanding)
+        """Jobs fetched and not finished."""
+        return len(self._outstanding) - len(self._finished)
 
 
 class Progress:
-    """The watermarks of every partition this worker is assigned."""
+    """The watermarks of every partition this worker is assigned. One thread only (the consumer's)."""
 
     def __init__(self) -> None:
-        self._partitions: dict[tuple[str, int], PartitionProgress] = {}
+        self._partitions: dict[Key, PartitionProgress] = {}
 
     def started(self, topic: str, partition: int, offset: int) -> None:
         self._partitions.setdefault((topic, partition), PartitionProgress()).started(offset)
@@ -50,17 +74,57 @@ class Progress:
         if progress is not None:
             progress.finished(offset)
 
-    def to_commit(self) -> list[tuple[str, int, int]]:
-        """(topic, partition, offset) for every partition whose watermark moved since the last call."""
+    def to_commit(self, now: float) -> list[tuple[str, int, int]]:
+        """(topic, partition, offset) to commit asynchronously now, each marked sent at ``now``:
+        the partitions ahead of their confirmed commit, unless that very offset is already on its
+        way (sent less than :data:`RESEND_AFTER_S` ago and not failed)."""
         moves = []
         for (topic, partition), progress in self._partitions.items():
-            if progress.committable is not None and progress.committable != progress.committed:
-                moves.append((topic, partition, progress.committable))
-                progress.committed = progress.committable
+            if not progress.ahead:
+                continue
+            assert progress.committable is not None
+            if progress.sent == progress.committable and now - progress.sent_at < RESEND_AFTER_S:
+                continue
+            progress.sent, progress.sent_at = progress.committable, now
+            moves.append((topic, partition, progress.committable))
         return moves
+
+    def behind(self, partitions: Collection[Key] | None = None) -> list[tuple[str, int, int]]:
+        """For a synchronous commit: (topic, partition, committable) of every partition (of
+        ``partitions``, if given) whose finished work Kafka has not confirmed, sent or not."""
+        return [
+            (topic, partition, progress.committable)
+            for (topic, partition), progress in self._partitions.items()
+            if progress.ahead
+            and progress.committable is not None
+            and (partitions is None or (topic, partition) in partitions)
+        ]
+
+    def confirmed(self, topic: str, partition: int, offset: int) -> None:
+        """Kafka confirmed the commit of ``offset``."""
+        progress = self._partitions.get((topic, partition))
+        if progress is None:
+            return
+        if progress.confirmed is None or offset > progress.confirmed:
+            progress.confirmed = offset
+        if progress.sent is not None and progress.sent <= offset:
+            progress.sent = None
+
+    def commit_failed(self, topic: str, partition: int, offset: int) -> None:
+        """Kafka refused the commit of ``offset``: the next round sends it (or a later one) again."""
+        progress = self._partitions.get((topic, partition))
+        if progress is not None and progress.sent == offset:
+            progress.sent = None
 
     def forget(self, topic: str, partition: int) -> None:
         self._partitions.pop((topic, partition), None)
 
-    def in_flight(self) -> int:
-        return sum(p.in_flight for p in self._partitions.values())
+    def in_flight(self, partitions: Collection[Key] | None = None) -> int:
+        """Jobs fetched and not finished (of ``partitions``, if given)."""
+        return sum(
+            p.in_flight for key, p in self._partitions.items() if partitions is None or key in partitions
+        )
+
+    def lagging(self) -> int:
+        """Partitions whose finished work is not yet confirmed as committed."""
+        return sum(1 for p in self._partitions.values() if p.ahead)

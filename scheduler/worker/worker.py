@@ -2,41 +2,51 @@
 
 Threads and their jobs:
 1. The main thread owns the consumer and the commit. It fetches while fewer than ``concurrency``
-   jobs are in flight (pausing its partitions otherwise, so the group keeps it as a member), hands
-   each batch to the event loop, serves the producer's delivery reports, and commits per-partition
-   watermarks (:mod:`scheduler.worker.progress`).
-2. One asyncio loop runs every job: async handlers directly, sync handlers in a thread pool, each
-   under its attempt's timeout. A job still running after a second reports ``started``, then
-   heartbeats; these move the run to ``running`` and extend its lease.
+   jobs run and few outcomes await Kafka's acknowledgement (pausing its partitions when that
+   lasts, so the group keeps it as a member), hands each batch to the event loop, serves the
+   producer's delivery reports, produces failed outcomes again, and commits per-partition
+   watermarks once Kafka acknowledged the outcomes below them (:mod:`scheduler.worker.progress`).
+2. One asyncio loop runs every job: async handlers on the loop, each sync handler in a daemon
+   thread of its own (a timed-out one is left behind, never waited for, and never holds up the
+   next job), each under its attempt's timeout counted from the moment this worker starts it.
+   Every job reports ``started`` at once, then a heartbeat every :data:`HEARTBEAT_EVERY_S`; these
+   move the run to ``running`` and renew its lease. Whatever a handler raises, ``SystemExit`` and
+   ``KeyboardInterrupt`` included, fails its attempt and never the loop.
 3. An outcome is produced to ``.results`` (success), ``.retry`` (retryable, attempts left, with
-   ``not_before`` from the backoff) or ``.dlq`` (dead, with the error, the attempt history and the
-   original bytes). Only when Kafka acknowledged it does the job's offset count as finished.
-   A message that cannot be decoded goes to ``.dlq`` with its raw bytes, and the partition moves on.
+   the backoff delay) or ``.dlq`` (dead, with the error, the attempt history and the original
+   bytes), its texts capped so that it always fits (:mod:`scheduler.domain.storable`). It is
+   produced until Kafka acknowledges it (:mod:`scheduler.worker.deliveries`); only then does the
+   job's offset count as finished. A message that cannot be decoded goes to ``.dlq`` with its raw
+   bytes, and the partition moves on.
 
 Workers never talk to PostgreSQL. On SIGTERM the worker stops fetching, lets in-flight jobs finish
-within the grace period, publishes their outcomes, commits, and exits; whatever did not finish is
-re-delivered to another member. On a rebalance it commits what is finished of the revoked
-partitions and forgets them, so it never commits past unfinished work it no longer owns.
+within the grace period, publishes their outcomes, commits synchronously, and exits; whatever did
+not finish is re-delivered to another member. On a revoke it waits a bounded time for the
+in-flight jobs of the revoked partitions, commits what finished and lets go, so that a rebalance
+re-runs as little as possible and it never commits past unfinished work it no longer owns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import json
 import logging
 import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, SpanKind, use_span
 
 from scheduler.domain.retry import RetryPolicy
+from scheduler.domain.storable import MAX_HISTORY_ERROR_CHARS, MAX_RESULT_BYTES, capped_result, capped_text
 from scheduler.kafka.avro import AvroCodec, MessageDecodeError
 from scheduler.kafka.messages import (
     AttemptSummary,
@@ -48,6 +58,7 @@ from scheduler.kafka.messages import (
 )
 from scheduler.kafka.tracing import HEADER, child_traceparent, traceparent_of
 from scheduler.kafka.transport import (
+    CommitResult,
     Consumer,
     ConsumerError,
     ConsumerSlot,
@@ -73,23 +84,52 @@ from scheduler.telemetry.tracing import (
     tracing_exports,
 )
 from scheduler.worker import metrics
-from scheduler.worker.handlers import HandlerError, HandlerRegistry, JobContext
-from scheduler.worker.progress import Progress
+from scheduler.worker.deliveries import Owed, Redeliveries
+from scheduler.worker.handlers import (
+    Handler,
+    HandlerError,
+    HandlerExited,
+    HandlerNotFound,
+    HandlerRegistry,
+    JobContext,
+    NonRetryableError,
+)
+from scheduler.worker.progress import Key, Progress
 
 log = logging.getLogger(__name__)
 
-STARTED_AFTER_S = 1.0
-HEARTBEAT_EVERY_S = 10.0
+# Well inside the lease window (30 s by default) the reconciler renews on each of them.
+HEARTBEAT_EVERY_S = 5.0
 COMMIT_EVERY_S = 0.2
-MAX_UNACKED = 20_000
+# Outcomes produced and not yet acknowledged, beyond which no new job starts: jobs that ran while
+# Kafka could not take their outcomes would be run again by whoever gets their offsets.
+MIN_UNACKED_BOUND = 64
 PAUSE_AFTER_FULL_S = 5.0
 DEFAULT_GRACE_S = 30.0
 CANCEL_WAIT_S = 2.0
+# On a revoke, the longest wait for the revoked partitions' jobs (never more than the grace).
+REVOKE_WAIT_S = 10.0
+# After the drain: outcomes acknowledged this late are still committed, by the last commit.
+CLOSE_FLUSH_S = 1.0
+WARN_EVERY_S = 10.0
+# Commit refusals that every rebalance brings (the generation moved on): retried, not worth a warning.
+REBALANCING = frozenset({"ILLEGAL_GENERATION", "REBALANCE_IN_PROGRESS", "UNKNOWN_MEMBER_ID"})
 
+# The compact form of an outcome Kafka refused for its size: far under any message limit.
+COMPACT_RESULT_BYTES = 16 * 1024
+COMPACT_ERROR_CHARS = 1024
+COMPACT_HISTORY_ERROR_CHARS = 256
+COMPACT_ORIGINAL_BYTES = 64 * 1024
+MAX_ERROR_CLASS_CHARS = 200
 
 METRICS_EVERY_S = 1.0
 ConsumerFactory = Callable[..., Consumer]
-"""Builds the worker's consumer, given its rebalance callbacks (``on_assign``, ``on_revoke``, ``on_lost``)."""
+"""Builds the worker's consumer, given its callbacks (``on_assign``, ``on_revoke``, ``on_lost``,
+``on_commit``)."""
+
+
+class _TimedOut(Exception):
+    """The attempt's timeout passed (raised by the worker, never taken for a handler's own TimeoutError)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,31 +186,41 @@ class Worker(Service):
         self.handlers = handlers
         self.progress = Progress()
         self.kafka_check = kafka_check
-        # Running: handlers executing (bounded by --concurrency). Unacknowledged: fetched jobs whose
-        # outcome Kafka has not acknowledged yet; it bounds memory, not execution, so that waiting
-        # for acks (a few ms each) never idles the handlers.
+        # Running: handlers executing (bounded by --concurrency). Unacknowledged: outcomes produced
+        # and not yet acknowledged by Kafka (bounded by unacked_bound): while Kafka does not take
+        # them, starting more jobs would only pile up executions that may have to run again.
+        self.unacked_bound = max(concurrency, MIN_UNACKED_BOUND)
         self._running = 0
         self._unacked = 0
         self._counts_lock = threading.Lock()
         self._paused = False
         self._full_since: float | None = None
+        self._draining = False
         self._slot_freed = threading.Event()
-        # Jobs that need nothing more from this worker, and whether their offset counts as finished:
-        # skipped ones, and outcomes once Kafka answered. Delivery reports may be served on the jobs
-        # thread too (a full producer queue polls there), so they only queue; the main thread settles.
-        self._done: queue.SimpleQueue[tuple[Delivery, bool]] = queue.SimpleQueue()
+        # Delivery reports may be served on the jobs thread too (a full producer queue polls there),
+        # so they only queue; the main thread, which owns the watermarks, settles them.
+        self._reports: queue.SimpleQueue[tuple[Owed[Delivery], Exception | None]] = queue.SimpleQueue()
+        # Jobs left without an outcome by a fault of the worker's own code: their offsets move on
+        # (a started run's lease brings it back), rather than freezing their partitions' commits.
+        self._released: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
+        self._redeliveries: Redeliveries[Delivery] = Redeliveries()
         self._producer = producer
         self._slot = ConsumerSlot(
-            lambda: consumers(on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
+            lambda: consumers(
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+                on_lost=self._on_lost,
+                on_commit=self._on_commit,
+            )
         )
         self._assigned: frozenset[Partition] = frozenset()
         self._loop = asyncio.new_event_loop()
-        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="job")
-        self._loop.set_default_executor(self._pool)
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="jobs", daemon=True)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._abandoned: list[threading.Thread] = []  # guarded by _counts_lock
         self._last_commit = time.monotonic()
         self._last_metrics = 0.0
+        self._warned: dict[str, float] = {}
         self._tracing = tracing_exports()
         metrics.CONCURRENCY.labels(app).set(concurrency)
 
@@ -195,11 +245,10 @@ class Worker(Service):
 
     def step(self) -> bool:
         self._fetch()
-        self._producer.poll(0)
-        self._settle_done()
+        self._serve_outcomes()
         now = time.monotonic()
         if now - self._last_commit >= COMMIT_EVERY_S:
-            self._commit(asynchronous=True)
+            self._commit_async()
             self._last_commit = now
         if now - self._last_metrics >= METRICS_EVERY_S:
             self._observe()
@@ -218,15 +267,33 @@ class Worker(Service):
 
     def _observe(self) -> None:
         with self._counts_lock:
-            running = self._running
+            running, unacked = self._running, self._unacked
+            self._abandoned = [t for t in self._abandoned if t.is_alive()]
+            abandoned = len(self._abandoned)
         metrics.ACTIVE_JOBS.labels(self.app).set(running)
+        metrics.OUTCOMES_UNACKNOWLEDGED.labels(self.app).set(unacked)
+        metrics.ABANDONED_THREADS_ALIVE.labels(self.app).set(abandoned)
         waiting = self._slot.observe_lag(metrics.CONSUMER_LAG)
         if waiting is not None:
             metrics.QUEUE_SIZE.labels(self.app).set(waiting)
 
+    def _warn(self, kind: str, message: str, *args: object) -> None:
+        """A warning at most every :data:`WARN_EVERY_S` per kind: an outage fails every delivery and
+        commit, and one line says it as well as thousands."""
+        now = time.monotonic()
+        if now - self._warned.get(kind, -WARN_EVERY_S) >= WARN_EVERY_S:
+            self._warned[kind] = now
+            log.warning(message, *args)
+
     def _free_slots(self) -> int:
         with self._counts_lock:
-            return min(self.concurrency - self._running, MAX_UNACKED - self._unacked)
+            if self._unacked > self.unacked_bound:
+                return 0
+            return self.concurrency - self._running
+
+    def _busy(self) -> bool:
+        with self._counts_lock:
+            return self._running > 0 or self._unacked > 0
 
     def _job_done(self) -> None:
         with self._counts_lock:
@@ -244,11 +311,11 @@ class Worker(Service):
                 self._consumer.pause(self._consumer.assignment())
                 self._paused = True
             if self._paused:
-                # Still poll: it serves rebalances and keeps this member in the group.
+                # Still poll: it serves rebalances and commit answers, and keeps this member in the group.
                 try:
                     self._consumer.poll(0.01)
                 except TransportError as exc:
-                    log.warning("consumer error: %s", exc)
+                    self._warn("consumer", "consumer error: %s", exc)
             self._slot_freed.wait(0.01)
             self._slot_freed.clear()
             return
@@ -259,7 +326,7 @@ class Worker(Service):
         try:
             messages = self._consumer.consume(min(free, 500), 0.05)
         except TransportError as exc:
-            log.warning("consumer error: %s", exc)
+            self._warn("consumer", "consumer error: %s", exc)
             return
         deliveries: list[Delivery] = []
         for message in messages:
@@ -276,21 +343,107 @@ class Worker(Service):
         if deliveries:
             with self._counts_lock:
                 self._running += len(deliveries)
-                self._unacked += len(deliveries)
             # One wake-up of the loop per batch, not per job.
             self._loop.call_soon_threadsafe(self._start_jobs, deliveries)
 
-    def _commit(self, asynchronous: bool) -> None:
+    # --- main thread: outcomes and commits ------------------------------------------------------
+
+    def _serve_outcomes(self, timeout_s: float = 0.0) -> None:
+        """Serve delivery reports, settle them, and produce again the outcomes whose retry is due."""
+        self._producer.poll(timeout_s)
+        self._settle()
+        for owed in self._redeliveries.due(time.monotonic()):
+            self._produce_owed(owed)
+
+    def _settle(self) -> None:
+        """Main thread only (it owns Progress): acknowledged outcomes finish their offsets, failed
+        ones are scheduled to be produced again."""
+        while not self._reports.empty():
+            owed, error = self._reports.get_nowait()
+            if error is None:
+                self._finish(owed.delivery)
+                with self._counts_lock:
+                    self._unacked -= 1
+                continue
+            metrics.OUTCOME_DELIVERY_FAILURES.labels(self.app).inc()
+            too_large = isinstance(error, DeliveryError) and error.too_large
+            try:
+                owed.failed(time.monotonic(), too_large=too_large)
+            except Exception:
+                log.exception("the compact outcome of offset %s could not be encoded", owed.delivery.offset)
+                metrics.OUTCOMES_UNENCODABLE.labels(self.app).inc()
+                self._finish(owed.delivery)
+                with self._counts_lock:
+                    self._unacked -= 1
+                continue
+            self._warn(
+                "delivery",
+                "outcome of %s[%d]@%d not delivered (%s); producing it again in %.1f s "
+                "(%d outcomes awaiting Kafka)",
+                owed.delivery.topic,
+                owed.delivery.partition,
+                owed.delivery.offset,
+                error,
+                max(0.0, owed.due - time.monotonic()),
+                len(self._redeliveries) + 1,
+            )
+            self._redeliveries.add(owed)
+        while not self._released.empty():
+            self._finish(self._released.get_nowait())
+
+    def _finish(self, delivery: Delivery) -> None:
+        self.progress.finished(delivery.topic, delivery.partition, delivery.offset)
+
+    def _on_commit(self, results: list[CommitResult]) -> None:
+        """Kafka's answer to an asynchronous commit (served inside consume and poll, on this thread)."""
+        for result in results:
+            o = result.offset
+            if result.error is None:
+                self.progress.confirmed(o.topic, o.partition, o.offset)
+            else:
+                self.progress.commit_failed(o.topic, o.partition, o.offset)
+                metrics.COMMIT_FAILURES.labels(self.app).inc()
+                if result.error.code in REBALANCING:
+                    log.debug("commit refused during a rebalance (%s); sent again", result.error)
+                else:
+                    self._warn(
+                        "commit", "commit not confirmed (%s); the next round sends it again", result.error
+                    )
+
+    def _commit_async(self) -> None:
         consumer = self._slot.built
         if consumer is None:
             return  # the watermarks stay where they are until a consumer can commit them
-        moves = self.progress.to_commit()
+        moves = self.progress.to_commit(time.monotonic())
         if not moves:
             return
         try:
-            consumer.commit([Offset(t, p, o) for t, p, o in moves], asynchronous=asynchronous)
+            consumer.commit([Offset(t, p, o) for t, p, o in moves], asynchronous=True)
         except Exception as exc:
+            for topic, partition, offset in moves:
+                self.progress.commit_failed(topic, partition, offset)
+            metrics.COMMIT_FAILURES.labels(self.app).inc()
+            self._warn("commit", "commit failed (%s); the next round sends it again", exc)
+
+    def _commit_now(self, partitions: Collection[Key] | None = None) -> None:
+        """Synchronously commit every partition (of ``partitions``) whose finished work Kafka has not
+        confirmed: the last commit before letting go of partitions."""
+        consumer = self._slot.built
+        if consumer is None:
+            return
+        behind = self.progress.behind(partitions)
+        if not behind:
+            return
+        try:
+            consumer.commit([Offset(t, p, o) for t, p, o in behind], asynchronous=False)
+        except Exception as exc:
+            metrics.COMMIT_FAILURES.labels(self.app).inc()
             log.warning("commit failed (%s); the jobs above the last commit will be re-delivered", exc)
+            return
+        for topic, partition, offset in behind:
+            self.progress.confirmed(topic, partition, offset)
+
+    # --- main thread: rebalances, drain, stop ---------------------------------------------------
 
     def _on_assign(self, partitions: list[Partition]) -> None:
         self._assigned |= frozenset(partitions)
@@ -305,13 +458,29 @@ class Worker(Service):
 
     def _on_revoke(self, partitions: list[Partition]) -> None:
         self._assigned -= frozenset(partitions)
-        log.info("revoked partitions %s", sorted(p.partition for p in partitions))
-        # Serve delivery reports first: whatever finished counts, then commit it and let go.
-        self._producer.poll(0)
-        self._settle_done()
-        self._commit(asynchronous=False)
-        for p in partitions:
-            self.progress.forget(p.topic, p.partition)
+        keys = {(p.topic, p.partition) for p in partitions}
+        numbers = sorted(p.partition for p in partitions)
+        in_flight = self.progress.in_flight(keys)
+        if in_flight and not self._draining:
+            # Their jobs' next owner would run them again: give them a moment to finish and be
+            # acknowledged, so that their offsets are committed before the partitions go.
+            began = time.monotonic()
+            deadline = began + min(self.grace_s, REVOKE_WAIT_S)
+            while self.progress.in_flight(keys) and time.monotonic() < deadline:
+                self._serve_outcomes(0.02)
+            log.info(
+                "revoked partitions %s: waited %.1f s for %d jobs in flight, %d left unfinished",
+                numbers,
+                time.monotonic() - began,
+                in_flight,
+                self.progress.in_flight(keys),
+            )
+        else:
+            log.info("revoked partitions %s", numbers)
+        self._serve_outcomes()
+        self._commit_now(keys)
+        for topic, partition in keys:
+            self.progress.forget(topic, partition)
 
     def _on_lost(self, partitions: list[Partition]) -> None:
         self._assigned -= frozenset(partitions)
@@ -320,45 +489,45 @@ class Worker(Service):
         for p in partitions:
             self.progress.forget(p.topic, p.partition)
 
-    def _finished(self, delivery: Delivery) -> Callable[[DeliveryError | None], None]:
-        def on_delivery(error: DeliveryError | None) -> None:
-            if error is not None:
-                # The outcome is not on Kafka: leave the offset unfinished so the job is re-delivered.
-                log.error("outcome of offset %s not delivered: %s", delivery.offset, error)
-            self._done.put((delivery, error is None))
-
-        return on_delivery
-
-    def _settle(self, delivery: Delivery, finished: bool) -> None:
-        """A fetched job needs nothing more from this worker; main thread only (it owns Progress)."""
-        if finished:
-            self.progress.finished(delivery.topic, delivery.partition, delivery.offset)
-        with self._counts_lock:
-            self._unacked -= 1
-
-    def _settle_done(self) -> None:
-        while not self._done.empty():
-            delivery, finished = self._done.get_nowait()
-            self._settle(delivery, finished)
-
     def _drain(self) -> None:
-        """Stop fetching; wait for in-flight jobs within the grace period, then publish and commit."""
+        """Stop fetching; wait for in-flight jobs and their outcomes within the grace period, then
+        commit synchronously whatever finished."""
+        self._draining = True
+        self._paused = True  # partitions assigned from now on are paused too (see _on_assign)
         deadline = time.monotonic() + self.grace_s
         consumer = self._slot.built  # none after a failed rebuild: nothing to pause or commit
         if consumer is not None:
-            consumer.pause(consumer.assignment())
-        while self._unacked > 0 and time.monotonic() < deadline:
-            self._producer.poll(0.05)
-            self._settle_done()
-        self._producer.flush(max(1.0, deadline - time.monotonic()))
-        self._producer.poll(0)
-        self._settle_done()
-        self._commit(asynchronous=False)
+            try:
+                consumer.pause(consumer.assignment())
+            except TransportError as exc:
+                log.warning("pausing for the drain failed: %s", exc)
+        while self._busy() and time.monotonic() < deadline:
+            self._serve_outcomes(0.05)
+            if consumer is not None:
+                try:
+                    # Stays a member meanwhile, and learns the answers to its commits.
+                    consumer.poll(0)
+                except TransportError as exc:
+                    self._warn("consumer", "consumer error: %s", exc)
+            if time.monotonic() - self._last_commit >= COMMIT_EVERY_S:
+                self._commit_async()
+                self._last_commit = time.monotonic()
+        with self._counts_lock:
+            running, unacked = self._running, self._unacked
+        if running or unacked:
+            # Their offsets stay uncommitted, so the group redelivers them to another member.
+            log.warning(
+                "%d jobs still running and %d outcomes unacknowledged after the %g s grace period "
+                "are left to be delivered again",
+                running,
+                unacked,
+                self.grace_s,
+            )
+        self._serve_outcomes()
+        self._commit_now()
 
     def _shutdown(self) -> None:
-        if self._tasks:
-            # Their offsets stay uncommitted, so the group redelivers them to another member.
-            log.warning("%d jobs still running after the grace period are abandoned", len(self._tasks))
+        self._draining = True
         if self._loop_thread.is_alive():
             try:
                 # Cancelled on the loop and awaited there, so each job's own cleanup runs in its
@@ -367,9 +536,11 @@ class Worker(Service):
             except Exception:  # a job that ignores cancellation: the loop is stopped regardless
                 log.debug("cancelling the jobs", exc_info=True)
             self._loop.call_soon_threadsafe(self._loop.stop)
-            self._loop_thread.join(5)
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._producer.close(5)
+            self._loop_thread.join(CANCEL_WAIT_S)
+        # Threads of sync handlers are daemons: one stuck in a handler never holds up the exit.
+        self._producer.close(CLOSE_FLUSH_S)
+        self._settle()
+        self._commit_now()
         self._slot.close()
 
     # --- event loop thread --------------------------------------------------------------------
@@ -390,22 +561,31 @@ class Worker(Service):
     async def _execute(self, delivery: Delivery) -> None:
         try:
             await self._execute_job(delivery)
+        except asyncio.CancelledError:
+            raise  # the worker is stopping: the offset stays unfinished, the job is re-delivered
+        except Exception:
+            metrics.INTERNAL_ERRORS.labels(self.app).inc()
+            log.exception(
+                "the worker failed on the job at %s[%d]@%d; its offset moves on",
+                delivery.topic,
+                delivery.partition,
+                delivery.offset,
+            )
+            self._released.put(delivery)
         finally:
             self._job_done()
 
     async def _execute_job(self, delivery: Delivery) -> None:
         try:
             job = self.codec.decode(JobMessage, delivery.value)
-        except MessageDecodeError as exc:
+        except Exception as exc:  # whatever the bytes make the decoder raise, they are poison
             metrics.UNDECODABLE.labels(self.app).inc()
-            self._dead_undecodable(delivery, str(exc))
+            reason = str(exc) if isinstance(exc, MessageDecodeError) else f"{type(exc).__name__}: {exc}"
+            self._dead_undecodable(delivery, reason)
             return
+        # The attempt's time starts now, whatever the message's deadline says: time spent waiting
+        # on the topic or behind a backlog never counts against it.
         started = datetime.now(UTC)
-        if started > job.deadline:
-            # The lease is over: the sweeper dispatches the next attempt; running this one too
-            # would only add a duplicate. Settled by the main thread, which owns the watermarks.
-            self._done.put((delivery, True))
-            return
         with log_context(app=job.app, schedule_id=job.schedule_id, run_id=job.run_id, attempt=job.attempt):
             if not self._tracing:
                 # No span of our own, but the job's trace: log lines still carry its trace id.
@@ -442,15 +622,22 @@ class Worker(Service):
         self, delivery: Delivery, job: JobMessage, started: datetime
     ) -> tuple[str, tuple[str, str] | None]:
         """Run the handler and publish the outcome; returns its status and (error class, error)."""
+        self._report(delivery, job, started, "started")
         try:
             result = await self._run_handler(delivery, job, started)
         except HandlerError as exc:
+            if isinstance(exc, HandlerNotFound):
+                metrics.REFUSED_HANDLERS.labels(self.app).inc()
             return self._failed(delivery, job, started, str(exc), exc.error_class, exc.retryable)
-        except TimeoutError:
-            error = f"timed out after {job.timeout_ms / 1000:g} s"
-            return self._failed(delivery, job, started, error, "Timeout", True)
+        except _TimedOut as exc:
+            return self._failed(delivery, job, started, str(exc), "Timeout", True)
         except asyncio.CancelledError:
-            raise
+            if _cancel_requested():
+                raise
+            # Not the worker's doing: the handler's own work was cancelled under it.
+            return self._failed(
+                delivery, job, started, "the handler's work was cancelled", "CancelledError", True
+            )
         except Exception as exc:
             # Stored as "<class>: <error>", so the class is not repeated in the error itself.
             return self._failed(
@@ -461,6 +648,15 @@ class Worker(Service):
 
     async def _run_handler(self, delivery: Delivery, job: JobMessage, started: datetime) -> Any:
         handler = self.handlers.resolve(job.handler)
+        timeout = job.timeout_ms / 1000
+        try:
+            payload = json.loads(job.payload)
+        except ValueError as exc:
+            raise NonRetryableError(f"the payload is not JSON: {exc}") from None
+        # Cleared once the attempt is over: a handler left behind past its timeout does not go on
+        # renewing a lease that is no longer its own.
+        beating = threading.Event()
+        beating.set()
         context = JobContext(
             run_id=job.run_id,
             schedule_id=job.schedule_id,
@@ -469,93 +665,184 @@ class Worker(Service):
             max_attempts=job.retry.max_attempts,
             idempotency_key=job.idempotency_key,
             scheduled_for=job.scheduled_for,
-            deadline=job.deadline,
-            payload=json.loads(job.payload),
-            heartbeat=lambda: self._heartbeat(delivery, job, started),
+            deadline=started + timedelta(seconds=timeout),
+            payload=payload,
+            heartbeat=partial(self._heartbeat, delivery, job, started, beating),
         )
+        thread: threading.Thread | None = None
         if HandlerRegistry.is_async(handler):
-            work: asyncio.Future[Any] = asyncio.ensure_future(handler(context))
+            work: asyncio.Future[Any] = self._loop.create_task(_guarded(handler, context))
         elif job.handler == "builtin:noop":
             return handler(context)  # instant: a thread hop would cost more than the job
         else:
-            work = self._loop.run_in_executor(None, handler, context)
-        timeout = job.timeout_ms / 1000
-        if timeout > STARTED_AFTER_S:
-            done, _ = await asyncio.wait({work}, timeout=STARTED_AFTER_S)
-            if not done:
-                self._report(delivery, job, started, "started")
-        remaining = timeout - (datetime.now(UTC) - started).total_seconds()
-        while True:
-            wait = min(HEARTBEAT_EVERY_S, remaining)
-            try:
-                return await asyncio.wait_for(asyncio.shield(work), max(wait, 0.0))
-            except TimeoutError:
-                remaining -= wait
-                if remaining <= 0:
-                    work.cancel()  # a thread cannot be stopped; its result will be ignored
-                    raise
-                self._report(delivery, job, started, "heartbeat")
+            work, thread = self._in_thread(handler, context, job)
+        loop = self._loop
+        ends_at = loop.time() + timeout
+        try:
+            while not work.done() and (remaining := ends_at - loop.time()) > 0:
+                await asyncio.wait({work}, timeout=min(HEARTBEAT_EVERY_S, remaining))
+                if not work.done() and ends_at - loop.time() > 0:
+                    self._report(delivery, job, started, "heartbeat")
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+        finally:
+            beating.clear()
+        if work.done():
+            return work.result()
+        work.cancel()
+        if thread is not None:
+            self._abandon(thread, job)
+        raise _TimedOut(f"timed out after {timeout:g} s")
 
-    def _heartbeat(self, delivery: Delivery, job: JobMessage, started: datetime) -> None:
+    def _in_thread(
+        self, handler: Handler, context: JobContext, job: JobMessage
+    ) -> tuple[asyncio.Future[Any], threading.Thread]:
+        """Run a sync handler in a daemon thread of its own: a thread per job, so that one stuck
+        past its timeout never takes a slot from the next job, and never holds up the process's exit."""
+        loop = self._loop
+        future: asyncio.Future[Any] = loop.create_future()
+        # The job's log context (and span) for the handler's own log lines.
+        job_context = contextvars.copy_context()
+
+        def settle(result: Any, error: Exception | None) -> None:
+            if future.done():
+                return  # timed out (cancelled) meanwhile: nobody waits for this result
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+
+        def run() -> None:
+            error: Exception | None = None
+            result: Any = None
+            try:
+                result = job_context.run(handler, context)
+            except Exception as exc:
+                error = exc
+            except BaseException as exc:  # SystemExit and the like end this attempt, not the worker
+                error = HandlerExited(exc)
+            # A closed loop: the worker stopped, and this job was left behind.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle, result, error)
+
+        thread = threading.Thread(target=run, name=f"job-{job.run_id}", daemon=True)
+        thread.start()
+        return future, thread
+
+    def _abandon(self, thread: threading.Thread, job: JobMessage) -> None:
+        metrics.ABANDONED_THREADS.labels(self.app).inc()
+        with self._counts_lock:
+            self._abandoned = [t for t in self._abandoned if t.is_alive()]
+            self._abandoned.append(thread)
+            alive = len(self._abandoned)
+        log.warning(
+            "handler %s still running at its %g s timeout: its thread is left behind (%d such threads now)",
+            job.handler,
+            job.timeout_ms / 1000,
+            alive,
+        )
+
+    def _heartbeat(
+        self, delivery: Delivery, job: JobMessage, started: datetime, beating: threading.Event
+    ) -> None:
         # Called from the handler's own thread or task; the report is produced from the loop.
-        self._loop.call_soon_threadsafe(self._report, delivery, job, started, "heartbeat")
+        if not beating.is_set():
+            return
+        with contextlib.suppress(RuntimeError):  # a closed loop: the worker stopped
+            self._loop.call_soon_threadsafe(self._report, delivery, job, started, "heartbeat")
 
     # --- outcomes (any thread) ----------------------------------------------------------------
 
-    def _produce(
-        self, topic: str, key: uuid.UUID | None, value: bytes, delivery: Delivery, *, outcome: bool = True
+    def _headers(self, delivery: Delivery) -> list[tuple[str, str | bytes | None]]:
+        return [(HEADER, delivery.outcome_traceparent or child_traceparent(delivery.traceparent))]
+
+    def _send_outcome(
+        self, delivery: Delivery, topic: str, key: uuid.UUID | None, build: Callable[[bool], bytes]
     ) -> None:
-        """Produce a message caused by ``delivery``; an ``outcome`` finishes the job's offset once acked."""
-        callback = self._finished(delivery) if outcome else None
-        message = OutgoingMessage(
-            topic,
-            value,
-            None if key is None else key.bytes,
-            [(HEADER, delivery.outcome_traceparent or child_traceparent(delivery.traceparent))],
-        )
+        """Produce the outcome ``build(compact)`` encodes until Kafka acknowledges it; only then
+        does the job's offset finish. Never raises: the job loop must not stop on an outcome."""
+        compact: Callable[[], bytes] | None = None
+        try:
+            value = build(False)
+            compact = partial(build, True)
+        except Exception:
+            log.warning(
+                "the outcome of offset %s could not be encoded; sending its compact form",
+                delivery.offset,
+                exc_info=True,
+            )
+            try:
+                value = build(True)
+            except Exception:
+                # No outcome at all: the run's lease (renewed by its start) brings it back.
+                log.exception("the outcome of offset %s could not be encoded", delivery.offset)
+                metrics.OUTCOMES_UNENCODABLE.labels(self.app).inc()
+                self._released.put(delivery)
+                return
+        owed = Owed(delivery, topic, None if key is None else key.bytes, value, compact)
+        with self._counts_lock:
+            self._unacked += 1
+        self._produce_owed(owed)
+
+    def _produce_owed(self, owed: Owed[Delivery]) -> None:
+        message = OutgoingMessage(owed.topic, owed.value, owed.key, self._headers(owed.delivery))
+
+        def on_delivery(error: DeliveryError | None) -> None:
+            self._reports.put((owed, error))
+
         try:
             # On a full queue this serves delivery reports from this thread, which only queue (see
-            # _done); the main thread goes on polling meanwhile, as librdkafka allows.
-            self._producer.produce(message, callback)
-        except DeliveryError as exc:
+            # _reports); the main thread goes on polling meanwhile, as librdkafka allows.
+            self._producer.produce(message, on_delivery)
+        except Exception as exc:
             # Refused before it left (too large, say): the same outcome as a failed delivery.
-            if callback is not None:
-                callback(exc)
-            else:
-                log.warning("report for offset %s not sent: %s", delivery.offset, exc)
+            self._reports.put((owed, exc))
 
     def _report(self, delivery: Delivery, job: JobMessage, started: datetime, status: str) -> None:
-        event = JobResult(
-            event_id=uuid.uuid4(),
-            status=status,  # type: ignore[arg-type]
-            run_id=job.run_id,
-            schedule_id=job.schedule_id,
-            app=job.app,
-            attempt=job.attempt,
-            worker=self.instance,
-            started_at=started,
-        )
-        self._produce(self.topics.results, job.run_id, self.codec.encode(event), delivery, outcome=False)
+        """A start or heartbeat: renews the run's lease. Not an outcome: a lost one is superseded by
+        the next, so it is sent once and never waited for."""
+        try:
+            event = JobResult(
+                event_id=uuid.uuid4(),
+                status=status,  # type: ignore[arg-type]
+                run_id=job.run_id,
+                schedule_id=job.schedule_id,
+                app=job.app,
+                attempt=job.attempt,
+                worker=self.instance,
+                started_at=started,
+            )
+            message = OutgoingMessage(
+                self.topics.results, self.codec.encode(event), job.run_id.bytes, self._headers(delivery)
+            )
+            self._producer.produce(message)
+        except Exception as exc:
+            log.warning("%s report of offset %s not sent: %s", status, delivery.offset, exc)
 
     def _succeeded(self, delivery: Delivery, job: JobMessage, started: datetime, result: Any) -> None:
-        try:
-            result_json = None if result is None else json.dumps(result, default=str)
-        except (TypeError, ValueError):
-            result_json = json.dumps(repr(result))
-        event = JobResult(
-            event_id=uuid.uuid4(),
-            status="succeeded",
-            run_id=job.run_id,
-            schedule_id=job.schedule_id,
-            app=job.app,
-            attempt=job.attempt,
-            worker=self.instance,
-            started_at=started,
-            finished_at=datetime.now(UTC),
-            result=result_json,
-        )
-        self._produce(self.topics.results, job.run_id, self.codec.encode(event), delivery)
+        finished = datetime.now(UTC)
+        result_json = _result_json(result)
+        event_id = uuid.uuid4()
         self._outcome(job, started, "succeeded")
+
+        def build(compact: bool) -> bytes:
+            limit = COMPACT_RESULT_BYTES if compact else MAX_RESULT_BYTES
+            event = JobResult(
+                event_id=event_id,
+                status="succeeded",
+                run_id=job.run_id,
+                schedule_id=job.schedule_id,
+                app=job.app,
+                attempt=job.attempt,
+                worker=self.instance,
+                started_at=started,
+                finished_at=finished,
+                result=None if result_json is None else capped_result(result_json, limit),
+            )
+            return self.codec.encode(event)
+
+        self._send_outcome(delivery, self.topics.results, job.run_id, build)
 
     def _failed(
         self,
@@ -568,30 +855,44 @@ class Worker(Service):
     ) -> tuple[str, tuple[str, str]]:
         """Publish a failed attempt's outcome; returns its status and (error class, error)."""
         finished = datetime.now(UTC)
-        # Stored in PostgreSQL and shown to operators: secrets in a handler's error text are masked.
-        error = redact_text(error)
-        policy = RetryPolicy(
-            max_attempts=job.retry.max_attempts,
-            base_seconds=job.retry.backoff_base_ms / 1000,
-            max_backoff_seconds=job.retry.backoff_max_ms / 1000,
-        )
-        if policy.should_retry(job.attempt, retryable):
-            retry = JobRetry(
-                event_id=uuid.uuid4(),
-                run_id=job.run_id,
-                schedule_id=job.schedule_id,
-                app=job.app,
-                attempt=job.attempt,
-                worker=self.instance,
-                started_at=started,
-                finished_at=finished,
-                error=error,
-                error_class=error_class,
-                not_before=policy.next_attempt_at(finished, job.attempt),
+        # Stored in PostgreSQL and shown to operators: secrets in a handler's error text are masked,
+        # and a text of any size or content fits in the outcome message.
+        error = capped_text(redact_text(error))
+        error_class = capped_text(error_class, MAX_ERROR_CLASS_CHARS)
+        event_id = uuid.uuid4()
+        try:
+            policy = RetryPolicy(
+                max_attempts=job.retry.max_attempts,
+                base_seconds=job.retry.backoff_base_ms / 1000,
+                max_backoff_seconds=job.retry.backoff_max_ms / 1000,
             )
-            self._produce(self.topics.retry, job.run_id, self.codec.encode(retry), delivery)
+            retry = policy.should_retry(job.attempt, retryable)
+            # The reconciler adds the delay to PostgreSQL's clock; not_before is for v1 readers.
+            backoff_s = policy.backoff_seconds(job.attempt) if retry else 0.0
+        except ValueError:
+            retry = False  # retry settings that make no sense (a hand-made message): not retried
+        if retry:
+
+            def build_retry(compact: bool) -> bytes:
+                retry = JobRetry(
+                    event_id=event_id,
+                    run_id=job.run_id,
+                    schedule_id=job.schedule_id,
+                    app=job.app,
+                    attempt=job.attempt,
+                    worker=self.instance,
+                    started_at=started,
+                    finished_at=finished,
+                    error=capped_text(error, COMPACT_ERROR_CHARS) if compact else error,
+                    error_class=error_class,
+                    not_before=finished + timedelta(seconds=backoff_s),
+                    backoff_ms=round(backoff_s * 1000),
+                )
+                return self.codec.encode(retry)
+
             metrics.RETRIES.labels(self.app).inc()
             self._outcome(job, started, "retry", error_class, error)
+            self._send_outcome(delivery, self.topics.retry, job.run_id, build_retry)
             return "retry", (error_class, error)
         this_attempt = AttemptSummary(
             attempt=job.attempt,
@@ -601,24 +902,41 @@ class Worker(Service):
             worker=self.instance,
             started_at=started,
         )
-        dead = JobDeadLetter(
-            event_id=uuid.uuid4(),
-            cause="retries_exhausted" if retryable else "non_retryable",
-            app=job.app,
-            run_id=job.run_id,
-            schedule_id=job.schedule_id,
-            attempt=job.attempt,
-            worker=self.instance,
-            started_at=started,
-            finished_at=finished,
-            error=error,
-            error_class=error_class,
-            attempts=(*job.previous_attempts, this_attempt),
-            original_bytes=delivery.value,
-            source=KafkaSource(topic=delivery.topic, partition=delivery.partition, offset=delivery.offset),
-        )
-        self._produce(self.topics.dlq, job.run_id, self.codec.encode(dead), delivery)
+
+        def build_dead(compact: bool) -> bytes:
+            limit = COMPACT_HISTORY_ERROR_CHARS if compact else MAX_HISTORY_ERROR_CHARS
+            history = tuple(
+                replace(
+                    a,
+                    error=capped_text(a.error, limit),
+                    error_class=capped_text(a.error_class, MAX_ERROR_CLASS_CHARS),
+                )
+                for a in (*job.previous_attempts, this_attempt)
+            )
+            dead = JobDeadLetter(
+                event_id=event_id,
+                cause="retries_exhausted" if retryable else "non_retryable",
+                app=job.app,
+                run_id=job.run_id,
+                schedule_id=job.schedule_id,
+                attempt=job.attempt,
+                worker=self.instance,
+                started_at=started,
+                finished_at=finished,
+                error=capped_text(error, COMPACT_ERROR_CHARS) if compact else error,
+                error_class=error_class,
+                attempts=history,
+                # The job itself is on its topic still (source says where): a letter Kafka refused
+                # for its size goes without the copy.
+                original_bytes=b"" if compact else delivery.value,
+                source=KafkaSource(
+                    topic=delivery.topic, partition=delivery.partition, offset=delivery.offset
+                ),
+            )
+            return self.codec.encode(dead)
+
         self._outcome(job, started, "dead", error_class, error)
+        self._send_outcome(delivery, self.topics.dlq, job.run_id, build_dead)
         return "dead", (error_class, error)
 
     def _outcome(
@@ -648,20 +966,65 @@ class Worker(Service):
             )
 
     def _dead_undecodable(self, delivery: Delivery, reason: str) -> None:
-        dead = JobDeadLetter(
-            event_id=uuid.uuid4(),
-            cause="undecodable",
-            app=self.app,
-            run_id=None,
-            schedule_id=None,
-            attempt=None,
-            worker=self.instance,
-            started_at=None,
-            finished_at=datetime.now(UTC),
-            error=reason,
-            error_class="UndecodableMessage",
-            attempts=(),
-            original_bytes=delivery.value,
-            source=KafkaSource(topic=delivery.topic, partition=delivery.partition, offset=delivery.offset),
-        )
-        self._produce(self.topics.dlq, None, self.codec.encode(dead), delivery)
+        reason = capped_text(reason)
+        finished = datetime.now(UTC)
+        event_id = uuid.uuid4()
+
+        def build(compact: bool) -> bytes:
+            original = delivery.value[:COMPACT_ORIGINAL_BYTES] if compact else delivery.value
+            cut = f" (its first {len(original)} of {len(delivery.value)} bytes kept)" if compact else ""
+            dead = JobDeadLetter(
+                event_id=event_id,
+                cause="undecodable",
+                app=self.app,
+                run_id=None,
+                schedule_id=None,
+                attempt=None,
+                worker=self.instance,
+                started_at=None,
+                finished_at=finished,
+                error=capped_text(reason, COMPACT_ERROR_CHARS) + cut if compact else reason,
+                error_class="UndecodableMessage",
+                attempts=(),
+                original_bytes=original,
+                source=KafkaSource(
+                    topic=delivery.topic, partition=delivery.partition, offset=delivery.offset
+                ),
+            )
+            return self.codec.encode(dead)
+
+        self._send_outcome(delivery, self.topics.dlq, None, build)
+
+
+def _cancel_requested() -> bool:
+    """Whether the running task was cancelled by the worker (a timeout or the stop), rather than
+    raising CancelledError of its own accord."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def _guarded(handler: Handler, context: JobContext) -> Any:
+    """An async handler whose BaseExceptions cannot escape: asyncio re-raises SystemExit and
+    KeyboardInterrupt out of the event loop, which would end every job at once."""
+    try:
+        return await handler(context)
+    except Exception:
+        raise
+    except BaseException as exc:
+        if isinstance(exc, asyncio.CancelledError) and _cancel_requested():
+            raise
+        raise HandlerExited(exc) from exc
+
+
+def _result_json(result: Any) -> str | None:
+    """A handler's result as JSON text (what PostgreSQL's jsonb takes: no NaN), or its repr when it
+    is not JSON-able."""
+    if result is None:
+        return None
+    try:
+        return json.dumps(result, default=str, allow_nan=False)
+    except Exception:
+        try:
+            return json.dumps(repr(result))
+        except Exception:
+            return json.dumps(f"<a {type(result).__name__} that cannot be shown>")

@@ -4,6 +4,7 @@ context to call handlers with."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -61,3 +62,50 @@ class AsyncCallable:
 
 
 async_callable = AsyncCallable()
+
+
+def _private(ctx: JobContext) -> str:
+    return "never run: private to its module"
+
+
+# --- handlers that misbehave, for the worker's robustness tests -----------------------------------
+
+
+def exit_now(ctx: JobContext) -> None:
+    """What ``sys:exit`` would do, from a registered handler."""
+    raise SystemExit(3)
+
+
+def interrupt(ctx: JobContext) -> None:
+    raise KeyboardInterrupt
+
+
+async def exit_async(ctx: JobContext) -> None:
+    await asyncio.sleep(0)
+    raise SystemExit("bye")
+
+
+def stuck(ctx: JobContext) -> None:
+    """A synchronous handler that ignores its timeout: it blocks its thread for ``seconds``."""
+    time.sleep(float(ctx.payload.get("seconds", 60)))
+
+
+def sized_result(ctx: JobContext) -> str:
+    return "r" * int(ctx.payload["bytes"])
+
+
+def sized_error(ctx: JobContext) -> None:
+    raise ValueError("\x00" + "e" * int(ctx.payload["chars"]))
+
+
+def big_result(ctx: JobContext) -> dict[str, Any]:
+    """A JSON object result of about ``payload["bytes"]`` bytes: over what an outcome may carry."""
+    return {"blob": "b" * int(ctx.payload["bytes"]), "end": True}
+
+
+EXECUTED: list[uuid.UUID] = []
+"""Run ids of the jobs :func:`record` ran, in this process (for workers run in-process by tests)."""
+
+
+def record(ctx: JobContext) -> None:
+    EXECUTED.append(ctx.run_id)

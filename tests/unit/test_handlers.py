@@ -1,10 +1,12 @@
-"""The handler registry, the builtins, Python callables, and which HTTP targets are refused."""
+"""The handler registry (builtins plus registered entries only), the builtins, Python callables, and
+which HTTP targets are refused."""
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
 from collections.abc import Sequence
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +14,13 @@ import pytest
 
 from scheduler.worker import handlers
 from scheduler.worker.handlers import (
+    ENTRY_POINT_GROUP,
     HandlerError,
+    HandlerExited,
     HandlerNotFound,
+    HandlerNotRegistered,
     HandlerRegistry,
+    InvalidRegistration,
     NonRetryableError,
     describe_failure,
 )
@@ -40,7 +46,7 @@ def run(registry: HandlerRegistry, ref: str, payload: Any = None, **context: Any
 
 @pytest.fixture
 def registry() -> HandlerRegistry:
-    return HandlerRegistry()
+    return HandlerRegistry(registered=[FIXTURES], entry_points=())
 
 
 # --- builtins ------------------------------------------------------------------------------------
@@ -149,10 +155,12 @@ def test_a_python_handler_classifies_its_own_failure(registry: HandlerRegistry) 
         ("a..b:c", "expected builtin:NAME or package.module:function"),
         ("mod:", "expected builtin:NAME or package.module:function"),
         ("", "expected builtin:NAME or package.module:function"),
-        ("no_such_module_xyz:run", "cannot import 'no_such_module_xyz': ModuleNotFoundError"),
         (f"{FIXTURES}:missing", f"'{FIXTURES}' has no attribute 'missing'"),
         (f"{FIXTURES}:Greeter.missing", f"'{FIXTURES}:Greeter' has no attribute 'missing'"),
         (f"{FIXTURES}:NOT_CALLABLE", "int object is not callable"),
+        (f"{FIXTURES}:_private", f"'_private' is private to '{FIXTURES}'"),
+        # What the module imported is not its own to offer.
+        (f"{FIXTURES}:time.sleep", f"'time' is a module, not a handler of '{FIXTURES}'"),
     ],
 )
 def test_a_bad_reference_is_not_found(registry: HandlerRegistry, ref: str, reason: str) -> None:
@@ -164,18 +172,91 @@ def test_a_bad_reference_is_not_found(registry: HandlerRegistry, ref: str, reaso
     assert missing.value.error_class == "HandlerNotFound"
 
 
-def test_a_module_failing_on_import_is_imported_once(
-    registry: HandlerRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize(
+    "ref", ["sys:exit", "os:system", "no_such_module_xyz:run", f"{FIXTURES}.sub:run", "tests.unit:x"]
+)
+def test_an_unregistered_reference_is_refused(registry: HandlerRegistry, ref: str) -> None:
+    for _ in range(2):  # cached, and refused the same way again
+        with pytest.raises(HandlerNotRegistered) as refused:
+            registry.resolve(ref)
+        message = str(refused.value)
+        assert message.startswith(f"this worker does not run handler {ref!r} (registered: {FIXTURES};")
+        assert "SCHEDULER_HANDLERS or --handler" in message and "\n" not in message
+        assert not refused.value.retryable
+        assert refused.value.error_class == "HandlerNotRegistered"
+
+
+def test_the_builtins_alone_refuse_every_python_reference() -> None:
+    bare = HandlerRegistry(entry_points=())
+    assert bare.resolve("builtin:noop") is handlers.noop
+    with pytest.raises(HandlerNotRegistered, match=r"\(registered: none; the builtins always run\)"):
+        bare.resolve(f"{FIXTURES}:echo")
+
+
+def test_an_unregistered_module_is_never_imported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     imports = tmp_path / "imports.log"
-    (tmp_path / "broken_handlers_mod.py").write_text(
-        f"open({str(imports)!r}, 'a').write('x')\nraise RuntimeError('no config\\nat all')\n"
+    (tmp_path / "side_effect_handlers_mod.py").write_text(
+        f"open({str(imports)!r}, 'a').write('x')\ndef run(ctx): return 1\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    for _ in range(2):
-        with pytest.raises(HandlerNotFound, match="RuntimeError: no config at all"):
-            registry.resolve("broken_handlers_mod:run")
+    registry = HandlerRegistry(registered=[FIXTURES], entry_points=())
+    with pytest.raises(HandlerNotRegistered):
+        registry.resolve("side_effect_handlers_mod:run")
+    assert not imports.exists()
+    # Registered, it is imported once, at start-up, and runs.
+    registered = HandlerRegistry(registered=["side_effect_handlers_mod"], entry_points=())
     assert imports.read_text() == "x"
+    assert run(registered, "side_effect_handlers_mod:run") == 1
+    assert imports.read_text() == "x"
+
+
+def test_a_function_entry_registers_exactly_that_function() -> None:
+    registry = HandlerRegistry(registered=[f"{FIXTURES}:echo", f"{FIXTURES}:Greeter.greet"], entry_points=())
+    assert registry.registered == (f"{FIXTURES}:echo", f"{FIXTURES}:Greeter.greet")
+    assert run(registry, f"{FIXTURES}:echo", 1)["payload"] == 1
+    assert run(registry, f"{FIXTURES}:Greeter.greet", "you") == "hello you"
+    with pytest.raises(HandlerNotRegistered):
+        registry.resolve(f"{FIXTURES}:echo_async")
+
+
+def test_installed_entry_points_register_their_handlers() -> None:
+    points = [
+        EntryPoint("fixtures", FIXTURES, ENTRY_POINT_GROUP),
+        EntryPoint("one", "json:dumps", ENTRY_POINT_GROUP),
+    ]
+    registry = HandlerRegistry(entry_points=points)
+    assert registry.registered == (FIXTURES, "json:dumps")
+    assert run(registry, f"{FIXTURES}:echo_async", 2) == {"payload": 2, "async": True}
+    with pytest.raises(HandlerNotRegistered):
+        registry.resolve("json:loads")
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        ("not a module", "expected package.module or package.module:function"),
+        ("builtin:noop", "expected package.module or package.module:function"),
+        ("no_such_module_xyz", "cannot import 'no_such_module_xyz': ModuleNotFoundError"),
+        (f"{FIXTURES}:missing", f"'{FIXTURES}' has no attribute 'missing'"),
+        (f"{FIXTURES}:NOT_CALLABLE", "int object is not callable"),
+    ],
+)
+def test_a_bad_entry_stops_start_up_with_one_line(entry: str, reason: str) -> None:
+    with pytest.raises(InvalidRegistration) as invalid:
+        HandlerRegistry(registered=[entry], entry_points=())
+    message = str(invalid.value)
+    assert message.startswith(f"handler registration {entry!r} (SCHEDULER_HANDLERS or --handler): ")
+    assert reason in message and "\n" not in message
+
+
+def test_a_module_failing_on_import_stops_start_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "broken_handlers_mod.py").write_text("raise RuntimeError('no config\\nat all')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(InvalidRegistration, match=r"RuntimeError: no config at all$"):
+        HandlerRegistry(registered=["broken_handlers_mod"], entry_points=())
+    point = EntryPoint("broken", "broken_handlers_mod:run", ENTRY_POINT_GROUP)
+    with pytest.raises(InvalidRegistration, match=r"\(entry point 'broken' of group scheduler.handlers\)"):
+        HandlerRegistry(entry_points=[point])
 
 
 # --- errors --------------------------------------------------------------------------------------
@@ -190,6 +271,13 @@ def test_errors_carry_their_classification() -> None:
     )
     assert describe_failure(ValueError("bad\n  value")) == handlers.Failure(True, "ValueError", "bad value")
     assert describe_failure(KeyError()).message == "KeyError"
+    exited = HandlerExited(SystemExit(3))
+    assert (str(exited), exited.error_class, exited.retryable) == (
+        "the handler raised SystemExit(3)",
+        "SystemExit",
+        True,
+    )
+    assert str(HandlerExited(KeyboardInterrupt())) == "the handler raised KeyboardInterrupt"
 
 
 # --- which HTTP targets are refused --------------------------------------------------------------

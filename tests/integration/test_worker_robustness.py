@@ -1,0 +1,444 @@
+"""The worker against the real Kafka: it runs only registered handlers, no handler ends its job loop,
+every outcome is delivered (capped, or compact when Kafka refuses its size), a stuck synchronous
+handler holds up neither the next job nor the exit, and its commits end where its work ended.
+
+Jobs are produced straight onto the app's topic and outcomes read from the outcome topics with an
+independent client: no PostgreSQL component runs, so what is seen is the worker's doing alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer as RawConsumer
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import Producer as RawProducer
+
+from scheduler.config import Settings
+from scheduler.domain.storable import MAX_ERROR_CHARS, MAX_HISTORY_ERROR_CHARS, MAX_RESULT_BYTES
+from scheduler.kafka.avro import AvroCodec
+from scheduler.kafka.messages import JobDeadLetter, JobMessage, JobResult, JobRetry, RetryPolicy
+from scheduler.kafka.transport import Consumer, TopicAdmin, consumer_config
+from scheduler.runtime.service import Check
+from scheduler.wiring import Wiring
+from scheduler.worker.handlers import HandlerRegistry
+from scheduler.worker.metrics import REGISTRY
+from scheduler.worker.worker import Worker, WorkerTopics
+from tests.support import Component, read_records, wait_for
+from tests.unit.handler_fixtures import EXECUTED
+
+pytestmark = pytest.mark.integration
+
+APP = "robust"
+FIXTURES = "tests.unit.handler_fixtures"
+CODEC = AvroCodec()
+# The app's topic takes big jobs; the dead-letter topic keeps the broker's default limit (about
+# 1 MB), so that a letter carrying a big job is refused for its size.
+BIG_TOPIC = {"max.message.bytes": str(8 * 1024 * 1024)}
+
+
+@dataclass
+class Outcomes:
+    """What the outcome topics hold, by run id."""
+
+    started: dict[uuid.UUID, list[JobResult]] = field(default_factory=dict)
+    succeeded: dict[uuid.UUID, JobResult] = field(default_factory=dict)
+    retried: dict[uuid.UUID, JobRetry] = field(default_factory=dict)
+    dead: dict[uuid.UUID, JobDeadLetter] = field(default_factory=dict)
+
+    def ended(self) -> set[uuid.UUID]:
+        return set(self.succeeded) | set(self.retried) | set(self.dead)
+
+
+def read_outcomes(settings: Settings) -> Outcomes:
+    found = Outcomes()
+    bootstrap = settings.kafka_bootstrap
+    for _, value, _, _ in read_records(bootstrap, settings.results_topic):
+        result = CODEC.decode(JobResult, value)
+        if result.status == "succeeded":
+            found.succeeded[result.run_id] = result
+        elif result.status == "started":
+            found.started.setdefault(result.run_id, []).append(result)
+    for _, value, _, _ in read_records(bootstrap, settings.retry_topic):
+        retry = CODEC.decode(JobRetry, value)
+        found.retried[retry.run_id] = retry
+    for _, value, _, _ in read_records(bootstrap, settings.dlq_topic):
+        letter = CODEC.decode(JobDeadLetter, value)
+        assert letter.run_id is not None
+        found.dead[letter.run_id] = letter
+    return found
+
+
+def job(handler: str, payload: Any = None, *, max_attempts: int = 1, timeout_ms: int = 30_000) -> JobMessage:
+    run_id = uuid.uuid4()
+    now = datetime.now(UTC)
+    return JobMessage(
+        run_id=run_id,
+        schedule_id=uuid.uuid4(),
+        app=APP,
+        attempt=1,
+        idempotency_key=str(run_id),
+        scheduled_for=now,
+        handler=handler,
+        payload=json.dumps(payload),
+        timeout_ms=timeout_ms,
+        # Long past: the worker runs a job whatever its message's deadline says.
+        deadline=now - timedelta(hours=1),
+        retry=RetryPolicy(max_attempts=max_attempts, backoff_base_ms=100, backoff_max_ms=1000),
+    )
+
+
+def publish(settings: Settings, jobs: Sequence[JobMessage], partition: int | None = None) -> None:
+    producer = RawProducer({"bootstrap.servers": settings.kafka_bootstrap, "message.max.bytes": 8 << 20})
+    count = partitions_of(settings)
+    for index, message in enumerate(jobs):
+        where = partition if partition is not None else index % count
+        producer.produce(settings.jobs_topic(APP), CODEC.encode(message), partition=where)
+    assert producer.flush(30) == 0
+
+
+def partitions_of(settings: Settings) -> int:
+    return TopicAdmin(settings.kafka_bootstrap).partitions(settings.jobs_topic(APP))
+
+
+def group_offsets(settings: Settings) -> tuple[dict[int, int], dict[int, int]]:
+    """(committed offset, high watermark) of every partition of the app's topic, for its workers' group."""
+    topic = settings.jobs_topic(APP)
+    reader = RawConsumer(
+        {"bootstrap.servers": settings.kafka_bootstrap, "group.id": settings.worker_group(APP)}
+    )
+    try:
+        partitions = [TopicPartition(topic, p) for p in range(partitions_of(settings))]
+        committed = {tp.partition: max(tp.offset, 0) for tp in reader.committed(partitions, timeout=10)}
+        ends = {tp.partition: reader.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions}
+    finally:
+        reader.close()
+    return committed, ends
+
+
+def until(workers: Sequence[Component], condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    """:func:`wait_for`, failing with the workers' logs."""
+    try:
+        wait_for(lambda: bool(condition()), timeout_s, what)
+    except AssertionError as exc:
+        logs = "\n".join(f"--- {w.name} {w.proc.pid}\n{w.output()[-3000:]}" for w in workers)
+        raise AssertionError(f"{exc}\n{logs}") from None
+
+
+def caught_up(settings: Settings) -> bool:
+    committed, ends = group_offsets(settings)
+    return committed == ends
+
+
+@pytest.fixture
+def topics(settings: Settings) -> Settings:
+    admin = TopicAdmin(settings.kafka_bootstrap)
+    admin.ensure_topics([settings.results_topic, settings.retry_topic, settings.dlq_topic], partitions=2)
+    admin.ensure_topics([settings.jobs_topic(APP)], partitions=4, config=BIG_TOPIC)
+    return settings
+
+
+@pytest.fixture
+def start_worker(topics: Settings, settings_env: dict[str, str], tmp_path: Path) -> Iterator[Any]:
+    """Starts ``scheduler run worker`` processes of the app; stops the ones still running at the end."""
+    started: list[Component] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> Component:
+        worker = Component("worker", env or settings_env, tmp_path, "--app", APP, *args)
+        started.append(worker)
+        return worker
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            if worker.proc.poll() is None:
+                worker.proc.kill()
+                worker.proc.wait(10)
+
+
+def test_refused_and_crashing_handlers_never_end_the_job_loop(
+    topics: Settings, settings_env: dict[str, str], tmp_path: Path, start_worker: Any
+) -> None:
+    # An importable module with an import side effect, which nobody registered.
+    imported = tmp_path / "imported"
+    (tmp_path / "side_effect_handlers.py").write_text(
+        f"open({str(imported)!r}, 'w').write('imported')\ndef run(ctx): return 'ran'\n"
+    )
+    env = settings_env | {"PYTHONPATH": f"{tmp_path}{os.pathsep}{settings_env['PYTHONPATH']}"}
+    jobs = {
+        "sys:exit": job("sys:exit"),
+        "side effect": job("side_effect_handlers:run"),
+        "SystemExit": job(f"{FIXTURES}:exit_now"),
+        "KeyboardInterrupt": job(f"{FIXTURES}:interrupt", max_attempts=2),
+        "async SystemExit": job(f"{FIXTURES}:exit_async"),
+        "after them": job("builtin:noop"),
+    }
+    # One partition, one slot: the last job runs only if the loop survived every one before it.
+    publish(topics, list(jobs.values()), partition=0)
+    worker = start_worker("--concurrency", "1", env=env)
+    until(
+        [worker],
+        lambda: jobs["after them"].run_id in read_outcomes(topics).succeeded,
+        60,
+        "the last job to run",
+    )
+    found = read_outcomes(topics)
+    for name in ("sys:exit", "side effect"):
+        letter = found.dead[jobs[name].run_id]
+        assert (letter.cause, letter.error_class) == ("non_retryable", "HandlerNotRegistered"), name
+        assert "does not run handler" in letter.error and f"registered: {FIXTURES}" in letter.error
+    assert not imported.exists(), "an unregistered module was imported"
+    assert found.dead[jobs["SystemExit"].run_id].error_class == "SystemExit"
+    assert found.dead[jobs["SystemExit"].run_id].error == "the handler raised SystemExit(3)"
+    assert found.dead[jobs["async SystemExit"].run_id].error_class == "SystemExit"
+    assert found.retried[jobs["KeyboardInterrupt"].run_id].error_class == "KeyboardInterrupt"
+    # Every job reported its start, the refused ones too.
+    assert {run_id for run_id, starts in found.started.items() if len(starts) == 1} == {
+        j.run_id for j in jobs.values()
+    }
+    assert worker.proc.poll() is None, worker.output()[-3000:]
+    assert worker.stop() == 0, worker.output()[-3000:]
+
+
+def test_oversized_outcomes_are_delivered_capped_or_compact(topics: Settings, start_worker: Any) -> None:
+    huge_result = job(f"{FIXTURES}:sized_result", {"bytes": 1024 * 1024})
+    huge_retry = job(f"{FIXTURES}:sized_error", {"chars": 2 * 1024 * 1024}, max_attempts=2)
+    huge_dead = job(f"{FIXTURES}:sized_error", {"chars": 2 * 1024 * 1024})
+    # Its dead letter would carry the job's 2 MB (that do not compress): the letter topic refuses
+    # that, and the compact letter (without the job's copy) is delivered instead.
+    pad = secrets.token_urlsafe(1_500_000)
+    big_job = job("builtin:fail", {"times": 1, "retryable": False, "pad": pad})
+    publish(topics, [huge_result, huge_retry, huge_dead, big_job])
+    worker = start_worker("--concurrency", "4")
+    runs = {j.run_id for j in (huge_result, huge_retry, huge_dead, big_job)}
+    until([worker], lambda: read_outcomes(topics).ended() >= runs, 60, "every outcome delivered")
+    found = read_outcomes(topics)
+
+    result = found.succeeded[huge_result.run_id].result
+    assert result is not None and len(result.encode()) <= MAX_RESULT_BYTES
+    capped = json.loads(result)
+    assert capped["truncated"] is True and capped["limit_bytes"] == MAX_RESULT_BYTES
+    assert capped["size_bytes"] == 1024 * 1024 + 2 and capped["head"].startswith('"rrr')
+
+    retry = found.retried[huge_retry.run_id]
+    assert len(retry.error) <= MAX_ERROR_CHARS and retry.error.endswith(" characters]")
+    assert retry.error.startswith("\\u0000eee")  # NUL escaped: storable as PostgreSQL text
+    assert retry.backoff_ms is not None and 0 <= retry.backoff_ms <= 100
+    assert retry.not_before >= retry.finished_at
+    letter = found.dead[huge_dead.run_id]
+    assert len(letter.error) <= MAX_ERROR_CHARS and "[truncated" in letter.error
+    assert len(letter.attempts[-1].error) <= MAX_HISTORY_ERROR_CHARS
+    assert letter.original_bytes == CODEC.encode(huge_dead)
+
+    compact = found.dead[big_job.run_id]
+    assert (compact.cause, compact.error_class, compact.original_bytes) == (
+        "non_retryable",
+        "PlannedFailure",
+        b"",
+    )
+    assert compact.source is not None and compact.source.topic == topics.jobs_topic(APP)
+    assert worker.stop() == 0, worker.output()[-3000:]
+
+
+def test_a_stuck_sync_handler_blocks_neither_the_next_job_nor_the_exit(
+    topics: Settings, start_worker: Any
+) -> None:
+    timed_out = job(f"{FIXTURES}:stuck", {"seconds": 120}, timeout_ms=1000, max_attempts=2)
+    after = job("builtin:noop")
+    running = job(f"{FIXTURES}:stuck", {"seconds": 120}, timeout_ms=120_000)
+    publish(topics, [timed_out, after, running], partition=0)
+    # One slot: the job after the stuck one runs only if the stuck thread gave its slot back.
+    worker = start_worker("--concurrency", "1", "--grace", "2")
+    until([worker], lambda: running.run_id in read_outcomes(topics).started, 60, "the third job to start")
+    found = read_outcomes(topics)
+    assert found.retried[timed_out.run_id].error_class == "Timeout"
+    assert after.run_id in found.succeeded
+    assert "left behind" in worker.output()
+
+    began = time.monotonic()
+    worker.proc.send_signal(signal.SIGTERM)
+    code = worker.proc.wait(30)
+    took = time.monotonic() - began
+    assert code == 0, worker.output()[-3000:]
+    assert took < 2 + 8, f"the worker took {took:.1f} s to stop with a 2 s grace"
+    # The job cut off by the stop is not committed: whoever owns the partition next runs it.
+    committed, _ = group_offsets(topics)
+    assert committed[0] == 2
+    assert running.run_id not in read_outcomes(topics).ended()
+
+
+def test_after_a_drain_commits_equal_the_work_done_and_a_restart_runs_nothing(
+    topics: Settings, start_worker: Any
+) -> None:
+    jobs = [job("builtin:noop") for _ in range(150)]
+    jobs += [job("builtin:fail", {"times": 1}, max_attempts=2) for _ in range(20)]
+    jobs += [job("builtin:sleep", {"seconds": 0.2}) for _ in range(30)]
+    publish(topics, jobs)
+    worker = start_worker("--concurrency", "8")
+    runs = {j.run_id for j in jobs}
+    until([worker], lambda: read_outcomes(topics).ended() >= runs, 60, "every outcome delivered")
+    # Asynchronous commits are confirmed while the worker runs, on every partition.
+    until([worker], lambda: caught_up(topics), 20, "the commits to reach the ends")
+    assert worker.stop() == 0, worker.output()[-3000:]
+    committed, ends = group_offsets(topics)
+    assert committed == ends and sum(ends.values()) == len(jobs)
+
+    # A restart runs nothing again: one sentinel per partition runs, and nothing else does.
+    again = start_worker("--concurrency", "8")
+    sentinels = [job("builtin:noop") for _ in range(partitions_of(topics))]
+    publish(topics, sentinels)
+    until(
+        [again],
+        lambda: {s.run_id for s in sentinels} <= set(read_outcomes(topics).succeeded),
+        60,
+        "the sentinels to run",
+    )
+    found = read_outcomes(topics)
+    assert sorted(len(starts) for starts in found.started.values()) == [1] * (len(jobs) + len(sentinels))
+    assert again.stop() == 0, again.output()[-3000:]
+    committed, ends = group_offsets(topics)
+    assert committed == ends
+
+
+def test_a_rebalance_lets_running_jobs_finish_before_their_partitions_go(
+    topics: Settings, start_worker: Any
+) -> None:
+    # Every job runs at once on the first worker, and is still running when a second one joins.
+    jobs = [job("builtin:sleep", {"seconds": 4}) for _ in range(80)]
+    publish(topics, jobs)
+    first = start_worker("--concurrency", "100")
+    until([first], lambda: len(read_outcomes(topics).started) == len(jobs), 60, "every job to start")
+    second = start_worker("--concurrency", "100")
+    until([second], lambda: re.search(r"assigned partitions \[\d", second.output()), 60, "the rebalance")
+    # Work for both after the rebalance.
+    later = [job("builtin:noop") for _ in range(40)]
+    publish(topics, later)
+    runs = {j.run_id for j in jobs + later}
+    until([first, second], lambda: set(read_outcomes(topics).succeeded) >= runs, 60, "every job to run")
+    found = read_outcomes(topics)
+    assert {starts[0].worker for starts in found.started.values()} == {
+        f"worker-{socket.gethostname()}-{w.proc.pid}" for w in (first, second)
+    }
+    twice = [run for run, starts in found.started.items() if len(starts) > 1]
+    assert twice == [], f"{len(twice)} jobs ran twice"
+    assert "waited" in first.output()  # for the running jobs of the partitions it gave up
+    assert first.stop() == 0 and second.stop() == 0
+    assert caught_up(topics)
+
+
+def test_outcomes_kafka_refuses_are_produced_again_and_no_new_jobs_start_meanwhile(
+    settings: Settings,
+) -> None:
+    # The outcome topics do not exist yet: every outcome fails to be delivered until they do.
+    TopicAdmin(settings.kafka_bootstrap).ensure_topics([settings.jobs_topic(APP)], partitions=4)
+    jobs = [job(f"{FIXTURES}:record") for _ in range(300)]
+    publish(settings, jobs)
+    concurrency = 4
+    wiring = Wiring(settings)
+    topics = WorkerTopics(
+        settings.jobs_topic(APP),
+        settings.worker_group(APP),
+        settings.results_topic,
+        settings.retry_topic,
+        settings.dlq_topic,
+    )
+    consumer = consumer_config(settings.kafka, topics.group, "robust-worker")
+    worker = Worker(
+        APP,
+        topics,
+        codec=wiring.codec,
+        handlers=HandlerRegistry(registered=[FIXTURES], entry_points=()),
+        # Kafka gives up on each delivery after a second, instead of retrying it itself for minutes.
+        producer=wiring.producer(
+            "robust-worker", {"message.timeout.ms": 1000, "topic.metadata.refresh.interval.ms": 500}
+        ),
+        consumers=lambda **callbacks: Consumer(consumer, [topics.jobs], **callbacks),
+        kafka_check=Check("kafka", lambda: None),
+        concurrency=concurrency,
+        grace_s=10,
+        name="robust-worker",
+    )
+    EXECUTED.clear()
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,))
+    thread.start()
+    try:
+
+        def failures() -> float:
+            value = REGISTRY.get_sample_value(
+                "scheduler_worker_outcome_delivery_failures_total", {"app": APP}
+            )
+            return value or 0.0
+
+        before = failures()
+        # Every unacknowledged outcome failed at least twice: the worker had all the time it
+        # wanted to start more jobs.
+        wait_for(lambda: failures() - before >= 2 * worker.unacked_bound, 60, "deliveries to fail")
+        assert worker.unacked_bound < len(EXECUTED) <= worker.unacked_bound + 2 * concurrency + 1
+        TopicAdmin(settings.kafka_bootstrap).ensure_topics(
+            [settings.results_topic, settings.retry_topic, settings.dlq_topic], partitions=2
+        )
+
+        def all_succeeded() -> bool:
+            try:
+                return set(read_outcomes(settings).succeeded) == {j.run_id for j in jobs}
+            except KafkaException:  # topics this new may not have their leaders yet
+                return False
+
+        wait_for(all_succeeded, 90, "every outcome")
+    finally:
+        stop.set()
+        thread.join(30)
+    assert sorted(EXECUTED) == sorted(j.run_id for j in jobs), "a job ran twice, or never"
+    assert caught_up(settings)
+
+
+def owned(worker: Component) -> set[int]:
+    """The partitions a worker holds now, by its log's assignments and revocations."""
+    held: set[int] = set()
+    for change, numbers in re.findall(r"(assigned|revoked|lost) partitions \[([\d, ]*)\]", worker.output()):
+        partitions = {int(n) for n in numbers.split(",") if n.strip()}
+        held = held | partitions if change == "assigned" else held - partitions
+    return held
+
+
+def test_a_worker_restarted_with_its_static_identity_takes_its_partitions_back_alone(
+    topics: Settings, settings_env: dict[str, str], start_worker: Any
+) -> None:
+    stable = settings_env | {"SCHEDULER_GROUP_INSTANCE_ID": f"{topics.topic_prefix}-worker-1"}
+    restarted = start_worker("--concurrency", "4", env=stable)
+    other = start_worker("--concurrency", "4")
+    members = [restarted, other]
+
+    def balanced() -> bool:
+        mine, theirs = owned(restarted), owned(other)
+        return bool(mine and theirs) and mine | theirs == {0, 1, 2, 3}
+
+    until(members, balanced, 60, "the group to share the partitions")
+    before, mine = other.output(), owned(restarted)
+    restarted.kill()  # no goodbye to the group: only its static identity tells who is back
+    again = start_worker("--concurrency", "4", env=stable)
+    until([again, other], lambda: owned(again), 30, "the restarted member's partitions")
+    assert owned(again) == mine
+    # Work for the whole group runs; the other member's partitions never moved.
+    jobs = [job("builtin:noop") for _ in range(20)]
+    publish(topics, jobs)
+    runs = {j.run_id for j in jobs}
+    until([again, other], lambda: set(read_outcomes(topics).succeeded) >= runs, 60, "every job to run")
+    assert "partitions" not in other.output()[len(before) :]
+    assert again.stop() == 0 and other.stop() == 0
