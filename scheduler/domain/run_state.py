@@ -35,17 +35,19 @@ class RunState(StrEnum):
     PENDING = "pending"
     # Set by the relay: Kafka acknowledged the dispatch message (acks=all).
     DISPATCHED = "dispatched"
-    # Set by the reconciler: a worker reported the start of a long job, or a heartbeat.
+    # Set by the reconciler: a worker reported the job's start, or a heartbeat. Only a running run
+    # holds a lease (renewed by each report); waiting to be picked up never expires an attempt.
     RUNNING = "running"
-    # Set by the reconciler (an attempt failed retryably) or the lease sweeper (its lease expired):
-    # next_attempt_at is set and the scanner re-dispatches it, as pending, when that is due. Until
-    # then the attempt number is unchanged, so a late outcome of that same attempt still counts.
+    # Set by the reconciler (an attempt failed retryably) or, in passing, by the lease sweeper,
+    # which dispatches the next attempt in the same transaction: next_attempt_at is set and the
+    # scanner re-dispatches it, as pending, when that is due. Until then the attempt number is
+    # unchanged, so a late outcome of that same attempt still counts.
     RETRY_WAIT = "retry_wait"
     # Set by the reconciler: terminal.
     SUCCEEDED = "succeeded"
-    # Set by the reconciler or the lease sweeper: retries exhausted or a non-retryable error; the
-    # dead letter is in sched.dlq and PostgreSQL. Terminal, except that an operator's DLQ replay
-    # re-queues it.
+    # Set by the reconciler, the lease sweeper, or the relay (Kafka refused the job message for
+    # good): retries exhausted or a non-retryable error; the dead letter is in sched.dlq and
+    # PostgreSQL. Terminal, except that an operator's DLQ replay re-queues it.
     DEAD = "dead"
     # Set by the scanner: never run because of the misfire or overlap policy; reason recorded.
     # Terminal.

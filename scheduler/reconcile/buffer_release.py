@@ -2,9 +2,13 @@
 no unfinished run any more.
 
 The reconciler and the lease sweeper notify ``scheduler_run_finished`` in the transaction that
-ends a run, which wakes this service at once; it also looks every second, so a missed
-notification (a restart) delays a release by a second at most. The waiting run keeps its row and
-identity; releasing it writes its dispatch message to the outbox in the same transaction.
+ends a run, which wakes this service at once. It also looks every second whatever happens: a
+notification can come before the fire it should release is visible (the scanner buffers a fire
+while the reconciler, in a transaction of its own, ends the run before it; the wake-up finds
+nothing, and the scanner commits after), or be missed across a restart. The look is one indexed
+query over the buffered runs only, so a lost wake-up delays a release by a second at most. The
+waiting run keeps its row and identity; releasing it writes its dispatch message to the outbox in
+the same transaction, without a lease (the worker's start gives it one).
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ import psycopg
 from scheduler.domain.run_state import RunState
 from scheduler.reconcile import metrics
 from scheduler.runtime.service import Check, Service
-from scheduler.scan.dispatch import JobDispatcher, lease_expiry
+from scheduler.scan.dispatch import JobDispatcher, attempt_deadline
 from scheduler.store import reconcile as store
 from scheduler.store.database import Database, Session
 from scheduler.store.entities import execution_from_row
 from scheduler.store.scan import NewRun, notify_outbox
 
 RUN_FINISHED_CHANNEL = "scheduler_run_finished"
+# Also the bound on a release whose wake-up came too early or was lost (see the module docstring).
 POLL_S = 1.0
 Row = dict[str, Any]
 
@@ -61,14 +66,13 @@ class BufferRelease(Service):
         with conn.transaction():
             released = []
             for row in store.releasable_buffered_runs(conn):
-                deadline = lease_expiry(row["now"], row["timeout_ms"])
                 message = self.dispatcher.message(
                     run_id=row["id"],
                     schedule_id=row["schedule_id"],
                     job=execution_from_row(row),
                     scheduled_for=row["scheduled_for"],
                     attempt=1,
-                    deadline=deadline,
+                    deadline=attempt_deadline(row["now"], row["timeout_ms"]),
                 )
                 released.append(
                     NewRun(
@@ -78,7 +82,6 @@ class BufferRelease(Service):
                         scheduled_for=row["scheduled_for"],
                         state=RunState.PENDING,
                         max_attempts=row["max_attempts"],
-                        lease_expires_at=deadline,
                         message=message,
                     )
                 )

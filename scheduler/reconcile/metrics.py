@@ -11,13 +11,21 @@ REGISTRY = CollectorRegistry()
 
 EVENTS = Counter(
     "scheduler_reconciler_events_total",
-    "Outcome events by what became of them (applied, stale, duplicate)",
+    "Outcome events by what became of them (applied, stale, duplicate, reexecution: a start of an "
+    "attempt that had been started before, i.e. a second execution)",
     ["outcome"],
     registry=REGISTRY,
 )
 UNDECODABLE = Counter(
     "scheduler_reconciler_undecodable_total",
     "Messages on the outcome topics that could not be decoded",
+    registry=REGISTRY,
+)
+QUARANTINED = Counter(
+    "scheduler_reconciler_quarantined_total",
+    "Outcome messages set aside in the quarantine table instead of applied, by cause "
+    "(undecodable; refused: PostgreSQL refused to store it)",
+    ["cause"],
     registry=REGISTRY,
 )
 DEAD_LETTERS = Counter(
@@ -42,6 +50,18 @@ LEASE_EXPIRIES = Counter(
     "scheduler_lease_expiries_total",
     "Runs whose lease expired without an outcome, by what became of them (retry, dead)",
     ["outcome"],
+    registry=REGISTRY,
+)
+SWEEP_HELD = Gauge(
+    "scheduler_lease_sweep_held_seconds",
+    "How long the lease sweeper has been holding expired leases because the reconciler had not "
+    "read the outcome topics up to the present (0 when it is not holding any)",
+    registry=REGISTRY,
+)
+SWEEP_UNREAD = Gauge(
+    "scheduler_lease_sweep_unread_outcomes",
+    "Outcome messages the reconciler had not consumed when the lease sweeper last checked, while it "
+    "holds expired leases (0 when it is not holding any)",
     registry=REGISTRY,
 )
 BUFFERED_RELEASED = Counter(

@@ -3,10 +3,16 @@
 It consumes ``.results``, ``.retry`` and ``.dlq`` together in batches. Each batch is decoded,
 applied with one set-based statement (fenced by attempt, idempotent by event id, every event
 recorded in ``attempts``), committed to PostgreSQL, and only then are the Kafka offsets committed:
-a crash re-applies a batch, which the event ids turn into counted duplicates. A message on these
-topics that cannot be decoded is logged, counted and skipped, never allowed to stall the consumer.
-A failure of PostgreSQL or Kafka rebuilds the consumer, which then reads again from the committed
-offsets, so a batch that was not applied is read again rather than skipped.
+a crash re-applies a batch, which the event ids turn into counted duplicates. A failure of
+PostgreSQL or Kafka rebuilds the consumer, which then reads again from the committed offsets, so a
+batch that was not applied is read again rather than skipped; a consumer error that came with good
+messages is raised by the next poll, after those messages were applied and committed.
+
+Poison never stops it. Handler text is made storable (NUL and lone surrogates escaped, capped)
+before it reaches PostgreSQL. A message that cannot be decoded, or that PostgreSQL still refuses
+(a data or integrity error, as opposed to a lost connection), is found by applying the batch in
+halves under savepoints, set aside in the ``quarantine`` table with its bytes, source and reason,
+and counted; the rest of the batch is applied and the offsets move on.
 
 The same process runs the lease sweeper (:mod:`.lease_sweeper`) and the buffer release
 (:mod:`.buffer_release`); a batch that ended runs wakes the latter.
@@ -15,6 +21,7 @@ The same process runs the lease sweeper (:mod:`.lease_sweeper`) and the buffer r
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,14 +31,16 @@ from opentelemetry.trace import Span, SpanKind, use_span
 
 from scheduler.config import Settings
 from scheduler.domain.run_state import RunState
+from scheduler.domain.storable import MAX_RESULT_BYTES, capped_text, storable_json, storable_text
 from scheduler.kafka.avro import AvroCodec, MessageDecodeError
 from scheduler.kafka.messages import JobDeadLetter, JobResult, JobRetry
+from scheduler.kafka.registry import RegistryUnavailable
 from scheduler.kafka.transport import Consumer, ConsumerSlot, Offset, Received, TransportError
 from scheduler.reconcile import metrics
 from scheduler.runtime.service import Check, Service
 from scheduler.store import reconcile as store
 from scheduler.store.database import Database, Session
-from scheduler.store.reconcile import OutcomeEvent, UndecodableLetter
+from scheduler.store.reconcile import OutcomeEvent, Quarantined, UndecodableLetter
 from scheduler.telemetry.tracing import (
     ending,
     job_outcome_attributes,
@@ -45,7 +54,14 @@ from scheduler.telemetry.tracing import (
 BATCH = 2000
 POLL_S = 0.1
 LAG_EVERY_S = 1.0
+COMPONENT = "reconciler"
+# A worker's name or an error's class is a short label; anything longer is cut with a marker.
+NAME_CHARS = 256
+# SQLSTATE classes in which PostgreSQL refuses the data itself (data exception, integrity
+# constraint violation, program limit exceeded): the same statement fails again on every retry.
+REFUSED_CLASSES = ("22", "23", "54")
 Row = dict[str, Any]
+Decoded = OutcomeEvent | UndecodableLetter | Quarantined | None
 # The run state each kind of outcome event moves a run to, for the spans' job.status.
 OUTCOME_STATES = {
     "started": RunState.RUNNING,
@@ -56,8 +72,36 @@ OUTCOME_STATES = {
 }
 
 
+def refused(error: psycopg.Error) -> bool:
+    """Whether PostgreSQL refused the data (not the connection, not a conflict worth retrying)."""
+    return error.sqlstate is not None and error.sqlstate[:2] in REFUSED_CLASSES
+
+
+def storable_result(text: str | None) -> Any:
+    """A handler's JSON result as a value PostgreSQL stores: strings escaped; NaN, Infinity and
+    numbers too large for a float as their text (jsonb has no such numbers). Text that is not JSON
+    (or nests past any sane depth) is kept as a JSON string: the success still counts, and the
+    operator sees what came."""
+    if text is None:
+        return None
+    try:
+        return storable_json(json.loads(text, parse_constant=str, parse_float=_finite_or_text))
+    except (ValueError, RecursionError):
+        return capped_text(text, MAX_RESULT_BYTES)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _finite_or_text(text: str) -> float | str:
+    number = float(text)
+    return number if math.isfinite(number) else text  # 1e400 overflows to inf, which jsonb refuses
+
+
 class Reconciler(Service):
-    transient = (psycopg.OperationalError, TransportError)
+    transient = (psycopg.OperationalError, TransportError, RegistryUnavailable)
 
     def __init__(
         self,
@@ -101,8 +145,9 @@ class Reconciler(Service):
     def close(self) -> None:
         self.reset()
 
-    def decode(self, message: Received) -> OutcomeEvent | UndecodableLetter | None:
-        """The event a message carries, or None for one that is not ours to apply."""
+    def decode(self, message: Received) -> Decoded:
+        """The event a message carries (its text made storable), the message set aside when it
+        cannot be decoded, or None for one that is not ours to apply."""
         topic, value = message.topic, message.value
         try:
             if topic == self.settings.results_topic:
@@ -112,10 +157,11 @@ class Reconciler(Service):
                     run_id=result.run_id,
                     attempt=result.attempt,
                     kind=result.status,
-                    worker=result.worker,
+                    worker=capped_text(result.worker, NAME_CHARS),
                     started_at=result.started_at,
                     finished_at=result.finished_at,
-                    result=None if result.result is None else json.loads(result.result),
+                    result=storable_result(result.result),
+                    app=storable_text(result.app),
                 )
             if topic == self.settings.retry_topic:
                 retry = self.codec.decode(JobRetry, value)
@@ -124,32 +170,35 @@ class Reconciler(Service):
                     run_id=retry.run_id,
                     attempt=retry.attempt,
                     kind="retry",
-                    worker=retry.worker,
+                    worker=capped_text(retry.worker, NAME_CHARS),
                     started_at=retry.started_at,
                     finished_at=retry.finished_at,
-                    error=retry.error,
-                    error_class=retry.error_class,
+                    error=capped_text(retry.error),
+                    error_class=capped_text(retry.error_class, NAME_CHARS),
                     not_before=retry.not_before,
+                    backoff_ms=retry.backoff_ms,
+                    app=storable_text(retry.app),
                 )
             dead = self.codec.decode(JobDeadLetter, value)
-        except (MessageDecodeError, ValueError) as exc:
+        # A record the schema accepts may still not build its message (a value out of range).
+        except (MessageDecodeError, ValueError, TypeError, KeyError, OverflowError) as exc:
             metrics.UNDECODABLE.inc()
             self.log.error(
-                "skipping undecodable message at %s[%s]@%s: %s",
+                "quarantining an undecodable message at %s[%s]@%s: %s",
                 topic,
                 message.partition,
                 message.offset,
                 exc,
             )
-            return None
+            return self._quarantined(message, f"undecodable: {exc}")
         if dead.run_id is None or dead.attempt is None:
             return UndecodableLetter(
                 event_id=str(dead.event_id),
-                app=dead.app,
+                app=storable_text(dead.app),
                 cause=dead.cause,
-                error=dead.error,
+                error=capped_text(dead.error),
                 original_bytes=dead.original_bytes,
-                topic=dead.source.topic if dead.source else None,
+                topic=None if dead.source is None else storable_text(dead.source.topic),
                 partition=dead.source.partition if dead.source else None,
                 offset=dead.source.offset if dead.source else None,
             )
@@ -160,35 +209,120 @@ class Reconciler(Service):
             run_id=dead.run_id,
             attempt=dead.attempt,
             kind="dead",
-            worker=dead.worker,
+            worker=capped_text(dead.worker, NAME_CHARS),
             started_at=dead.started_at,
             finished_at=dead.finished_at,
-            error=dead.error,
-            error_class=dead.error_class,
+            error=capped_text(dead.error),
+            error_class=capped_text(dead.error_class, NAME_CHARS),
+            app=storable_text(dead.app),
+        )
+
+    @staticmethod
+    def _quarantined(message: Received, reason: str, event: Decoded = None) -> Quarantined:
+        run_id = app = None
+        if isinstance(event, OutcomeEvent):
+            run_id, app = event.run_id, event.app
+        elif isinstance(event, UndecodableLetter):
+            app = event.app
+        return Quarantined(
+            reason=capped_text(reason),
+            original_bytes=message.value,
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            run_id=run_id,
+            app=app,
         )
 
     def apply(self, conn: psycopg.Connection[Row], messages: Sequence[Received]) -> store.Applied:
-        """Apply one batch in one transaction."""
+        """Apply one batch in one transaction; what PostgreSQL refuses is quarantined, the rest applied."""
         decoded = [self.decode(m) for m in messages]
-        events = [d for d in decoded if isinstance(d, OutcomeEvent)]
-        letters = [d for d in decoded if isinstance(d, UndecodableLetter)]
-        with ending(self._trace(messages, decoded) if self._tracing else ()), conn.transaction():
-            applied = store.apply_outcomes(conn, events)
-            store.record_undecodable(conn, letters)
-            if applied.finished:
-                store.notify_run_finished(conn)
+        batch = list(zip(messages, decoded, strict=True))
+        with ending(self._trace(messages, decoded) if self._tracing else ()):
+            try:
+                with conn.transaction():
+                    applied = self._apply(conn, batch)
+            except psycopg.Error as exc:
+                if not refused(exc):
+                    raise
+                applied = self._apply_isolating(conn, batch, exc)
         metrics.EVENTS.labels("applied").inc(applied.applied)
         metrics.EVENTS.labels("stale").inc(applied.stale)
         metrics.EVENTS.labels("duplicate").inc(applied.duplicate)
+        metrics.EVENTS.labels("reexecution").inc(applied.reexecution)
+        undecodable = sum(isinstance(d, Quarantined) for d in decoded)
+        if undecodable:
+            metrics.QUARANTINED.labels("undecodable").inc(undecodable)
         for app in applied.dead_apps:
             metrics.DEAD_LETTERS.labels(app).inc()
         return applied
 
-    def _trace(
+    def _apply(
+        self, conn: psycopg.Connection[Row], batch: Sequence[tuple[Received, Decoded]]
+    ) -> store.Applied:
+        """Apply ``batch`` inside the caller's transaction (or savepoint)."""
+        events = [d for _, d in batch if isinstance(d, OutcomeEvent)]
+        letters = [d for _, d in batch if isinstance(d, UndecodableLetter)]
+        quarantined = [d for _, d in batch if isinstance(d, Quarantined)]
+        applied = store.apply_outcomes(conn, events, self.settings.lease_window_s)
+        store.record_undecodable(conn, letters)
+        store.quarantine(conn, COMPONENT, quarantined)
+        if applied.finished:
+            store.notify_run_finished(conn)
+        return applied
+
+    def _apply_isolating(
         self,
-        messages: Sequence[Received],
-        decoded: Sequence[OutcomeEvent | UndecodableLetter | None],
-    ) -> list[Span]:
+        conn: psycopg.Connection[Row],
+        batch: Sequence[tuple[Received, Decoded]],
+        error: psycopg.Error,
+    ) -> store.Applied:
+        """The batch again, in halves under savepoints, until each refused message stands alone;
+        those are quarantined, everything else is applied, in one transaction."""
+        self.log.warning(
+            "PostgreSQL refused a batch of %d outcome messages (%s: %s); finding the refused ones",
+            len(batch),
+            error.sqlstate,
+            _first_line(error),
+        )
+        refusals: list[Quarantined] = []
+        with conn.transaction():
+            applied = self._bisect(conn, batch, refusals)
+            store.quarantine(conn, COMPONENT, refusals)
+        for item in refusals:
+            metrics.QUARANTINED.labels("refused").inc()
+            self.log.error(
+                "quarantined the outcome message at %s[%s]@%s (run %s): %s",
+                item.topic,
+                item.partition,
+                item.offset,
+                item.run_id,
+                item.reason,
+            )
+        return applied
+
+    def _bisect(
+        self,
+        conn: psycopg.Connection[Row],
+        batch: Sequence[tuple[Received, Decoded]],
+        refusals: list[Quarantined],
+    ) -> store.Applied:
+        try:
+            with conn.transaction():  # a savepoint: a refused part leaves what was applied before it
+                return self._apply(conn, batch)
+        except psycopg.Error as exc:
+            if not refused(exc):
+                raise
+            if len(batch) == 1:
+                message, event = batch[0]
+                reason = f"refused by PostgreSQL ({exc.sqlstate}): {_first_line(exc)}"
+                refusals.append(self._quarantined(message, reason, event))
+                return store.Applied()
+            # In order: the first half's events are applied before the second half's, as in a batch.
+            middle = len(batch) // 2
+            return self._bisect(conn, batch[:middle], refusals) + self._bisect(conn, batch[middle:], refusals)
+
+    def _trace(self, messages: Sequence[Received], decoded: Sequence[Decoded]) -> list[Span]:
         """One ``process`` span per outcome, in its job's trace, ended when the batch is applied."""
         spans = []
         for message, event in zip(messages, decoded, strict=True):

@@ -18,7 +18,7 @@ from uuid import UUID
 import psycopg
 
 from scheduler.config import Settings
-from scheduler.scan.dispatch import JobDispatcher, lease_expiry
+from scheduler.scan.dispatch import JobDispatcher, attempt_deadline
 from scheduler.store import dlq, scan
 from scheduler.store.dlq import DeadRun
 from scheduler.store.scan import NextAttempt
@@ -71,13 +71,13 @@ class Replayer:
         attempt = run.attempt + 1
         # A fresh budget counted on from the attempts spent: attempt numbers only grow (fencing).
         job = dataclasses.replace(dead.job, max_attempts=run.attempt + dead.budget)
-        deadline = lease_expiry(dead.now, job.timeout_ms)
         message = self.dispatcher.message(
             run_id=run.id,
             schedule_id=run.schedule_id,
             job=job,
             scheduled_for=run.scheduled_for,
             attempt=attempt,
-            deadline=deadline,
+            deadline=attempt_deadline(dead.now, job.timeout_ms),
         )
-        return NextAttempt(run.id, attempt, deadline, message), job.max_attempts
+        # No lease: like any dispatched attempt, it gets one when a worker starts it.
+        return NextAttempt(run.id, attempt, None, message), job.max_attempts

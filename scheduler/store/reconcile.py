@@ -1,5 +1,6 @@
-"""The reconciler's statements: apply outcome events in batches, sweep expired leases, and
-dispatch buffered fires. Each takes a whole batch in one round trip."""
+"""The reconciler's statements: apply outcome events in batches, quarantine what cannot be applied,
+sweep expired leases (queueing their next attempts or dead letters), and dispatch buffered fires.
+Each takes a whole batch in one round trip."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-from scheduler.store.scan import NewRun
+from scheduler.store.scan import Message, NewRun
 from scheduler.store.sql import query
 
 Row = dict[str, Any]
@@ -31,6 +32,8 @@ class OutcomeEvent:
     error_class: str | None = None
     result: Any = None
     not_before: datetime | None = None
+    backoff_ms: int | None = None
+    app: str | None = None  # for a quarantine row, should the event be refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,15 +49,43 @@ class UndecodableLetter:
 
 
 @dataclass(frozen=True, slots=True)
+class Quarantined:
+    """A message set aside instead of applied, with why, its bytes and where it was read."""
+
+    reason: str
+    original_bytes: bytes
+    topic: str
+    partition: int
+    offset: int
+    run_id: UUID | None = None
+    app: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Applied:
     applied: int = 0
     stale: int = 0
     duplicate: int = 0
+    reexecution: int = 0  # starts of an attempt that had been started before
     finished: int = 0
     dead_apps: tuple[str, ...] = ()  # the app of each run this batch made dead
 
+    def __add__(self, other: Applied) -> Applied:
+        return Applied(
+            self.applied + other.applied,
+            self.stale + other.stale,
+            self.duplicate + other.duplicate,
+            self.reexecution + other.reexecution,
+            self.finished + other.finished,
+            self.dead_apps + other.dead_apps,
+        )
 
-def apply_outcomes(conn: psycopg.Connection[Row], events: Sequence[OutcomeEvent]) -> Applied:
+
+def apply_outcomes(
+    conn: psycopg.Connection[Row], events: Sequence[OutcomeEvent], lease_window_s: float
+) -> Applied:
+    """Apply ``events``; a started run's lease ends ``lease_window_s`` after its latest start or
+    heartbeat. The events' text must be storable already (see :mod:`scheduler.domain.storable`)."""
     if not events:
         return Applied()
     row = conn.execute(
@@ -71,10 +102,19 @@ def apply_outcomes(conn: psycopg.Connection[Row], events: Sequence[OutcomeEvent]
             "error_classes": [e.error_class for e in events],
             "results": [None if e.result is None else Jsonb(e.result) for e in events],
             "not_before": [e.not_before for e in events],
+            "backoff_ms": [e.backoff_ms for e in events],
+            "lease_window_s": lease_window_s,
         },
     ).fetchone()
     assert row is not None
-    return Applied(row["applied"], row["stale"], row["duplicate"], row["finished"], tuple(row["dead_apps"]))
+    return Applied(
+        row["applied"],
+        row["stale"],
+        row["duplicate"],
+        row["reexecution"],
+        row["finished"],
+        tuple(row["dead_apps"]),
+    )
 
 
 def notify_run_finished(conn: psycopg.Connection[Row]) -> None:
@@ -99,8 +139,61 @@ def record_undecodable(conn: psycopg.Connection[Row], letters: Sequence[Undecoda
     )
 
 
-def sweep_expired_leases(conn: psycopg.Connection[Row], limit: int, now: datetime | None = None) -> list[Row]:
-    return conn.execute(query("sweep_expired_leases"), {"limit": limit, "now": now}).fetchall()
+def quarantine(conn: psycopg.Connection[Row], component: str, items: Sequence[Quarantined]) -> None:
+    if not items:
+        return
+    conn.execute(
+        query("quarantine_messages"),
+        {
+            "component": component,
+            "reasons": [q.reason for q in items],
+            "run_ids": [q.run_id for q in items],
+            "apps": [q.app for q in items],
+            "original_bytes": [q.original_bytes for q in items],
+            "topics": [q.topic for q in items],
+            "partitions": [q.partition for q in items],
+            "offsets": [q.offset for q in items],
+        },
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LeasesDue:
+    now: datetime
+    """The database time (or the injected one) the answer holds for."""
+    due: bool
+    """Whether any started run's lease had passed by then."""
+
+
+def expired_leases_due(conn: psycopg.Connection[Row], now: datetime | None = None) -> LeasesDue:
+    row = conn.execute(query("expired_leases_due"), {"now": now}).fetchone()
+    assert row is not None
+    return LeasesDue(row["now"], row["due"])
+
+
+def sweep_expired_leases(conn: psycopg.Connection[Row], limit: int, now: datetime, error: str) -> list[Row]:
+    """Expire up to ``limit`` started runs whose lease passed before ``now``; each swept run comes
+    back with its schedule's execution settings, its new state and its earlier failed attempts."""
+    return conn.execute(
+        query("sweep_expired_leases"), {"limit": limit, "now": now, "error": error}
+    ).fetchall()
+
+
+def queue_dead_letters(conn: psycopg.Connection[Row], letters: Sequence[tuple[UUID, int, Message]]) -> None:
+    """Put dead letters, each (run id, attempt, message), in the outbox for the relay to publish."""
+    if not letters:
+        return
+    conn.execute(
+        query("queue_dead_letters"),
+        {
+            "topics": [m.topic for _, _, m in letters],
+            "keys": [m.key for _, _, m in letters],
+            "values": [m.value for _, _, m in letters],
+            "headers": [Jsonb(m.headers) for _, _, m in letters],
+            "run_ids": [run_id for run_id, _, _ in letters],
+            "attempts": [attempt for _, attempt, _ in letters],
+        },
+    )
 
 
 def releasable_buffered_runs(conn: psycopg.Connection[Row]) -> list[Row]:
@@ -115,7 +208,6 @@ def dispatch_buffered_runs(conn: psycopg.Connection[Row], runs: Sequence[NewRun]
         query("dispatch_buffered_runs"),
         {
             "ids": [r.id for r in dispatchable],
-            "lease_expires_at": [r.lease_expires_at for r in dispatchable],
             "topics": [r.message.topic for r in dispatchable if r.message],
             "keys": [r.message.key for r in dispatchable if r.message],
             "values": [r.message.value for r in dispatchable if r.message],

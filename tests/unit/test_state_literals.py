@@ -41,8 +41,10 @@ EXPECTED_MOVES: dict[str, frozenset[Move]] = {
     # The reconciler: an outcome of the current attempt of a run that is not terminal; a start or a
     # heartbeat does not revive a run in retry_wait.
     "apply_outcomes": frozenset(itertools.product(ACTIVE, _OUTCOMES)) - {(_W, _R)},
-    # The lease sweeper: a dispatched or started run whose worker went silent.
-    "sweep_expired_leases": frozenset(itertools.product((_D, _R), (_W, RunState.DEAD))),
+    # The lease sweeper: only a started run whose worker went silent (waiting never expires a lease).
+    "sweep_expired_leases": frozenset(itertools.product((_R,), (_W, RunState.DEAD))),
+    # The relay: Kafka refused the job message for good, so the run cannot be dispatched.
+    "quarantine_outbox": frozenset({(_P, RunState.DEAD)}),
 }
 
 

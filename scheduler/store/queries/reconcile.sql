@@ -3,29 +3,44 @@
 -- current attempt and the run is not terminal (the fencing token); an event id seen before is a
 -- duplicate. Per run the strongest accepted event of the batch decides the new state (an end
 -- beats a retry beats a start or heartbeat). Every event is recorded in `attempts` with what
--- became of it, so duplicate executions are counted, never hidden.
-with event as (
-    select distinct on (e.event_id) e.*
+-- became of it, so duplicate executions are counted, never hidden: a start of an attempt that an
+-- earlier event already started is a re-execution (a redelivered job run again), whatever the run.
+with received as (
+    select *
       from unnest(%(event_ids)b::text[], %(run_ids)b::uuid[], %(attempts)b::int[], %(kinds)b::text[],
                   %(workers)b::text[], %(started_at)b::timestamptz[], %(finished_at)b::timestamptz[],
                   %(errors)b::text[], %(error_classes)b::text[], %(results)b::jsonb[],
-                  %(not_before)b::timestamptz[])
+                  %(not_before)b::timestamptz[], %(backoff_ms)b::bigint[])
            with ordinality
            as e(event_id, run_id, attempt, kind, worker, started_at, finished_at, error, error_class,
-                result, not_before, ord)
+                result, not_before, backoff_ms, ord)
+), event as (
+    -- Each event once; a copy of it later in the same batch is a duplicate.
+    select distinct on (e.event_id) e.*
+      from received e
      order by e.event_id, e.ord
 ), seen as (
     select a.event_id from attempts a where a.event_id in (select event_id from event)
+), restarted as (
+    select e.event_id
+      from event e
+     where e.kind = 'started'
+       and e.event_id not in (select event_id from seen)
+       and (exists (select 1 from attempts a
+                     where a.run_id = e.run_id and a.attempt = e.attempt and a.kind = 'started'
+                       and a.event_id is distinct from e.event_id)
+            or exists (select 1 from event b
+                        where b.run_id = e.run_id and b.attempt = e.attempt and b.kind = 'started'
+                          and b.ord < e.ord))
 ), run as (
     -- Locked in id order, as every statement that waits for run locks does: no deadlocks.
-    select r.id, r.attempt, r.state, s.timeout_ms
+    select r.id, r.attempt, r.state
       from runs r
-      join schedules s on s.id = r.schedule_id
      where r.id = any(array(select run_id from event))
      order by r.id
        for update of r
 ), accepted as (
-    select e.*, r.timeout_ms
+    select e.*
       from event e
       join run r on r.id = e.run_id
      where e.attempt = r.attempt
@@ -48,12 +63,16 @@ with event as (
            result = case when d.kind = 'succeeded' then d.result else r.result end,
            error = case when d.kind in ('retry', 'dead') then d.error_class || ': ' || d.error
                         else r.error end,
-           next_attempt_at = case when d.kind = 'retry' then d.not_before end,
-           -- A job that reports it is alive keeps its lease for one more timeout from now.
+           -- The database's clock, never the worker's: the worker says how long to wait (older
+           -- workers only say until when), at most the longest backoff a schedule can hold.
+           next_attempt_at = case when d.kind <> 'retry' then null
+                                  when d.backoff_ms is null then d.not_before
+                                  else now() + least(greatest(d.backoff_ms, 0), 2147483647)
+                                               * interval '1 millisecond' end,
+           -- Only a started job holds a lease, renewed by each start and heartbeat; a job that
+           -- stopped running holds none.
            lease_expires_at = case when d.kind in ('started', 'heartbeat')
-                                   then greatest(r.lease_expires_at,
-                                                 now() + make_interval(secs => d.timeout_ms / 1000.0 + 30))
-                                   else r.lease_expires_at end,
+                                   then now() + make_interval(secs => %(lease_window_s)s::float8) end,
            version = r.version + 1
       from decisive d
      where r.id = d.run_id
@@ -64,16 +83,19 @@ with event as (
     insert into attempts (run_id, attempt, event_id, kind, outcome, worker, started_at, finished_at, error,
                           error_class)
     select e.run_id, e.attempt, e.event_id, e.kind,
-           case when e.event_id in (select event_id from seen) then 'duplicate'
+           case when e.event_id in (select event_id from seen) or e.ord not in (select ord from event)
+                then 'duplicate'
+                when e.event_id in (select event_id from restarted) then 'reexecution'
                 when e.event_id in (select event_id from accepted) then 'applied'
                 else 'stale' end,
            e.worker, e.started_at, e.finished_at, e.error, e.error_class
-      from event e
+      from received e
     returning outcome
 )
 select (select count(*) from recorded where outcome = 'applied') as applied,
        (select count(*) from recorded where outcome = 'stale') as stale,
        (select count(*) from recorded where outcome = 'duplicate') as duplicate,
+       (select count(*) from recorded where outcome = 'reexecution') as reexecution,
        (select count(*) from applied where state in ('succeeded', 'dead')) as finished,
        array(select app from applied where state = 'dead') as dead_apps;
 
@@ -86,13 +108,23 @@ select * from unnest(%(event_ids)b::text[], %(apps)b::text[], %(causes)b::text[]
                      %(offsets)b::bigint[])
 on conflict (event_id) do nothing;
 
+-- name: expired_leases_due
+-- Whether any started run's lease has passed, and the database time that answer holds for: the
+-- sweeper checks the outcome topics after this, and then sweeps only what had expired by then.
+select coalesce(%(now)s::timestamptz, now()) as now,
+       exists (select 1 from runs
+                where state = 'running' and lease_expires_at < coalesce(%(now)s::timestamptz, now())) as due;
+
 -- name: sweep_expired_leases
--- Runs whose worker was lost (or too slow): the next attempt is due now, or the run is dead when
--- its attempts are spent. Recorded in `attempts` so re-executions stay visible.
+-- Started runs whose worker went silent past the lease window (no start event, heartbeat or outcome
+-- since): their attempt is over. With attempts left the run waits for its next one, due at once
+-- (the sweeper dispatches it in the same transaction); on its last attempt it is dead. Runs that
+-- were never started hold no lease: waiting never expires an attempt. Recorded in `attempts`, with
+-- each run's earlier failed attempts for the next job message's (or the dead letter's) history.
 with expired as (
     select r.id, r.attempt, r.max_attempts
       from runs r
-     where r.state in ('dispatched', 'running')
+     where r.state = 'running'
        and r.lease_expires_at < coalesce(%(now)s::timestamptz, now())
      order by r.lease_expires_at
      limit %(limit)s::int
@@ -103,21 +135,47 @@ with expired as (
            next_attempt_at = case when e.attempt >= e.max_attempts then null
                                   else coalesce(%(now)s::timestamptz, now()) end,
            finished_at = case when e.attempt >= e.max_attempts then coalesce(%(now)s::timestamptz, now()) end,
-           error = 'LeaseExpired: no outcome from a worker within the attempt''s timeout',
+           lease_expires_at = null,
+           error = 'LeaseExpired: ' || %(error)s::text,
            version = r.version + 1
       from expired e
      where r.id = e.id
-    returning r.id, r.schedule_id, r.app, r.attempt, r.state, r.scheduled_for
+    returning r.id, r.schedule_id, r.app, r.attempt, r.max_attempts, r.state, r.scheduled_for, r.worker,
+              r.started_at
 ), recorded as (
-    insert into attempts (run_id, attempt, kind, outcome, worker, finished_at, error, error_class)
+    insert into attempts (run_id, attempt, kind, outcome, worker, started_at, finished_at, error, error_class)
     select id, attempt, case when state = 'dead' then 'dead' else 'retry' end, 'applied', 'sweeper',
-           coalesce(%(now)s::timestamptz, now()), 'lease expired', 'LeaseExpired'
+           started_at, coalesce(%(now)s::timestamptz, now()), %(error)s::text, 'LeaseExpired'
       from swept
 )
-select w.id, w.schedule_id, w.app, w.attempt, w.state, w.scheduled_for, s.handler, s.payload,
-       s.timeout_ms, s.max_attempts, s.backoff_base_ms, s.backoff_max_ms
+select w.id, w.schedule_id, w.app, w.attempt, w.max_attempts, w.state, w.scheduled_for, w.worker,
+       w.started_at, s.handler, s.payload, s.timeout_ms, s.backoff_base_ms, s.backoff_max_ms,
+       coalesce(%(now)s::timestamptz, now()) as now,
+       (select coalesce(jsonb_agg(jsonb_build_object(
+                   'attempt', a.attempt, 'worker', a.worker, 'started_at', a.started_at,
+                   'finished_at', a.finished_at, 'error', a.error, 'error_class', a.error_class)
+                   order by a.attempt), '[]'::jsonb)
+          from attempts a
+         where a.run_id = w.id and a.kind = 'retry' and a.outcome = 'applied') as history
   from swept w
   join schedules s on s.id = w.schedule_id;
+
+-- name: queue_dead_letters
+-- Dead letters the sweeper wrote, published by the relay like any outbox row: in the transaction
+-- that made their runs dead, so a letter Kafka refuses now is published later, never lost.
+insert into outbox (topic, key, value, headers, run_id, attempt)
+select *
+  from unnest(%(topics)b::text[], %(keys)b::bytea[], %(values)b::bytea[], %(headers)b::jsonb[],
+              %(run_ids)b::uuid[], %(attempts)b::int[]);
+
+-- name: quarantine_messages
+-- Outcome messages the reconciler set aside (undecodable, or refused by PostgreSQL), with their
+-- bytes and where they were read, so that the messages behind them are applied.
+insert into quarantine (component, reason, run_id, app, original_bytes, source_topic, source_partition,
+                        source_offset)
+select %(component)s::text, q.*
+  from unnest(%(reasons)b::text[], %(run_ids)b::uuid[], %(apps)b::text[], %(original_bytes)b::bytea[],
+              %(topics)b::text[], %(partitions)b::int[], %(offsets)b::bigint[]) as q;
 
 -- name: release_buffered_runs
 -- buffer_one: a waiting fire whose schedule has no unfinished run any more is dispatched now.
@@ -135,12 +193,13 @@ select r.id, r.schedule_id, r.scheduled_for, s.id as sid, s.app, s.handler, s.pa
 -- name: dispatch_buffered_runs
 with released as (
     select *
-      from unnest(%(ids)b::uuid[], %(lease_expires_at)b::timestamptz[], %(topics)b::text[],
-                  %(keys)b::bytea[], %(values)b::bytea[], %(headers)b::jsonb[])
-           as n(id, lease_expires_at, topic, key, value, headers)
+      from unnest(%(ids)b::uuid[], %(topics)b::text[], %(keys)b::bytea[], %(values)b::bytea[],
+                  %(headers)b::jsonb[])
+           as n(id, topic, key, value, headers)
 ), moved as (
     update runs r
-       set buffered = false, lease_expires_at = n.lease_expires_at, version = r.version + 1
+       -- No lease yet: the run gets one when a worker starts it.
+       set buffered = false, lease_expires_at = null, version = r.version + 1
       from released n
      where r.id = n.id and r.buffered
     returning r.id

@@ -1,0 +1,603 @@
+"""Poison never stops the reconciler, and the lease sweeper expires only what is really lost.
+
+Against the real PostgreSQL and Kafka: outcome events carrying NUL characters, invalid UTF-8 and
+values PostgreSQL refuses; a consumer error in the middle of a batch; a second start of the same
+attempt; the database's clock for retries; the sweeper with a reconciler that has not read the
+outcome topics; and a buffered fire inserted while the run before it ends.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import KafkaError, Message
+
+from scheduler.config import Settings
+from scheduler.domain.storable import MAX_ERROR_CHARS
+from scheduler.kafka.avro import AvroCodec
+from scheduler.kafka.messages import JobDeadLetter, JobMessage, JobResult, JobRetry
+from scheduler.kafka.transport import (
+    Consumer,
+    Offset,
+    OutgoingMessage,
+    Producer,
+    Received,
+    TopicAdmin,
+    consumer_config,
+    producer_config,
+)
+from scheduler.reconcile import metrics
+from scheduler.reconcile.buffer_release import BufferRelease
+from scheduler.reconcile.lease_sweeper import Sweep
+from scheduler.reconcile.reconciler import Reconciler
+from scheduler.runtime.service import Service
+from scheduler.schedule import service
+from scheduler.schedule.spec import ScheduleSpec
+from scheduler.store import connect, reconcile
+from scheduler.store.reconcile import OutcomeEvent
+from scheduler.wiring import Wiring
+from tests.support import wait_for
+
+pytestmark = pytest.mark.integration
+
+APP = "rob"
+Row = dict[str, Any]
+
+
+# --- the pipeline's ends, as a worker and the reconciler would see them --------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    id: uuid.UUID
+    schedule_id: uuid.UUID
+    attempt: int = 1
+
+
+def dispatched_runs(settings: Settings, count: int, max_attempts: int = 3) -> list[Run]:
+    """``count`` runs created by the scanner, as the relay leaves them (dispatched)."""
+    TopicAdmin(settings.kafka).ensure_topics(settings.core_topics, partitions=3)
+    with connect(settings.database_url) as conn:
+        conn.execute("insert into apps (name, partitions) values (%s, 1) on conflict do nothing", (APP,))
+        conn.execute(
+            "insert into schedules (id, app, name, kind, handler, max_attempts, next_fire_at) "
+            "select gen_random_uuid(), %s, 'n' || gen_random_uuid(), 'immediate', 'builtin:noop', %s, now() "
+            "from generate_series(1, %s)",
+            (APP, max_attempts, count),
+        )
+        conn.commit()
+        scanner = Wiring(settings).scanner()
+        while scanner.scan_once(conn).schedules:
+            pass
+        conn.execute("update runs set state = 'dispatched', dispatched_at = now() where state = 'pending'")
+        conn.commit()
+    created = rows(
+        settings,
+        "select id, schedule_id from runs where max_attempts = %s order by created_at desc limit %s",
+        max_attempts,
+        count,
+    )
+    return [Run(r["id"], r["schedule_id"]) for r in created]
+
+
+def result(run: Run, status: str = "succeeded", worker: str = "w", **fields: Any) -> JobResult:
+    now = datetime.now(UTC)
+    return JobResult(
+        event_id=fields.pop("event_id", None) or uuid.uuid4(),
+        status=status,  # type: ignore[arg-type]
+        run_id=run.id,
+        schedule_id=run.schedule_id,
+        app=APP,
+        attempt=fields.pop("attempt", run.attempt),
+        worker=worker,
+        started_at=now,
+        finished_at=now if status == "succeeded" else None,
+        **fields,
+    )
+
+
+def retry(run: Run, error: str = "boom", **fields: Any) -> JobRetry:
+    now = datetime.now(UTC)
+    return JobRetry(
+        event_id=uuid.uuid4(),
+        run_id=run.id,
+        schedule_id=run.schedule_id,
+        app=APP,
+        attempt=run.attempt,
+        worker=fields.pop("worker", "w"),
+        started_at=now,
+        finished_at=now,
+        error=error,
+        error_class=fields.pop("error_class", "Boom"),
+        not_before=fields.pop("not_before", now + timedelta(seconds=1)),
+        **fields,
+    )
+
+
+def outgoing(settings: Settings, event: JobResult | JobRetry) -> OutgoingMessage:
+    topic = settings.results_topic if isinstance(event, JobResult) else settings.retry_topic
+    return OutgoingMessage(topic, AvroCodec().encode(event), event.run_id.bytes)
+
+
+def publish(settings: Settings, messages: Sequence[OutgoingMessage | JobResult | JobRetry]) -> None:
+    Producer(producer_config(settings.kafka, "test")).send(
+        [m if isinstance(m, OutgoingMessage) else outgoing(settings, m) for m in messages]
+    )
+
+
+@contextmanager
+def running(*services: Service) -> Iterator[None]:
+    stop = threading.Event()
+    threads = [threading.Thread(target=s.run, args=(stop,)) for s in services]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+
+
+def rows(settings: Settings, sql: str, *params: Any) -> list[Row]:
+    with connect(settings.database_url) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def run_row(settings: Settings, run: Run) -> Row:
+    [row] = rows(settings, "select * from runs where id = %s", run.id)
+    return row
+
+
+def recorded(settings: Settings) -> int:
+    return len(rows(settings, "select 1 from attempts"))
+
+
+def counter(metric: Any, *labels: str) -> float:
+    return float(metric.labels(*labels)._value.get())
+
+
+def group_at_the_end(settings: Settings) -> Callable[[], bool]:
+    """Whether the reconciler's group has committed every outcome topic up to its end."""
+    positions = Wiring(settings).lease_sweeper().positions
+    return lambda: not positions.unread(positions.ends())
+
+
+# --- path 1: text PostgreSQL cannot store, and events it refuses ---------------------------------
+
+
+def test_nul_and_invalid_text_in_results_and_errors_is_stored_escaped_and_the_reconciler_goes_on(
+    settings: Settings,
+) -> None:
+    json_with_escapes, not_json, retried, long_error, after = dispatched_runs(settings, 5)
+    publish(
+        settings,
+        [
+            # JSON whose strings decode to NUL and a lone surrogate, with numbers jsonb has no room for.
+            result(
+                json_with_escapes,
+                worker="w\x001",
+                result=r'{"body": "a\u0000b", "\u0000k": ["\ud800", 1e400, NaN]}',
+            ),
+            # Not JSON at all (a raw NUL in it): still a success, its text kept.
+            result(not_json, result="half a body \x00 and no closing brace {"),
+            retry(retried, error="boom\x00here", error_class="Err\x00", backoff_ms=60_000),
+            retry(long_error, error="x" * (MAX_ERROR_CHARS * 3)),
+        ],
+    )
+    with running(Wiring(settings).reconciler_service()):
+        wait_for(lambda: recorded(settings) == 4, 60, "the four events recorded")
+        publish(settings, [result(after)])
+        wait_for(lambda: run_row(settings, after)["state"] == "succeeded", 60, "the next event applied")
+        wait_for(group_at_the_end(settings), 30, "the offsets committed past all of them")
+
+    first = run_row(settings, json_with_escapes)
+    assert first["state"] == "succeeded" and first["worker"] == "w\\u00001"
+    assert first["result"] == {"body": "a\\u0000b", "\\u0000k": ["\\ud800", "1e400", "NaN"]}
+    second = run_row(settings, not_json)
+    assert second["state"] == "succeeded"
+    assert second["result"] == "half a body \\u0000 and no closing brace {"
+    third = run_row(settings, retried)
+    assert third["state"] == "retry_wait" and third["error"] == "Err\\u0000: boom\\u0000here"
+    fourth = run_row(settings, long_error)
+    assert fourth["state"] == "retry_wait"
+    assert len(fourth["error"]) < MAX_ERROR_CHARS + 100 and "[truncated" in fourth["error"]
+    [attempt] = rows(settings, "select error, error_class from attempts where run_id = %s", retried.id)
+    assert attempt == {"error": "boom\\u0000here", "error_class": "Err\\u0000"}
+    assert rows(settings, "select * from quarantine") == []
+
+
+def test_an_event_postgresql_refuses_is_quarantined_and_the_events_around_it_are_applied(
+    settings: Settings,
+) -> None:
+    runs = dispatched_runs(settings, 30)
+    # PostgreSQL itself refuses one event: a constraint its row breaks, as a value it cannot take would.
+    with connect(settings.database_url) as conn:
+        conn.execute("alter table attempts add constraint no_poison check (worker is distinct from 'poison')")
+        conn.commit()
+    poison_run = runs[12]
+    events = [result(run, worker="poison" if run == poison_run else "w") for run in runs[:20]]
+    poison = outgoing(settings, events[12])
+    publish(settings, [poison if i == 12 else e for i, e in enumerate(events)])
+    refused_before = counter(metrics.QUARANTINED, "refused")
+
+    with running(Wiring(settings).reconciler_service()):
+        wait_for(lambda: recorded(settings) == 19, 60, "every other event of the batch applied")
+        publish(settings, [result(run) for run in runs[20:]])
+        wait_for(lambda: recorded(settings) == 29, 60, "the events behind it applied too")
+        wait_for(group_at_the_end(settings), 30, "the offsets committed past the poison")
+
+    states = rows(settings, "select state, count(*) as n from runs group by state order by state")
+    assert states == [{"state": "dispatched", "n": 1}, {"state": "succeeded", "n": 29}]
+    assert run_row(settings, poison_run)["state"] == "dispatched"
+    [kept] = rows(settings, "select * from quarantine")
+    assert kept["component"] == "reconciler" and kept["run_id"] == poison_run.id and kept["app"] == APP
+    assert kept["original_bytes"] == poison.value and kept["source_topic"] == settings.results_topic
+    assert kept["source_offset"] is not None and kept["source_partition"] is not None
+    assert "refused by PostgreSQL (23514)" in kept["reason"] and "no_poison" in kept["reason"]
+    assert counter(metrics.QUARANTINED, "refused") == refused_before + 1
+
+
+def test_undecodable_messages_are_quarantined_with_their_bytes_and_the_partition_moves_on(
+    settings: Settings,
+) -> None:
+    garbled, after = dispatched_runs(settings, 2)
+    garbage = b"\xc3\x01 not an avro record at all"
+    # A retry whose error text is not UTF-8 (a lone surrogate written raw): Avro cannot decode it.
+    marked = AvroCodec().encode(retry(garbled, error="MARKERS"))
+    invalid_utf8 = marked.replace(b"MARKERS", "\ud800".encode("utf-8", "surrogatepass") + b"ABCD")
+    assert invalid_utf8 != marked
+    publish(
+        settings,
+        [
+            OutgoingMessage(settings.results_topic, garbage),
+            OutgoingMessage(settings.retry_topic, invalid_utf8, garbled.id.bytes),
+            result(after),
+        ],
+    )
+    undecodable_before = counter(metrics.QUARANTINED, "undecodable")
+    with running(Wiring(settings).reconciler_service()):
+        wait_for(
+            lambda: run_row(settings, after)["state"] == "succeeded", 60, "the event behind them applied"
+        )
+        wait_for(group_at_the_end(settings), 30, "the offsets committed past them")
+    kept = rows(settings, "select * from quarantine order by source_topic")
+    assert [(k["source_topic"], k["original_bytes"]) for k in kept] == [
+        (settings.results_topic, garbage),
+        (settings.retry_topic, invalid_utf8),
+    ]
+    assert all(k["component"] == "reconciler" and k["reason"].startswith("undecodable: ") for k in kept)
+    assert counter(metrics.QUARANTINED, "undecodable") == undecodable_before + 2
+
+
+# --- path 6: a consumer error in the middle of a polled batch ------------------------------------
+
+
+class ErrorMidBatch:
+    """The librdkafka consumer, except that its first batch of several messages carries an error
+    in the middle, as librdkafka hands out a partition or broker error among good messages."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.injected = False
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        messages: list[Any] = self._inner.consume(num_messages, timeout)
+        if not self.injected and len(messages) >= 4:
+            self.injected = True
+            error = Message(error=KafkaError(KafkaError._TRANSPORT, "injected mid-batch"))
+            middle = len(messages) // 2
+            return [*messages[:middle], error, *messages[middle:]]
+        return messages
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class Watched(Reconciler):
+    """Remembers what it applied, and checks that no commit moves past a message it did not apply."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.applied: set[tuple[str, int, int]] = set()
+        self.commits: list[Offset] = []
+        self.bad_commits: list[Offset] = []
+        self.proxies: list[ErrorMidBatch] = []
+
+    def apply(self, conn: psycopg.Connection[Row], messages: Sequence[Received]) -> reconcile.Applied:
+        applied = super().apply(conn, messages)
+        self.applied |= {(m.topic, m.partition, m.offset) for m in messages}
+        return applied
+
+    def consumer_for(self, config: dict[str, Any], topics: list[str]) -> Consumer:
+        reconciler = self
+
+        class Checked(Consumer):
+            def commit(self, offsets: Sequence[Offset], asynchronous: bool = False) -> None:
+                for o in offsets:
+                    reconciler.commits.append(o)
+                    # Fresh topics start at 0: every offset below the commit must have been applied.
+                    if any((o.topic, o.partition, x) not in reconciler.applied for x in range(o.offset)):
+                        reconciler.bad_commits.append(o)
+                super().commit(offsets, asynchronous)
+
+        consumer = Checked(config, topics)
+        proxy = ErrorMidBatch(consumer._consumer)
+        consumer._consumer = proxy  # type: ignore[assignment]
+        self.proxies.append(proxy)
+        return consumer
+
+
+def test_a_consumer_error_mid_batch_loses_no_message_and_no_commit_passes_an_unapplied_one(
+    settings: Settings,
+) -> None:
+    runs = dispatched_runs(settings, 200)
+    publish(settings, [result(run) for run in runs])
+    topics = [settings.results_topic, settings.retry_topic, settings.dlq_topic]
+    config = consumer_config(settings.kafka, f"{settings.topic_prefix}.reconciler", "test-reconciler")
+    wiring = Wiring(settings)
+    reconciler: Watched | None = None
+
+    def consumers() -> Consumer:
+        assert reconciler is not None
+        return reconciler.consumer_for(config, topics)
+
+    reconciler = Watched(settings, wiring.database, consumers, wiring.codec, wiring.kafka_check())
+    with running(reconciler):
+        wait_for(lambda: recorded(settings) >= len(runs), 60, "every success recorded")
+        wait_for(group_at_the_end(settings), 30, "the offsets committed to the end")
+        wait_for(lambda: reconciler.status.failures == 0 and reconciler.status.started, 30, "a recovery")
+
+    assert reconciler.proxies[0].injected, "the error was injected"
+    assert len(reconciler.proxies) >= 2, "the error was raised, and the consumer rebuilt from the commits"
+    assert reconciler.commits and reconciler.bad_commits == []
+    outcomes = rows(settings, "select outcome, count(*) as n from attempts group by outcome")
+    # Nothing before or after the error in its batch was dropped, and nothing was applied twice.
+    assert outcomes == [{"outcome": "applied", "n": len(runs)}]
+    assert rows(settings, "select state, count(*) as n from runs group by state") == [
+        {"state": "succeeded", "n": len(runs)}
+    ]
+
+
+# --- the lease model: re-executions, the database's clock for retries, late successes ------------
+
+
+def test_a_second_start_of_an_attempt_is_a_counted_reexecution_and_retries_use_the_database_clock(
+    settings: Settings,
+) -> None:
+    twice, backoff, legacy, late = dispatched_runs(settings, 4)
+    first_start = result(twice, "started", worker="w1")
+    worker_clock_far_off = datetime(2001, 1, 1, tzinfo=UTC)
+    legacy_not_before = datetime.now(UTC) + timedelta(hours=2)
+    publish(
+        settings,
+        [
+            first_start,
+            result(twice, "started", worker="w2"),  # the job redelivered to another worker
+            first_start,  # the same event redelivered: a duplicate, not an execution
+            retry(backoff, backoff_ms=90_000, not_before=worker_clock_far_off),
+            retry(legacy, not_before=legacy_not_before),  # an older worker: no backoff_ms
+            result(late, "started", worker="w1"),
+            retry(late),
+        ],
+    )
+    reexecutions_before = counter(metrics.EVENTS, "reexecution")
+    with running(Wiring(settings).reconciler_service()):
+        wait_for(lambda: recorded(settings) == 7, 60, "the first events recorded")
+        publish(
+            settings,
+            [
+                result(twice, worker="w2"),
+                # A start after the run succeeded: a third execution, recorded although it changes nothing.
+                result(twice, "started", worker="w3"),
+                # The attempt that failed reports success after all (a second execution of it): it wins.
+                result(late, worker="w9"),
+            ],
+        )
+        wait_for(lambda: recorded(settings) == 10, 60, "the later events recorded")
+
+    history = rows(
+        settings, "select kind, outcome, worker from attempts where run_id = %s order by id", twice.id
+    )
+    assert [(h["kind"], h["outcome"]) for h in history] == [
+        ("started", "applied"),
+        ("started", "reexecution"),
+        ("started", "duplicate"),
+        ("succeeded", "applied"),
+        ("started", "reexecution"),
+    ]
+    assert counter(metrics.EVENTS, "reexecution") == reexecutions_before + 2
+    assert run_row(settings, twice)["state"] == "succeeded" and run_row(settings, twice)["worker"] == "w2"
+
+    [applied_at] = rows(
+        settings, "select received_at from attempts where run_id = %s and kind = 'retry'", backoff.id
+    )
+    waiting = run_row(settings, backoff)
+    assert waiting["state"] == "retry_wait" and waiting["lease_expires_at"] is None
+    delay = (waiting["next_attempt_at"] - applied_at["received_at"]).total_seconds()
+    assert 89 <= delay <= 91, delay  # the database's now + backoff_ms, not the worker's not_before
+    assert run_row(settings, legacy)["next_attempt_at"] == legacy_not_before
+    won = run_row(settings, late)
+    assert (won["state"], won["attempt"], won["worker"]) == ("succeeded", 1, "w9")
+
+
+def test_a_start_gives_the_run_a_lease_of_the_window_from_the_database_clock(settings: Settings) -> None:
+    [run] = dispatched_runs(settings, 1)
+    with connect(settings.database_url) as conn:
+        assert conn.execute("select lease_expires_at from runs").fetchone() == {"lease_expires_at": None}
+        with conn.transaction():
+            event = OutcomeEvent(str(uuid.uuid4()), run.id, 1, "started", "w", datetime.now(UTC), None)
+            reconcile.apply_outcomes(conn, [event], 12.5)
+        row = conn.execute(
+            "select state, extract(epoch from lease_expires_at - now()) as left_s from runs"
+        ).fetchone()
+        conn.commit()
+    assert row is not None and row["state"] == "running"
+    assert 12 <= float(str(row["left_s"])) <= 12.5
+
+
+# --- paths 5 and 13: the sweeper and a reconciler that has not read the outcomes -----------------
+
+
+def database_now(settings: Settings) -> datetime:
+    [row] = rows(settings, "select now() as now")
+    now: datetime = row["now"]
+    return now
+
+
+def test_the_sweeper_waits_for_unread_outcomes_then_redispatches_or_kills_only_silent_runs(
+    settings: Settings,
+) -> None:
+    [succeeds] = dispatched_runs(settings, 1)
+    [silent] = dispatched_runs(settings, 1, max_attempts=2)
+    [last] = dispatched_runs(settings, 1, max_attempts=1)
+    wiring = Wiring(settings)
+    publish(settings, [result(run, "started") for run in (succeeds, silent, last)])
+    with running(wiring.reconciler_service()):
+        wait_for(
+            lambda: len(rows(settings, "select 1 from runs where state = 'running'")) == 3, 60, "all running"
+        )
+    # The reconciler is down now; the success it has not read waits in .results.
+    publish(settings, [result(succeeds)])
+
+    sweeper = wiring.lease_sweeper()
+    later = database_now(settings) + timedelta(hours=1)  # every lease long expired
+    with connect(settings.database_url) as conn:
+        held = sweeper.sweep(conn, now=later)
+    assert held.swept == 0 and held.unread == 1
+    assert metrics.SWEEP_UNREAD._value.get() == 1
+    assert len(rows(settings, "select 1 from runs where state = 'running'")) == 3, "nothing expired"
+
+    with running(wiring.reconciler_service()):
+        wait_for(lambda: run_row(settings, succeeds)["state"] == "succeeded", 60, "the late success applied")
+        with connect(settings.database_url) as conn:
+
+            def sweep() -> Sweep | None:
+                done = sweeper.sweep(conn, now=later)
+                return done if done.swept else None
+
+            swept = wait_for(sweep, 30, "a sweep once the reconciler caught up")
+    assert (swept.swept, swept.dead, swept.unread) == (2, 1, 0)
+    assert metrics.SWEEP_UNREAD._value.get() == 0 and metrics.SWEEP_HELD._value.get() == 0
+
+    won = run_row(settings, succeeds)
+    assert (won["state"], won["attempt"]) == ("succeeded", 1), "a success the sweeper had not seen wins"
+    again = run_row(settings, silent)
+    assert (again["state"], again["attempt"], again["lease_expires_at"]) == ("pending", 2, None)
+    dead = run_row(settings, last)
+    assert (dead["state"], dead["attempt"]) == ("dead", 1) and dead["error"].startswith("LeaseExpired")
+
+    # Both go out through the outbox, in the sweep's transaction: the next attempt, and the letter.
+    codec = AvroCodec()
+    queued = rows(
+        settings,
+        "select topic, key, value, run_id, attempt from outbox where run_id = any(%s)",
+        [silent.id, last.id],
+    )
+    by_run = {q["run_id"]: q for q in queued}
+    job = codec.decode(JobMessage, by_run[silent.id]["value"])
+    assert (by_run[silent.id]["topic"], job.attempt, by_run[silent.id]["attempt"]) == (
+        settings.jobs_topic(APP),
+        2,
+        2,
+    )
+    assert [(a.attempt, a.error_class) for a in job.previous_attempts] == [(1, "LeaseExpired")]
+    letter = codec.decode(JobDeadLetter, by_run[last.id]["value"])
+    assert by_run[last.id]["topic"] == settings.dlq_topic and by_run[last.id]["key"] == last.id.bytes
+    assert (letter.cause, letter.run_id, letter.attempt, letter.worker) == (
+        "retries_exhausted",
+        last.id,
+        1,
+        None,
+    )
+    assert [a.error_class for a in letter.attempts] == ["LeaseExpired"]
+
+    # The swept attempt reporting success after all is fenced: its run moved on to attempt 2.
+    with running(wiring.reconciler_service()):
+        publish(settings, [result(silent)])
+        wait_for(
+            lambda: rows(
+                settings, "select 1 from attempts where run_id = %s and outcome = 'stale'", silent.id
+            ),
+            60,
+            "the late outcome recorded",
+        )
+    assert run_row(settings, silent)["state"] == "pending"
+
+
+def test_the_sweeper_never_expires_a_run_that_was_not_started(settings: Settings) -> None:
+    runs = dispatched_runs(settings, 5, max_attempts=1)
+    with connect(settings.database_url) as conn:
+        # Even a lease left on a waiting run (an older scanner wrote one) does not expire it.
+        conn.execute("update runs set lease_expires_at = now() - interval '1 hour'")
+        conn.commit()
+        swept = Wiring(settings).lease_sweeper().sweep(conn, now=database_now(settings) + timedelta(days=1))
+    assert swept.swept == 0
+    assert {r["state"] for r in rows(settings, "select state from runs")} == {"dispatched"}
+    assert len(runs) == 5
+
+
+# --- path 12: a buffered fire inserted while the run before it ends ------------------------------
+
+
+class CountingRelease(BufferRelease):
+    looks = 0
+
+    def release(self, conn: psycopg.Connection[Row]) -> int:
+        released = super().release(conn)
+        self.looks += 1
+        return released
+
+
+def test_a_buffered_fire_committed_after_the_wakeup_is_still_released(settings: Settings) -> None:
+    TopicAdmin(settings.kafka).ensure_topics(settings.core_topics, partitions=3)
+    wiring = Wiring(settings)
+    with connect(settings.database_url) as conn:
+        conn.execute("insert into apps (name, partitions) values (%s, 1)", (APP,))
+        conn.commit()
+        spec = ScheduleSpec(
+            app=APP, kind="cron", cron="* * * * * *", handler="builtin:noop", overlap_policy="buffer_one"
+        )
+        first = service.create_schedule(conn, spec, "test")["next_fire_at"]
+        conn.commit()
+        wiring.scanner().scan_once(conn, now=first)
+    [open_run] = rows(settings, "select id, schedule_id from runs")
+
+    release = CountingRelease(wiring.database, wiring.dispatcher)
+    with (
+        running(release),
+        connect(settings.database_url) as scanner_conn,
+        connect(settings.database_url) as conn,
+    ):
+        wait_for(lambda: release.looks > 0, 30, "the buffer release to be looking")
+        # The scanner's transaction buffers the next fire, because the run before it is still open...
+        scanner_conn.execute("select 1")
+        wiring.scanner().scan_once(scanner_conn, now=first + timedelta(seconds=1))
+        # ... while the reconciler ends that run and wakes the release, which cannot see the fire yet.
+        with conn.transaction():
+            event = OutcomeEvent(str(uuid.uuid4()), open_run["id"], 1, "succeeded", "w", first, first)
+            assert reconcile.apply_outcomes(conn, [event], 30).finished == 1
+            reconcile.notify_run_finished(conn)
+        woken = release.looks
+        wait_for(lambda: release.looks >= woken + 2, 30, "the release to look after the wake-up")
+        assert conn.execute("select count(*) as n from runs where buffered").fetchone() == {"n": 0}
+        scanner_conn.commit()  # the fire becomes visible only now, with no wake-up to come
+
+        def released() -> bool:
+            found = conn.execute(
+                "select r.buffered, exists (select 1 from outbox o where o.run_id = r.id) as queued "
+                "from runs r where r.scheduled_for = %s",
+                (first + timedelta(seconds=1),),
+            ).fetchone()
+            conn.commit()
+            return found == {"buffered": False, "queued": True}
+
+        wait_for(released, 10, "the buffered fire released by the next look")
