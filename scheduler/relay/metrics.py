@@ -15,7 +15,20 @@ REPUBLISHED = Counter(
     registry=REGISTRY,
 )
 FAILURES = Counter(
-    "scheduler_relay_publish_failures_total", "Batches Kafka did not acknowledge", registry=REGISTRY
+    "scheduler_relay_publish_failures_total",
+    "Batches Kafka took none of (it is down or unreachable): the relay backs off",
+    registry=REGISTRY,
+)
+RELEASED = Counter(
+    "scheduler_relay_released_total",
+    "Outbox messages Kafka did not acknowledge for a reason that may pass, handed back to publish again",
+    registry=REGISTRY,
+)
+QUARANTINED = Counter(
+    "scheduler_relay_quarantined_total",
+    "Outbox rows Kafka refused for good, moved to the quarantine table (their runs dead), by cause",
+    ["cause"],  # too_large, invalid, unknown_topic, refused
+    registry=REGISTRY,
 )
 DISPATCH_LAG = Histogram(
     "scheduler_dispatch_lag_seconds",

@@ -1,19 +1,30 @@
 """The relay: publishes the transactional outbox to Kafka and marks the runs dispatched.
 
-Each batch follows three steps, in this order, so that nothing is lost and nothing is marked sent
-before it is: (1) claim rows by status with SKIP LOCKED and commit the claim; (2) produce them with
-the idempotent producer and wait until Kafka acknowledged every one (acks=all); (3) delete the rows
-and mark their runs ``dispatched`` in one transaction. A relay that dies between (2) and (3) leaves
-its claim to lapse, another relay publishes the rows again, and ``publish_count`` counts the
-duplicate. While Kafka or PostgreSQL is down the relay backs off and retries; rows wait in the
-outbox, which is the point of having one.
+Each batch follows three steps, in this order, so that nothing is lost, nothing is marked sent
+before it is, and no row holds up another:
+
+1. Claim the rows that are due (``available_at`` passed) by status with SKIP LOCKED, and commit
+   the claim.
+2. Produce every row with its own delivery outcome (idempotent producer, acks=all) and wait for
+   all of them. A row whose topic does not exist (checked against the cluster's metadata) is not
+   produced. The broker refuses a record batch as a whole, so when several messages come back
+   refused for good, each is produced again alone: only alone does a refusal say which row it is.
+3. In one transaction: delete the acknowledged rows and mark their runs ``dispatched``; move the
+   rows Kafka refused for good (too large, invalid, unknown topic) to ``quarantine``, their runs
+   ``dead`` with ``RelayRefused``; hand back the rows that failed for a reason that may pass
+   (Kafka down, a timeout), each with a growing delay when the rest of the batch went through.
+
+A relay that dies between (2) and (3) leaves its claim to lapse, another relay publishes the rows
+again, and ``publish_count`` counts the duplicate. While Kafka or PostgreSQL is down the relay
+backs off and retries; rows wait in the outbox, which is the point of having one.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -21,7 +32,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from scheduler.config import Settings
 from scheduler.kafka.tracing import HEADER
-from scheduler.kafka.transport import OutgoingMessage, Producer, TransportError
+from scheduler.kafka.transport import DeliveryError, OutgoingMessage, Producer, TopicAdmin, TransportError
 from scheduler.relay import metrics
 from scheduler.runtime.service import Check, Service
 from scheduler.store import outbox
@@ -31,6 +42,7 @@ from scheduler.telemetry.tracing import (
     JOB_SCHEDULING,
     ending,
     kafka_attributes,
+    mark_span_failed,
     message_span,
     traceparent_of_span,
     tracing_exports,
@@ -39,8 +51,82 @@ from scheduler.telemetry.tracing import (
 CHANNEL = "scheduler_outbox"
 # Rows of a relay that died become claimable again after this; a live relay finishes well within it.
 DEFAULT_CLAIM_SECONDS = 60.0
+# Publishing, retries of refused messages included, ends within this share of the claim, so the
+# claim never lapses under a live relay (another relay would publish the rows a second time).
+PUBLISH_SHARE_OF_CLAIM = 0.75
 IDLE_WAKE_S = 1.0
+MIN_IDLE_S = 0.01
 STATS_EVERY_S = 5.0
+TOPIC_CHECK_TIMEOUT_S = 10.0
+
+# Refusals that say the message itself cannot be written: producing it again cannot help.
+MESSAGE_REFUSED = frozenset(
+    {
+        "MSG_SIZE_TOO_LARGE",
+        "INVALID_MSG",  # CORRUPT_MESSAGE
+        "INVALID_MSG_SIZE",
+        "INVALID_RECORD",
+        "RECORD_LIST_TOO_LARGE",
+        "INVALID_TIMESTAMP",
+        "_BAD_MSG",
+        "_INVALID_ARG",
+    }
+)
+# Errors about the topic rather than the message: the row is handed back, and the next batch asks
+# the cluster whether its topic exists (a topic that does not is a refusal for good).
+TOPIC_UNKNOWN = frozenset(
+    {"_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_OR_PART", "UNKNOWN_TOPIC_ID", "_UNKNOWN_PARTITION", "TOPIC_EXCEPTION"}
+)
+# Not retriable by librdkafka's flag, but about this relay (its connection, its rights, its
+# producer's state) or the cluster, never about the row: quarantining would kill runs that did
+# nothing wrong, so the row is handed back instead.
+RELAY_SIDE = frozenset(
+    {
+        "_MSG_TIMED_OUT",
+        "_TIMED_OUT",
+        "_TIMED_OUT_QUEUE",
+        "_TRANSPORT",
+        "_ALL_BROKERS_DOWN",
+        "_DESTROY",
+        "_FATAL",
+        "_PURGE_QUEUE",
+        "_PURGE_INFLIGHT",
+        "_QUEUE_FULL",
+        "_STATE",
+        "_AUTHENTICATION",
+        "_SSL",
+        "_UNKNOWN_BROKER",
+        "_UNKNOWN_PROTOCOL",
+        "SASL_AUTHENTICATION_FAILED",
+        "TOPIC_AUTHORIZATION_FAILED",
+        "CLUSTER_AUTHORIZATION_FAILED",
+        "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+        "UNKNOWN_PRODUCER_ID",
+        "INVALID_PRODUCER_EPOCH",
+        "INVALID_PRODUCER_ID_MAPPING",
+        "OUT_OF_ORDER_SEQUENCE_NUMBER",
+        "DUPLICATE_SEQUENCE_NUMBER",
+        "INVALID_REQUIRED_ACKS",
+        "UNSUPPORTED_VERSION",
+        "UNSUPPORTED_FOR_MESSAGE_FORMAT",
+        "THROTTLING_QUOTA_EXCEEDED",
+    }
+    | TOPIC_UNKNOWN
+)
+
+
+def refused_for_good(error: DeliveryError) -> bool:
+    """Kafka will never take this message as it is: it is quarantined, not retried."""
+    if error.code in MESSAGE_REFUSED:
+        return True
+    return error.code is not None and not error.retriable and error.code not in RELAY_SIDE
+
+
+def _cause(error: DeliveryError) -> str:
+    """A bounded label for the quarantine counter."""
+    if error.too_large:
+        return "too_large"
+    return "invalid" if error.code in MESSAGE_REFUSED else "refused"
 
 
 @dataclass(frozen=True)
@@ -49,80 +135,237 @@ class BatchReport:
     published: int
     republished: int
     dispatched: int
+    quarantined: int = 0
+    released: int = 0
+
+
+@dataclass
+class _Outcomes:
+    """What Kafka answered for one batch, by outbox row id; a row without an entry got no answer."""
+
+    errors: dict[int, DeliveryError | None]
+    # Refused by the producer itself, or refused alone: the refusal is certainly this row's own.
+    certain: set[int]
 
 
 class Relay(Service):
     transient = (TransportError, psycopg.OperationalError)
 
     def __init__(
-        self, settings: Settings, database: Database, producer: Producer, kafka_check: Check, *, name: str
+        self,
+        settings: Settings,
+        database: Database,
+        producers: Callable[[], Producer],
+        admin: TopicAdmin,
+        kafka_check: Check,
+        *,
+        name: str,
     ) -> None:
         super().__init__("relay")
         self.settings = settings
         self.database = database
-        self.producer = producer
+        self._producers = producers
+        self._producer: Producer | None = None
+        self.admin = admin
         self.kafka_check = kafka_check
         self.instance = name  # this process's instance of the service (``self.name`` is its role)
         self.claim_seconds = settings.relay_claim_s
         self.session = Session(database, CHANNEL)
         self._last_stats = 0.0
         self._tracing = tracing_exports()
+        self._topics: set[str] = set()  # topics known to exist, refreshed when a row names another
+        self._next_available_s: float | None = None
+
+    @property
+    def producer(self) -> Producer:
+        """Built on first use, and again after a fatal producer error dropped it."""
+        if self._producer is None:
+            self._producer = self._producers()
+        return self._producer
 
     def checks(self) -> Sequence[Check]:
         return (self.database.check(), self.kafka_check)
 
     def step(self) -> bool:
         report = self.relay_once()
+        conn = self.session.conn
         if time.monotonic() - self._last_stats >= STATS_EVERY_S:
-            conn = self.session.conn
             with conn.transaction():
                 stats = outbox.stats(conn)
             metrics.OUTBOX_DEPTH.set(stats.depth)
             metrics.OUTBOX_OLDEST_AGE.set(stats.oldest_age_s)
             self._last_stats = time.monotonic()
-        return report.claimed >= self.settings.relay_batch_size
+        more = report.claimed >= self.settings.relay_batch_size
+        if not more:
+            with conn.transaction():
+                self._next_available_s = outbox.next_available_in(conn)
+        return more
 
     def idle(self, stop: threading.Event) -> None:
-        """Woken by the scanner's NOTIFY; never idle longer than a second (a lapsed claim)."""
-        self.session.wait(IDLE_WAKE_S, stop)
+        """Woken by the scanner's NOTIFY or when the first held-back row becomes due; never idle
+        longer than a second (a lapsed claim)."""
+        wait = IDLE_WAKE_S
+        if self._next_available_s is not None:
+            wait = max(MIN_IDLE_S, min(wait, self._next_available_s))
+        self.session.wait(wait, stop)
 
     def reset(self) -> None:
         self.session.close()
 
     def close(self) -> None:
         self.session.close()
-        self.producer.close()
+        if self._producer is not None:
+            self._producer.close()
 
     def relay_once(self) -> BatchReport:
-        """Claim, publish and complete one batch; raises if Kafka or PostgreSQL failed."""
+        """Claim, publish and settle one batch; raises when Kafka took none of it (or PostgreSQL failed)."""
         conn = self.session.conn
         with conn.transaction():
             rows = outbox.claim(conn, self.instance, self.settings.relay_batch_size, self.claim_seconds)
         if not rows:
             return BatchReport(0, 0, 0, 0)
-        ids = [row.id for row in rows]
         started = time.monotonic()
-        messages, spans = self._messages(rows)
+        deadline = started + self.claim_seconds * PUBLISH_SHARE_OF_CLAIM
         try:
-            with ending(spans):
-                self.producer.send(messages, timeout_s=self.claim_seconds * 0.75)
+            missing = self._missing_topics({row.topic for row in rows})
         except TransportError:
             metrics.FAILURES.inc()
             with conn.transaction():
-                outbox.release(conn, self.instance, ids)
+                outbox.release(conn, self.instance, [row.id for row in rows])
             raise
+        sending = [row for row in rows if row.topic not in missing]
+        outcomes = self._publish(sending, deadline)
         publish_s = time.monotonic() - started
+
+        acked: list[OutboxRow] = []
+        refusals: dict[int, str] = {
+            row.id: f"topic {row.topic} does not exist" for row in rows if row.topic in missing
+        }
+        causes = ["unknown_topic"] * len(refusals)
+        failed: list[tuple[OutboxRow, DeliveryError]] = []
+        for row in sending:
+            error = outcomes.errors.get(row.id, _NO_ANSWER)
+            if error is None:
+                acked.append(row)
+            elif row.id in outcomes.certain and refused_for_good(error):
+                refusals[row.id] = f"{error} ({error.code}); the message is {len(row.value)} bytes"
+                causes.append(_cause(error))
+            else:
+                failed.append((row, error))
+                if error.code in TOPIC_UNKNOWN or error.code == "_MSG_TIMED_OUT":
+                    # A topic deleted since we looked times out like an unreachable broker: ask again.
+                    self._topics.discard(row.topic)
+
         with conn.transaction():
-            done = outbox.complete(conn, self.instance, ids)
+            done = outbox.complete(conn, self.instance, [row.id for row in acked]) if acked else _NOTHING_DONE
+            held = outbox.quarantine(conn, self.instance, refusals) if refusals else None
+            if failed:
+                # Kafka took the rest of the batch: these wait a little, so the rows behind them go first.
+                outbox.release(conn, self.instance, [row.id for row, _ in failed], back_off=bool(acked))
+
         metrics.PUBLISHED.inc(done.published)
         metrics.REPUBLISHED.inc(done.republished)
-        for row in rows:
+        for row in acked:
             metrics.DISPATCH_LAG.observe(row.age_s + publish_s)
-        return BatchReport(len(rows), done.published, done.republished, done.dispatched)
+        if held is not None:
+            for cause in causes:
+                metrics.QUARANTINED.labels(cause).inc()
+            for row in rows:
+                if row.id in refusals:
+                    self.log.warning(
+                        "outbox row %d (run %s, attempt %s) quarantined: %s",
+                        row.id,
+                        row.run_id,
+                        row.attempt,
+                        refusals[row.id],
+                    )
+        metrics.RELEASED.inc(len(failed))
+        self._raise_if_stuck(acked, failed)
+        return BatchReport(
+            len(rows),
+            done.published,
+            done.republished,
+            done.dispatched,
+            quarantined=0 if held is None else held.quarantined,
+            released=len(failed),
+        )
+
+    def _raise_if_stuck(
+        self, acked: Sequence[OutboxRow], failed: Sequence[tuple[OutboxRow, DeliveryError]]
+    ) -> None:
+        """Back off (the service's retry) when Kafka took nothing, or when the producer is broken."""
+        errors = [error for _, error in failed]
+        fatal = next((e for e in errors if e.code == "_FATAL"), None)
+        if fatal is not None and self._producer is not None:
+            # An idempotent producer's fatal error is final for that producer: build another.
+            producer, self._producer = self._producer, None
+            producer.close(timeout_s=1.0)
+        if failed and (not acked or fatal is not None):
+            metrics.FAILURES.inc()
+            first = errors[0]
+            raise DeliveryError(
+                f"{len(failed)} outbox messages not acknowledged, handed back: {first} ({first.code})",
+                code=first.code,
+                retriable=True,
+            )
+
+    def _missing_topics(self, topics: Iterable[str]) -> set[str]:
+        """The topics among ``topics`` the cluster does not have (asked only about unknown ones)."""
+        unknown = set(topics) - self._topics
+        if unknown:
+            self._topics = self.admin.topics(min(TOPIC_CHECK_TIMEOUT_S, self.claim_seconds / 4))
+        return unknown - self._topics
+
+    def _publish(self, rows: Sequence[OutboxRow], deadline: float) -> _Outcomes:
+        outcomes = _Outcomes({}, set())
+        if not rows:
+            return outcomes
+        messages, spans = self._messages(rows)
+        with ending(spans):
+            self._produce(zip(rows, messages, strict=True), outcomes, deadline)
+            suspects = [
+                (row, message)
+                for row, message in zip(rows, messages, strict=True)
+                if row.id not in outcomes.certain
+                and (error := outcomes.errors.get(row.id)) is not None
+                and refused_for_good(error)
+            ]
+            if len(suspects) == 1:
+                outcomes.certain.add(suspects[0][0].id)  # refused with no other message: its own
+            elif suspects:
+                # A refused record batch: each of its messages again, alone, so that a refusal
+                # is the message's own. Those not retried in time stay uncertain: handed back.
+                for row, message in suspects:
+                    if time.monotonic() >= deadline:
+                        break
+                    del outcomes.errors[row.id]
+                    self._produce([(row, message)], outcomes, deadline)
+                    if row.id not in outcomes.errors:
+                        break  # unanswered: the next message could share its record batch
+                    outcomes.certain.add(row.id)
+            if spans:
+                for row, span in zip(rows, spans, strict=True):
+                    error = outcomes.errors.get(row.id, _NO_ANSWER)
+                    if error is not None:
+                        mark_span_failed(span, error)
+        return outcomes
+
+    def _produce(
+        self, pairs: Iterable[tuple[OutboxRow, OutgoingMessage]], outcomes: _Outcomes, deadline: float
+    ) -> None:
+        """Produce each message with its own outcome, then wait for every answer until ``deadline``."""
+        producer = self.producer
+        for row, message in pairs:
+            try:
+                producer.produce(message, functools.partial(outcomes.errors.__setitem__, row.id))
+            except DeliveryError as exc:
+                outcomes.errors[row.id] = exc
+                outcomes.certain.add(row.id)
+        producer.flush(max(0.1, deadline - time.monotonic()))
 
     def _messages(self, rows: Sequence[OutboxRow]) -> tuple[list[OutgoingMessage], list[Span]]:
         """The batch's messages; when traces are exported, each with a ``job.scheduling`` span
-        that runs from the outbox row's creation to Kafka's acknowledgement (the caller ends it)."""
+        that runs from the outbox row's creation to Kafka's answer (the caller ends it)."""
         if not self._tracing:
             return [OutgoingMessage(r.topic, r.value, r.key, list(r.headers.items())) for r in rows], []
         now_ns = time.time_ns()
@@ -139,6 +382,11 @@ class Relay(Service):
             headers = dict(row.headers) | {HEADER: traceparent_of_span(span)}
             messages.append(OutgoingMessage(row.topic, row.value, row.key, list(headers.items())))
         return messages, spans
+
+
+# The outcome of a message Kafka did not answer in time (neither acknowledged nor refused).
+_NO_ANSWER = DeliveryError("no delivery report in time", code=None, retriable=True)
+_NOTHING_DONE = outbox.Completion(0, 0, 0)
 
 
 def _job_of(row: OutboxRow) -> dict[str, str | int]:

@@ -1,4 +1,5 @@
-"""The transactional outbox as the relay sees it: claim a batch, then complete or release it."""
+"""The transactional outbox as the relay sees it: claim a batch, then complete, release or
+quarantine each of its rows."""
 
 from __future__ import annotations
 
@@ -65,8 +66,41 @@ def complete(
     return Completion(row["published"], row["republished"], row["dispatched"])
 
 
-def release(conn: psycopg.Connection[Row], relay: str, ids: list[int]) -> None:
-    conn.execute(query("release_outbox"), {"relay": relay, "ids": ids})
+def release(
+    conn: psycopg.Connection[Row],
+    relay: str,
+    ids: list[int],
+    *,
+    back_off: bool = False,
+    now: datetime | None = None,
+) -> None:
+    """Hand rows back unpublished; with ``back_off`` each waits before it may be claimed again."""
+    conn.execute(query("release_outbox"), {"relay": relay, "ids": ids, "back_off": back_off, "now": now})
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantine:
+    quarantined: int
+    dead: int  # runs that were waiting for a quarantined message
+
+
+def quarantine(
+    conn: psycopg.Connection[Row], relay: str, reasons: dict[int, str], now: datetime | None = None
+) -> Quarantine:
+    """Move the refused rows (id -> reason) to ``quarantine`` and their waiting runs to ``dead``."""
+    ids = list(reasons)
+    row = conn.execute(
+        query("quarantine_outbox"),
+        {"relay": relay, "ids": ids, "reasons": [reasons[i] for i in ids], "now": now},
+    ).fetchone()
+    assert row is not None
+    return Quarantine(row["quarantined"], row["dead"])
+
+
+def next_available_in(conn: psycopg.Connection[Row], now: datetime | None = None) -> float | None:
+    """Seconds until the first row held back by its ``available_at`` may be claimed; None if none is."""
+    row = conn.execute(query("outbox_next_available"), {"now": now}).fetchone()
+    return None if row is None or row["wait_s"] is None else max(0.0, float(row["wait_s"]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,15 @@
-"""Two relays claiming the outbox at once never claim the same row."""
+"""Two relays claiming the outbox at once never claim the same row; a row held back by its
+available_at is not claimed before that time."""
 
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
 
-from scheduler.store import connect, query
+from scheduler.store import connect, outbox, query
+from scheduler.store.schedules import db_now
 
 pytestmark = pytest.mark.integration
 
@@ -53,3 +56,24 @@ def test_two_concurrent_claimers_drain_the_outbox_without_claiming_a_row_twice(d
     with connect(database_url) as conn:
         row = conn.execute("select count(*) as n, max(publish_count) as most from outbox").fetchone()
     assert row == {"n": ROWS, "most": 1}
+
+
+def test_a_row_held_back_by_available_at_is_claimed_only_once_that_time_passes(database_url: str) -> None:
+    with connect(database_url) as conn:
+        conn.execute(
+            "insert into outbox (topic, value, available_at) values "
+            "('jobs', 'later', now() + interval '10 minutes'), ('jobs', 'now', null), "
+            "('jobs', 'due', now() - interval '1 second')"
+        )
+        conn.commit()
+        with conn.transaction():
+            claimed = outbox.claim(conn, "a", 100, 3600)
+        assert sorted(bytes(r.value) for r in claimed) == [b"due", b"now"]
+        # What the idle relay sleeps for: until the held-back row is due (by the database clock).
+        wait_s = outbox.next_available_in(conn)
+        assert wait_s is not None and 590 < wait_s <= 600
+        with conn.transaction():
+            assert outbox.claim(conn, "b", 100, 600, now=db_now(conn) + timedelta(minutes=9)) == []
+            [later] = outbox.claim(conn, "b", 100, 600, now=db_now(conn) + timedelta(minutes=11))
+        assert later.value == b"later"
+        assert outbox.next_available_in(conn) is None

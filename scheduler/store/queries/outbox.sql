@@ -2,6 +2,7 @@
 -- Claims up to %(limit)s publishable rows for one relay. SKIP LOCKED lets any number of relays
 -- claim side by side without waiting on each other; a claim is a status (claimed_until), not a
 -- held transaction, so a relay that dies mid-publish only delays its rows until the claim lapses.
+-- A row is publishable once its available_at (a fire's jitter, a retry's delay) has passed.
 -- The ids are collected once (array of a subquery, an init plan): as a joined subquery the
 -- planner may re-run the locking scan for every outbox row, which stalls a large burst.
 update outbox o
@@ -11,8 +12,8 @@ update outbox o
  where o.id = any(array(
            select id
              from outbox
-            where claimed_until is null
-               or claimed_until < coalesce(%(now)s::timestamptz, now())
+            where (claimed_until is null or claimed_until < coalesce(%(now)s::timestamptz, now()))
+              and (available_at is null or available_at <= coalesce(%(now)s::timestamptz, now()))
             order by id
             limit %(limit)s::int
               for update skip locked))
@@ -51,11 +52,79 @@ select (select count(*) from published) as published,
        (select count(*) from dispatched) as dispatched;
 
 -- name: release_outbox
--- Kafka refused the batch: hand the rows back at once instead of waiting for the claim to lapse.
+-- Kafka did not acknowledge these rows for a reason that may pass: hand them back at once instead
+-- of waiting for the claim to lapse. With %(back_off)s (the rest of their batch went through, so
+-- Kafka is up) each waits 2^(publishes - 1) s, at most 30 s, so that a row that keeps failing
+-- is not taken first again by every batch and the rows behind it go first.
 update outbox
-   set claimed_until = null, claimed_by = null
+   set claimed_until = null,
+       claimed_by = null,
+       available_at = case when %(back_off)s::bool
+                           then coalesce(%(now)s::timestamptz, now())
+                                + make_interval(secs => least(30, power(2, greatest(publish_count - 1, 0)))::float8)
+                           else available_at end
  where id = any(%(ids)s::bigint[])
    and claimed_by = %(relay)s::text;
+
+-- name: quarantine_outbox
+-- Rows Kafka refuses for good (too large, invalid, a topic that does not exist): each leaves the
+-- outbox for `quarantine` with its reason and bytes, and its run, if it is still waiting for this
+-- message (pending at the row's attempt), is dead with the reason, recorded in `attempts` as the
+-- sweeper records its verdicts. One statement, one transaction: a row is never both quarantined
+-- and still queued, and the rows behind it are not held up. A row of a dead run (a dead letter)
+-- leaves its run as it is.
+with refused as (
+    select id, reason
+      from unnest(%(ids)s::bigint[], %(reasons)s::text[]) as r(id, reason)
+), removed as (
+    delete from outbox o
+     using refused f
+     where o.id = f.id
+       and o.claimed_by = %(relay)s::text
+    returning o.id, o.topic, o.value, o.run_id, o.attempt, f.reason
+), locked as (
+    -- Locked in id order, as the reconciler and complete_outbox lock them: never a deadlock.
+    select r.id
+      from runs r
+     where r.id = any(array(select run_id from removed))
+     order by r.id
+       for update
+), died as (
+    update runs r
+       set state = 'dead',
+           finished_at = coalesce(%(now)s::timestamptz, now()),
+           next_attempt_at = null,
+           lease_expires_at = null,
+           error = 'RelayRefused: ' || q.reason,
+           version = r.version + 1
+      from removed q
+     where r.id = any(array(select id from locked))
+       and r.id = q.run_id and r.attempt = q.attempt and r.state = 'pending'
+    returning r.id, r.attempt, q.reason
+), quarantined as (
+    insert into quarantine (quarantined_at, component, reason, run_id, app, original_bytes)
+    select coalesce(%(now)s::timestamptz, now()), 'relay', q.reason, q.run_id, r.app, q.value
+      from removed q
+      left join runs r on r.id = q.run_id
+), recorded as (
+    insert into attempts (run_id, attempt, kind, outcome, worker, finished_at, error, error_class)
+    select id, attempt, 'dead', 'applied', 'relay', coalesce(%(now)s::timestamptz, now()), reason, 'RelayRefused'
+      from died
+), notified as (
+    -- A run that ended wakes the buffer release (a buffered fire of its schedule may go now).
+    select pg_notify('scheduler_run_finished', '') from (select 1 from died limit 1) one
+)
+select (select count(*) from removed) as quarantined,
+       (select count(*) from died) as dead,
+       (select count(*) from notified) as notified;
+
+-- name: outbox_next_available
+-- How long until the first row held back by its available_at may be claimed (null: none is), so
+-- an idle relay wakes for it rather than at its next poll.
+select extract(epoch from min(available_at) - coalesce(%(now)s::timestamptz, now()))::float8 as wait_s
+  from outbox
+ where available_at > coalesce(%(now)s::timestamptz, now())
+   and claimed_until is null;
 
 -- name: outbox_stats
 -- For the relay's gauges: how many rows wait, and how long the oldest has. The count is exact, so

@@ -1,0 +1,230 @@
+"""One bad outbox row never wedges the relay: a row Kafka refuses for good is quarantined with its
+run dead, a row that failed for a reason that may pass is handed back alone, and the rows after
+either are published in the same round, once each."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from scheduler.config import Settings
+from scheduler.kafka.connection import KafkaConnection
+from scheduler.kafka.topics import TOPIC_CONFIG
+from scheduler.kafka.transport import DeliveryError, Producer, TopicAdmin, producer_config
+from scheduler.relay.relay import Relay
+from scheduler.store import connect, outbox
+from scheduler.wiring import Wiring
+from tests.support import read_topic, wait_for
+
+pytestmark = pytest.mark.integration
+
+APP = "quar"
+BIG = 5 * 1024 * 1024  # over the producers' 4 MiB limit
+
+
+@pytest.fixture
+def relay(settings: Settings) -> Iterator[Relay]:
+    # A short claim, so that the producer gives up on a message within two seconds.
+    relay = Wiring(dataclasses.replace(settings, relay_claim_s=4.0)).relay()
+    try:
+        yield relay
+    finally:
+        relay.close()
+
+
+def queue(settings: Settings, values: list[bytes], topic: str | None = None) -> list[uuid.UUID]:
+    """One pending run per value, each with its outbox row (in this order), all of one schedule."""
+    schedule_id = uuid.uuid4()
+    run_ids = [uuid.uuid4() for _ in values]
+    with connect(settings.database_url) as conn:
+        conn.execute("insert into apps (name, partitions) values (%s, 1) on conflict do nothing", (APP,))
+        conn.execute(
+            "insert into schedules (id, app, name, kind, handler) "
+            "values (%s, %s, 'q', 'immediate', 'builtin:noop')",
+            (schedule_id, APP),
+        )
+        for i, (run_id, value) in enumerate(zip(run_ids, values, strict=True)):
+            conn.execute(
+                "insert into runs (id, schedule_id, app, scheduled_for, state, attempt, max_attempts) "
+                "values (%s, %s, %s, now() + make_interval(secs => %s), 'pending', 1, 3)",
+                (run_id, schedule_id, APP, i / 1000),
+            )
+            conn.execute(
+                "insert into outbox (topic, key, value, run_id, attempt) values (%s, %s, %s, %s, 1)",
+                (topic or settings.jobs_topic(APP), str(schedule_id).encode(), value, run_id),
+            )
+        conn.commit()
+    return run_ids
+
+
+def runs(settings: Settings) -> dict[uuid.UUID, dict[str, Any]]:
+    with connect(settings.database_url) as conn:
+        found = conn.execute("select id, state, error, attempt from runs").fetchall()
+    return {uuid.UUID(str(r["id"])): r for r in found}
+
+
+def rows(settings: Settings, sql: str) -> list[dict[str, Any]]:
+    with connect(settings.database_url) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_a_row_over_the_producers_limit_is_quarantined_and_the_rows_after_it_go_in_the_same_round(
+    settings: Settings, relay: Relay
+) -> None:
+    TopicAdmin(settings.kafka).ensure_topics([settings.jobs_topic(APP)], 1, config=TOPIC_CONFIG)
+    values = [f"job {i}".encode() for i in range(10)]
+    values[3] = os.urandom(BIG)
+    run_ids = queue(settings, values)
+
+    report = relay.relay_once()
+
+    assert (report.claimed, report.published, report.dispatched, report.quarantined, report.released) == (
+        10, 9, 9, 1, 0,
+    )  # fmt: skip
+    states = runs(settings)
+    assert [states[r]["state"] for r in run_ids] == ["dispatched"] * 3 + ["dead"] + ["dispatched"] * 6
+    error = states[run_ids[3]]["error"]
+    assert error.startswith("RelayRefused: ") and "too large" in error.lower() and str(BIG) in error
+    [held] = rows(settings, "select component, reason, run_id, app, original_bytes from quarantine")
+    assert (held["component"], held["run_id"], held["app"]) == ("relay", run_ids[3], APP)
+    assert bytes(held["original_bytes"]) == values[3]
+    assert "MSG_SIZE_TOO_LARGE" in held["reason"]
+    [verdict] = rows(settings, "select kind, outcome, worker, error_class from attempts")
+    assert verdict == {"kind": "dead", "outcome": "applied", "worker": "relay", "error_class": "RelayRefused"}
+    assert rows(settings, "select count(*) as n from outbox") == [{"n": 0}]
+
+    # Nothing is published again: the next round finds an empty outbox, the topic has each once.
+    assert relay.relay_once().claimed == 0
+    published = [value for _, value, _ in read_topic(settings.kafka_bootstrap, settings.jobs_topic(APP))]
+    assert sorted(published) == sorted(v for i, v in enumerate(values) if i != 3)
+
+
+def test_a_message_the_broker_refuses_in_a_batch_is_found_and_the_others_of_its_batch_go_through(
+    settings: Settings, relay: Relay
+) -> None:
+    # Under the producer's limit, over the topic's: the broker refuses the whole record batch.
+    topic = settings.jobs_topic(APP)
+    TopicAdmin(settings.kafka).ensure_topics([topic], 1, config={"max.message.bytes": "20000"})
+    values = [f"job {i}".encode() for i in range(12)]
+    values[5] = os.urandom(50_000)  # incompressible
+    run_ids = queue(settings, values)
+
+    report = relay.relay_once()
+
+    assert (report.published, report.quarantined, report.released) == (11, 1, 0)
+    states = runs(settings)
+    assert [r for r in run_ids if states[r]["state"] == "dead"] == [run_ids[5]]
+    assert "Message size too large" in states[run_ids[5]]["error"]
+    assert relay.relay_once().claimed == 0
+    published = [value for _, value, _ in read_topic(settings.kafka_bootstrap, topic)]
+    assert sorted(published) == sorted(v for i, v in enumerate(values) if i != 5), "each good row once"
+
+
+def test_a_row_for_a_topic_that_does_not_exist_is_quarantined_and_the_rest_published(
+    settings: Settings, relay: Relay
+) -> None:
+    TopicAdmin(settings.kafka).ensure_topics([settings.jobs_topic(APP)], 1, config=TOPIC_CONFIG)
+    good = queue(settings, [b"a", b"b"])
+    lost = queue(settings, [b"c"], topic=f"{settings.topic_prefix}.jobs.never")
+    more = queue(settings, [b"d"])
+
+    report = relay.relay_once()
+
+    assert (report.published, report.quarantined) == (3, 1)
+    states = runs(settings)
+    assert {states[r]["state"] for r in good + more} == {"dispatched"}
+    assert (
+        states[lost[0]]["error"] == f"RelayRefused: topic {settings.topic_prefix}.jobs.never does not exist"
+    )
+
+
+def test_a_retriable_failure_hands_back_only_the_failed_rows_then_a_topic_that_is_gone_is_refused(
+    settings: Settings, relay: Relay
+) -> None:
+    ok, gone = settings.jobs_topic(APP), f"{settings.topic_prefix}.jobs.gone"
+    admin = TopicAdmin(settings.kafka)
+    admin.ensure_topics([ok, gone], 1, config=TOPIC_CONFIG)
+    queue(settings, [b"known"], topic=gone)
+    assert relay.relay_once().published == 1  # the relay (and its producer) now know the topic
+    admin.delete_topics([gone])
+    first = queue(settings, [b"a", b"b"])
+    failing = queue(settings, [b"c", b"d"], topic=gone)
+    last = queue(settings, [b"e"])
+
+    # Kafka does not acknowledge the messages for the deleted topic within the producer's
+    # timeout: handed back, while the rest of the batch is published and completed.
+    report = relay.relay_once()  # does not raise: Kafka took the rest of the batch
+
+    assert (report.published, report.quarantined, report.released) == (3, 0, 2)
+    states = runs(settings)
+    assert {states[r]["state"] for r in first + last} == {"dispatched"}
+    assert {states[r]["state"] for r in failing} == {"pending"}
+    held = rows(
+        settings,
+        "select claimed_by, publish_count, available_at > now() as waiting from outbox order by id",
+    )
+    # Each waits a little before it is claimed again, so the rows behind it go first.
+    assert held == [{"claimed_by": None, "publish_count": 1, "waiting": True}] * 2
+    published = [value for _, value, _ in read_topic(settings.kafka_bootstrap, ok)]
+    assert sorted(published) == [b"a", b"b", b"e"]
+
+    # Once due again, the relay asks the cluster about the topic: it is gone, for good.
+    with connect(settings.database_url) as conn:
+        conn.execute("update outbox set available_at = null")
+        conn.commit()
+    assert relay.relay_once().quarantined == 2
+    states = runs(settings)
+    assert {states[r]["error"] for r in failing} == {f"RelayRefused: topic {gone} does not exist"}
+    assert rows(settings, "select count(*) as n from outbox") == [{"n": 0}]
+
+
+def test_when_kafka_takes_nothing_the_rows_are_handed_back_at_once_and_the_relay_backs_off(
+    settings: Settings,
+) -> None:
+    TopicAdmin(settings.kafka).ensure_topics([settings.jobs_topic(APP)], 1, config=TOPIC_CONFIG)
+    queue(settings, [b"a", b"b", b"c"])
+    wiring = Wiring(dataclasses.replace(settings, relay_claim_s=4.0))
+    # A producer whose broker does not answer (the topic check still reaches the real cluster).
+    unreachable = KafkaConnection("127.0.0.1:1")
+    relay = Relay(
+        wiring.settings,
+        wiring.database,
+        lambda: Producer(producer_config(unreachable, "relay-test", {"message.timeout.ms": 1500})),
+        TopicAdmin(settings.kafka),
+        wiring.kafka_check(),
+        name="relay-test",
+    )
+    try:
+        with pytest.raises(DeliveryError, match="3 outbox messages not acknowledged"):
+            relay.relay_once()
+    finally:
+        relay.close()
+    held = rows(settings, "select claimed_by, available_at, publish_count from outbox")
+    assert held == [{"claimed_by": None, "available_at": None, "publish_count": 1}] * 3
+    assert {r["state"] for r in runs(settings).values()} == {"pending"}
+
+
+def test_rows_held_back_by_available_at_are_claimed_once_it_passes(settings: Settings, relay: Relay) -> None:
+    TopicAdmin(settings.kafka).ensure_topics([settings.jobs_topic(APP)], 1, config=TOPIC_CONFIG)
+    [later] = queue(settings, [b"later"])
+    [now] = queue(settings, [b"now"])
+    with connect(settings.database_url) as conn:
+        conn.execute(
+            "update outbox set available_at = now() + interval '1.5 seconds' where run_id = %s", (later,)
+        )
+        conn.commit()
+
+    assert relay.step() is False
+    assert runs(settings)[now]["state"] == "dispatched"
+    assert runs(settings)[later]["state"] == "pending"
+    # The idle relay wakes when the held-back row becomes due, not at its next poll.
+    with connect(settings.database_url) as conn:
+        wait_s = outbox.next_available_in(conn)
+    assert wait_s is not None and 0.5 < wait_s <= 1.5
+    wait_for(lambda: relay.relay_once().published == 1, 10, "the held-back row published once it is due")
+    assert runs(settings)[later]["state"] == "dispatched"
