@@ -66,6 +66,9 @@ def spec(
     timeout_seconds: int = 300,
     misfire: MisfirePolicy | str = MisfirePolicy.FIRE_ONCE,
     overlap: OverlapPolicy | str = OverlapPolicy.ALLOW,
+    backoff_base_ms: int = 1000,
+    backoff_max_ms: int = 300_000,
+    jitter_ms: int = 0,
 ) -> ScheduleSpec:
     """A schedule spec; ``kind`` follows from ``cron`` (cron) or ``run_at`` (delayed) when omitted,
     and ``payload`` is any JSON value (an empty object when omitted). An empty name lets the
@@ -94,6 +97,9 @@ def spec(
             timeout_seconds=timeout_seconds,
             misfire=MisfirePolicy(misfire),
             overlap=OverlapPolicy(overlap),
+            backoff_base_ms=backoff_base_ms,
+            backoff_max_ms=backoff_max_ms,
+            jitter_ms=jitter_ms,
         )
     except (TypeError, ValueError) as exc:
         raise CommandFormatError(str(exc)) from None
@@ -292,7 +298,7 @@ def _spec_from_json(document: Any) -> ScheduleSpec:
         value = _typed(document, name, str, "spec.")
         if value is not None:
             fields[name] = value
-    for name in ("max_attempts", "timeout_seconds"):
+    for name in ("max_attempts", "timeout_seconds", "backoff_base_ms", "backoff_max_ms", "jitter_ms"):
         value = _typed(document, name, int, "spec.")
         if value is not None:
             fields[name] = value

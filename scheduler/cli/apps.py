@@ -1,6 +1,16 @@
-"""``scheduler apps``: an app owns a topic, ``<prefix>.jobs.<app>``, and the workers that consume it."""
+"""``scheduler apps``: an app owns a topic, ``<prefix>.jobs.<app>``, and the workers that consume it.
+
+An app may declare the handlers its schedules may name (``--handler``, repeatable): a handler as a
+schedule names it (``builtin:http``, ``billing.jobs:invoice``) or a module (``builtin``,
+``billing.jobs``: each of its public functions). Then creating or updating a schedule of the app
+that names anything else is refused. Builtins are handlers like the others: an app that declares
+its handlers lists the builtins it uses. An app that declares nothing admits any handler, and its
+workers refuse what they did not register.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import click
 from rich.console import Console
@@ -16,22 +26,55 @@ def apps() -> None:
     """Apps: each has its own job topic and worker group."""
 
 
+def _declared(handlers: list[str] | None) -> str:
+    return "any (not declared)" if handlers is None else ", ".join(handlers)
+
+
 @apps.command("create")
 @click.argument("name")
 @click.option("--partitions", type=click.IntRange(1, 10_000), default=6, show_default=True)
+@click.option(
+    "--handler",
+    "handlers",
+    multiple=True,
+    help="A handler or module the app's schedules may name (repeatable); none: any registered one.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-def create(name: str, partitions: int, as_json: bool) -> None:
+def create(name: str, partitions: int, handlers: tuple[str, ...], as_json: bool) -> None:
     """Create an app and its topic (idempotent)."""
     wiring = wiring_or_exit()
     settings = wiring.settings
     with database(wiring) as conn:
-        app = service.create_app(conn, wiring.admin, settings, name, partitions, actor())
+        app = service.create_app(
+            conn, wiring.admin, settings, name, partitions, actor(), list(handlers) if handlers else None
+        )
     if as_json:
         echo_json(app | {"topic": settings.jobs_topic(name)})
     else:
         click.echo(
-            f"app {app['name']}: topic {settings.jobs_topic(name)} with {app['partitions']} partitions"
+            f"app {app['name']}: topic {settings.jobs_topic(name)} with {app['partitions']} partitions, "
+            f"handlers {_declared(app['handlers'])}"
         )
+
+
+@apps.command("handlers")
+@click.argument("name")
+@click.argument("handlers", nargs=-1)
+@click.option("--none", "undeclare", is_flag=True, help="Declare nothing: any registered handler.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def handlers_(name: str, handlers: tuple[str, ...], undeclare: bool, as_json: bool) -> None:
+    """Declare the handlers (and modules) the app's schedules may name, replacing what it declared.
+
+    Existing schedules are left as they are; new ones and updates are checked from now on.
+    """
+    if bool(handlers) == undeclare:
+        raise click.UsageError("give the handlers to declare, or --none to declare nothing")
+    with database(wiring_or_exit()) as conn:
+        app: dict[str, Any] = service.set_app_handlers(conn, name, list(handlers) or None, actor())
+    if as_json:
+        echo_json(app)
+    else:
+        click.echo(f"app {app['name']}: handlers {_declared(app['handlers'])}")
 
 
 @apps.command("list")
@@ -43,9 +86,14 @@ def list_(as_json: bool) -> None:
     if as_json:
         echo_json(rows)
         return
-    table = Table("app", "partitions", "active schedules", "created")
+    table = Table("app", "partitions", "handlers", "active schedules", "in error", "created")
     for row in rows:
         table.add_row(
-            row["name"], str(row["partitions"]), str(row["active_schedules"]), row["created_at"].isoformat()
+            row["name"],
+            str(row["partitions"]),
+            _declared(row["handlers"]),
+            str(row["active_schedules"]),
+            str(row["error_schedules"]),
+            row["created_at"].isoformat(),
         )
     Console().print(table)

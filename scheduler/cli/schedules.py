@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
+from collections.abc import Callable
 from datetime import UTC
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import click
@@ -15,18 +16,88 @@ from rich.table import Table
 from scheduler.cli.common import actor, database, echo_json, fail, parse_instant, uuid_arg, wiring_or_exit
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleState
 from scheduler.schedule import service
-from scheduler.schedule.spec import MISFIRE_POLICIES, OVERLAP_POLICIES, ScheduleSpec
+from scheduler.schedule.spec import (
+    MISFIRE_POLICIES,
+    OVERLAP_POLICIES,
+    InvalidSchedule,
+    ScheduleSpec,
+    parse_payload,
+)
 from scheduler.store import schedules as store
 
 SCHEDULE_FIELDS = (
     "id", "app", "name", "kind", "cron", "tz", "run_at", "start_at", "end_at", "handler", "payload",
-    "max_attempts", "timeout_ms", "misfire_policy", "overlap_policy", "state", "next_fire_at", "version",
-    "created_at", "updated_at",
+    "max_attempts", "timeout_ms", "backoff_base_ms", "backoff_max_ms", "jitter_ms", "misfire_policy",
+    "overlap_policy", "state", "error", "errored_at", "next_fire_at", "version", "created_at", "updated_at",
 )  # fmt: skip
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def shown(row: dict[str, Any]) -> dict[str, Any]:
     return {name: row.get(name) for name in SCHEDULE_FIELDS}
+
+
+def _payload(text: str) -> Any:
+    """``--payload``: JSON text, or @FILE; one line (exit 2) for anything that is not a payload."""
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            fail(f"--payload: cannot read {text[1:]}: {exc.strerror}", code=2)
+        except UnicodeDecodeError as exc:
+            fail(f"--payload: {text[1:]} is not UTF-8 text ({exc.reason})", code=2)
+    try:
+        return parse_payload(text)
+    except InvalidSchedule as exc:
+        fail(f"--payload: {exc}", code=2)
+
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds * 1000)
+
+
+def _spec_options(creating: bool) -> Callable[[F], F]:
+    """The options ``create`` and ``update`` share; on update, each one left out keeps its value."""
+
+    def option(*names: str, value: Any = None, **attrs: Any) -> Callable[[F], F]:
+        return click.option(*names, default=value if creating else None, show_default=creating, **attrs)
+
+    options = [
+        click.option("--name"),
+        option("--tz", value="UTC", help="IANA time zone of the cron expression."),
+        click.option(
+            "--handler",
+            required=creating,
+            help="builtin:noop|sleep|fail|http or package.module:function (one its app declares, if any).",
+        ),
+        option("--payload", value="{}", help="JSON argument of the handler, or @FILE."),
+        option("--max-attempts", value=3, type=int),
+        option("--timeout", value=300.0, type=float, help="Seconds per attempt."),
+        option(
+            "--backoff-base",
+            value=1.0,
+            type=float,
+            help="Seconds: after attempt n fails, wait at random up to min(max, base * 2^(n-1)).",
+        ),
+        option("--backoff-max", value=300.0, type=float, help="Seconds: the longest wait between attempts."),
+        option(
+            "--jitter",
+            value=0.0,
+            type=float,
+            help="Seconds: each fire's job is published after a random delay of up to this.",
+        ),
+        option("--misfire", value=str(MisfirePolicy.FIRE_ONCE), type=click.Choice(MISFIRE_POLICIES)),
+        option("--overlap", value=str(OverlapPolicy.ALLOW), type=click.Choice(OVERLAP_POLICIES)),
+        click.option("--start", "start", help="Cron: not before this ISO 8601 time."),
+        click.option("--end", "end", help="Cron: not after this ISO 8601 time."),
+    ]
+
+    def decorate(command: F) -> F:
+        for add in reversed(options):
+            command = add(command)
+        return command
+
+    return decorate
 
 
 @click.group()
@@ -36,72 +107,126 @@ def schedules() -> None:
 
 @schedules.command("create")
 @click.option("--app", required=True)
-@click.option("--name")
 @click.option("--now", "now_", is_flag=True, help="Fire once, now.")
 @click.option("--at", "at", help="Fire once at this ISO 8601 time.")
 @click.option("--cron", "cron", help="Fire on this cron expression (5 or 6 fields, seconds first).")
-@click.option("--tz", default="UTC", show_default=True, help="IANA time zone of the cron expression.")
-@click.option("--handler", required=True, help="builtin:noop|sleep|fail|http or package.module:function")
-@click.option("--payload", default="{}", show_default=True, help="JSON argument of the handler, or @FILE.")
-@click.option("--max-attempts", type=int, default=3, show_default=True)
-@click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds per attempt.")
-@click.option(
-    "--misfire", type=click.Choice(MISFIRE_POLICIES), default=str(MisfirePolicy.FIRE_ONCE), show_default=True
-)
-@click.option(
-    "--overlap", type=click.Choice(OVERLAP_POLICIES), default=str(OverlapPolicy.ALLOW), show_default=True
-)
-@click.option("--start", "start", help="Cron: not before this ISO 8601 time.")
-@click.option("--end", "end", help="Cron: not after this ISO 8601 time.")
+@_spec_options(creating=True)
 def create(
     app: str,
-    name: str | None,
     now_: bool,
     at: str | None,
     cron: str | None,
-    tz: str,
-    handler: str,
     payload: str,
-    max_attempts: int,
     timeout: float,
-    misfire: str,
-    overlap: str,
+    backoff_base: float,
+    backoff_max: float,
+    jitter: float,
     start: str | None,
     end: str | None,
+    **options: Any,
 ) -> None:
     """Create a schedule and print it as JSON."""
     if sum((now_, at is not None, cron is not None)) != 1:
         raise click.UsageError("give exactly one of --now, --at or --cron")
-    if payload.startswith("@"):
-        try:
-            payload = Path(payload[1:]).read_text()
-        except OSError as exc:
-            raise click.BadParameter(
-                f"cannot read {payload[1:]}: {exc.strerror}", param_hint="--payload"
-            ) from None
-    try:
-        payload_value = json.loads(payload)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from None
     kind = ScheduleKind.IMMEDIATE if now_ else ScheduleKind.DELAYED if at is not None else ScheduleKind.CRON
     spec = ScheduleSpec(
         app=app,
-        name=name,
+        name=options["name"],
         kind=kind,
         cron=cron,
-        tz=tz,
+        tz=options["tz"],
         run_at=parse_instant(at, "--at") if at is not None else None,
         start_at=parse_instant(start, "--start") if start else None,
         end_at=parse_instant(end, "--end") if end else None,
-        handler=handler,
-        payload=payload_value,
-        max_attempts=max_attempts,
+        handler=options["handler"],
+        payload=_payload(payload),
+        max_attempts=options["max_attempts"],
         timeout_ms=round(timeout * 1000),
-        misfire_policy=misfire,
-        overlap_policy=overlap,
+        backoff_base_ms=round(backoff_base * 1000),
+        backoff_max_ms=round(backoff_max * 1000),
+        jitter_ms=round(jitter * 1000),
+        misfire_policy=options["misfire"],
+        overlap_policy=options["overlap"],
     )
     with database(wiring_or_exit()) as conn:
         echo_json(shown(service.create_schedule(conn, spec, actor())))
+
+
+@schedules.command("update")
+@click.argument("schedule_id", type=uuid_arg)
+@click.option("--at", "at", help="Make it a one-shot at this ISO 8601 time.")
+@click.option("--cron", "cron", help="Make it a cron schedule on this expression.")
+@_spec_options(creating=False)
+@click.option("--expect-version", type=int, help="Fail unless the schedule is at this version.")
+def update(
+    schedule_id: UUID,
+    at: str | None,
+    cron: str | None,
+    payload: str | None,
+    timeout: float | None,
+    backoff_base: float | None,
+    backoff_max: float | None,
+    jitter: float | None,
+    start: str | None,
+    end: str | None,
+    expect_version: int | None,
+    **options: Any,
+) -> None:
+    """Change a schedule: the options given replace their values, the others stay; prints it as JSON.
+
+    A schedule in state error (its fires could not be computed) whose new settings compute is
+    active again.
+    """
+    if at is not None and cron is not None:
+        raise click.UsageError("give at most one of --at or --cron")
+    with database(wiring_or_exit()) as conn:
+        row = store.get_schedule(conn, schedule_id)
+        if row is None:
+            fail(f"no schedule {schedule_id}")
+        spec = _stored_spec(row)
+        changes: dict[str, Any] = {
+            "name": options["name"],
+            "tz": options["tz"],
+            "handler": options["handler"],
+            "payload": None if payload is None else _payload(payload),
+            "max_attempts": options["max_attempts"],
+            "timeout_ms": _ms(timeout),
+            "backoff_base_ms": _ms(backoff_base),
+            "backoff_max_ms": _ms(backoff_max),
+            "jitter_ms": _ms(jitter),
+            "misfire_policy": options["misfire"],
+            "overlap_policy": options["overlap"],
+            "start_at": parse_instant(start, "--start") if start else None,
+            "end_at": parse_instant(end, "--end") if end else None,
+        }
+        if cron is not None:
+            changes |= {"kind": ScheduleKind.CRON, "cron": cron, "run_at": None}
+        elif at is not None:
+            changes |= {"kind": ScheduleKind.DELAYED, "cron": None, "run_at": parse_instant(at, "--at")}
+        spec = dataclasses.replace(spec, **{k: v for k, v in changes.items() if v is not None})
+        echo_json(shown(service.update_schedule(conn, schedule_id, spec, actor(), expect_version)))
+
+
+def _stored_spec(row: dict[str, Any]) -> ScheduleSpec:
+    return ScheduleSpec(
+        app=row["app"],
+        handler=row["handler"],
+        kind=row["kind"],
+        name=row["name"],
+        cron=row["cron"],
+        tz=row["tz"],
+        run_at=row["run_at"],
+        start_at=row["start_at"],
+        end_at=row["end_at"],
+        payload=row["payload"],
+        max_attempts=row["max_attempts"],
+        backoff_base_ms=row["backoff_base_ms"],
+        backoff_max_ms=row["backoff_max_ms"],
+        timeout_ms=row["timeout_ms"],
+        misfire_policy=row["misfire_policy"],
+        overlap_policy=row["overlap_policy"],
+        jitter_ms=row["jitter_ms"],
+    )
 
 
 @schedules.command("get")
@@ -127,13 +252,15 @@ def list_(app: str | None, state: str | None, limit: int, as_json: bool) -> None
     if as_json:
         echo_json([shown(r) for r in rows])
         return
-    table = Table("id", "app", "name", "kind", "when", "state", "next fire (UTC)", "v")
+    errors = any(r["error"] for r in rows)
+    table = Table(
+        "id", "app", "name", "kind", "when", "state", "next fire (UTC)", "v", *(["error"] if errors else [])
+    )
     for r in rows:
         when = (r["cron"] and f"{r['cron']} {r['tz']}") or (r["run_at"] and r["run_at"].isoformat()) or "now"
         next_fire = r["next_fire_at"].isoformat() if r["next_fire_at"] else "-"
-        table.add_row(
-            str(r["id"]), r["app"], r["name"], r["kind"], when, r["state"], next_fire, str(r["version"])
-        )
+        cells = [str(r["id"]), r["app"], r["name"], r["kind"], when, r["state"], next_fire, str(r["version"])]
+        table.add_row(*cells, *([r["error"] or ""] if errors else []))
     Console().print(table)
 
 
@@ -150,7 +277,11 @@ def _versioned(name: str, operation: Any, help_text: str) -> click.Command:
 
 schedules.add_command(_versioned("pause", service.pause, "Stop a schedule firing until resumed."))
 schedules.add_command(
-    _versioned("resume", service.resume, "Resume a paused schedule (its misfire policy applies).")
+    _versioned(
+        "resume",
+        service.resume,
+        "Resume a paused schedule, or one in error whose fires compute again (its misfire policy applies).",
+    )
 )
 schedules.add_command(_versioned("cancel", service.cancel, "Cancel a schedule for good."))
 

@@ -123,6 +123,9 @@ class Schedule:
     updated_at: datetime
     traceparent: str | None = None
     """The W3C trace context of the schedule's creation, which a one-shot's run continues."""
+    error: str | None = None
+    """Why its fires could not be computed, while it is in state error."""
+    errored_at: datetime | None = None
 
     @property
     def execution(self) -> ExecutionSettings:

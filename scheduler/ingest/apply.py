@@ -8,11 +8,12 @@ The second step of the ingestor. The steps, in the batch's transaction:
    duplicate and is ignored, counted.
 3. Look up the keys the batch names and the apps it uses (two statements, keys locked), then decide
    every command in the batch's order against that view: a create of a key that exists is a
-   conflict, any other operation on a key that does not is not found.
+   conflict, any other operation on a key that does not is not found, and a create naming a
+   handler its app does not declare is invalid.
 4. Insert every accepted create in one multi-row statement (schedules, keys, audit rows).
-5. Run the other operations in order, each through :mod:`scheduler.schedule.service` (pause,
-   resume, cancel, trigger) or :func:`replace_spec` (update), in a savepoint of its own, so that
-   versions, states and audit rows follow exactly the rules of the CLI.
+5. Run the other operations in order, each through :mod:`scheduler.schedule.service` (update,
+   pause, resume, cancel, trigger), in a savepoint of its own, so that versions, states and audit
+   rows follow exactly the rules of the CLI.
 6. Record the rejections (one statement), release the claims of commands rejected after being
    claimed, and hand the newly recorded rejections to ``before_commit`` (the ingestor publishes
    them there, so a rejection is on Kafka whenever it is in PostgreSQL).
@@ -32,12 +33,11 @@ from typing import Any
 import psycopg
 
 from scheduler.config import Settings
-from scheduler.domain.schedule import ScheduleState
 from scheduler.ingest.commands import ValidCommand, rejection
 from scheduler.scan.dispatch import JobDispatcher
 from scheduler.schedule import service
 from scheduler.schedule.service import InvalidTransition, ScheduleNotFound
-from scheduler.schedule.spec import InvalidSchedule, ScheduleSpec, spec_columns
+from scheduler.schedule.spec import InvalidSchedule, check_declared_handler
 from scheduler.store import ingest as store
 from scheduler.store import schedules
 from scheduler.store.ingest import CommandClaim, NewKeyedSchedule, Rejection
@@ -99,47 +99,6 @@ def _new_schedule(command: ValidCommand, schedule_id: uuid.UUID, now: datetime) 
     )
 
 
-def replace_spec(
-    conn: psycopg.Connection[Row],
-    schedule_id: uuid.UUID,
-    spec: ScheduleSpec,
-    payload: str,
-    actor: str,
-    expected_version: int | None = None,
-) -> Row:
-    """An update command: the whole spec replaced, versioned and audited like the service's operations.
-
-    The next fire is computed afresh from the new spec (also while paused, so that resuming judges
-    misfires against the new timetable). Cancelled and completed schedules cannot be updated.
-    """
-    with conn.transaction():
-        old = service.current_schedule(conn, schedule_id, expected_version)
-        if old["state"] not in (ScheduleState.ACTIVE, ScheduleState.PAUSED):
-            raise InvalidTransition(f"cannot update schedule {schedule_id}: it is {old['state']}")
-        if old["app"] != spec.app:
-            raise InvalidSchedule(f"schedule {schedule_id} belongs to app {old['app']!r}, not {spec.app!r}")
-        now = schedules.db_now(conn)
-        new = store.replace_schedule_spec(
-            conn,
-            spec_columns(spec)
-            | {
-                "id": schedule_id,
-                "version": old["version"],
-                "name": spec.name or old["name"],
-                "payload": payload,
-                "next_fire_at": service.first_fire(spec, schedule_id, now),
-            },
-        )
-        if new is None:
-            raise VersionConflict(
-                f"schedule {schedule_id} was changed by someone else (expected version {old['version']})"
-            )
-        schedules.audit(conn, actor, "update", "schedule", str(schedule_id), old, new)
-        if new["state"] == ScheduleState.ACTIVE:
-            schedules.notify_due(conn)
-    return new
-
-
 def _run_step(
     conn: psycopg.Connection[Row], settings: Settings, dispatcher: JobDispatcher, step: _Step
 ) -> None:
@@ -148,8 +107,8 @@ def _run_step(
     actor = step.command.actor
     match command.operation:
         case "update":
-            assert step.command.spec is not None and step.command.payload is not None
-            replace_spec(conn, step.schedule_id, step.command.spec, step.command.payload, actor, version)
+            assert step.command.spec is not None
+            service.update_schedule(conn, step.schedule_id, step.command.spec, actor, version)
         case "pause":
             service.pause(conn, step.schedule_id, actor, version)
         case "resume":
@@ -219,6 +178,12 @@ class _Batch:
                 )
                 continue
             existing = view.get(command.key)
+            if command.command.operation == "create" and command.spec is not None:
+                try:
+                    check_declared_handler(command.spec.handler, app, apps[app])
+                except InvalidSchedule as exc:
+                    self.reject(command, "invalid", str(exc))
+                    continue
             if command.command.operation != "create":
                 if existing is None:
                     self.reject(command, "not_found", f"no schedule with key {key!r} in app {app!r}")

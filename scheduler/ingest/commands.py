@@ -9,16 +9,18 @@ registry propagates (the message may be fine, so it must be retried, not rejecte
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
+from scheduler.domain.storable import storable_text
 from scheduler.kafka.avro import AvroCodec, MessageDecodeError
 from scheduler.kafka.messages import ScheduleCommand
 from scheduler.kafka.messages import ScheduleSpec as SpecMessage
 from scheduler.schedule.spec import (
     InvalidSchedule,
     ScheduleSpec,
+    check_text,
     encoded_payload,
+    parse_payload,
     validate,
     validate_app_name,
 )
@@ -66,8 +68,9 @@ class ValidCommand:
 
 
 def _storable(text: str | None) -> str | None:
-    """``text`` as PostgreSQL can store it: a text column refuses NUL, whatever a command carried."""
-    return None if text is None else text.replace("\x00", "\ufffd")
+    """``text`` as PostgreSQL can store it (and Avro can encode): a rejection records whatever the
+    command carried, a NUL or a lone surrogate included, escaped and visible."""
+    return None if text is None else storable_text(text)
 
 
 def rejection(
@@ -87,10 +90,7 @@ def rejection(
 
 def domain_spec(command: ScheduleCommand, spec: SpecMessage) -> ScheduleSpec:
     """The command's spec in the terms :func:`validate` checks; raises :class:`InvalidSchedule`."""
-    try:
-        payload = json.loads(spec.payload)
-    except json.JSONDecodeError as exc:
-        raise InvalidSchedule(f"payload is not JSON text: {exc}") from None
+    payload = parse_payload(spec.payload)
     if not 1 <= spec.timeout_seconds <= 86_400:
         raise InvalidSchedule(f"timeout_seconds must be 1 to 86400, got {spec.timeout_seconds}")
     return ScheduleSpec(
@@ -109,6 +109,9 @@ def domain_spec(command: ScheduleCommand, spec: SpecMessage) -> ScheduleSpec:
         timeout_ms=spec.timeout_seconds * 1000,
         misfire_policy=spec.misfire.value,
         overlap_policy=spec.overlap.value,
+        backoff_base_ms=spec.backoff_base_ms,
+        backoff_max_ms=spec.backoff_max_ms,
+        jitter_ms=spec.jitter_ms,
     )
 
 
@@ -116,18 +119,12 @@ def _check_identity(command: ScheduleCommand) -> None:
     for value, what in ((command.command_id, "command_id"), (command.schedule_key, "schedule_key")):
         if not 1 <= len(value) <= MAX_ID_LENGTH:
             raise InvalidSchedule(f"{what} must be 1 to {MAX_ID_LENGTH} characters, got {len(value)}")
-    spec = command.spec
     texts = {"command_id": command.command_id, "schedule_key": command.schedule_key, "actor": command.actor}
-    if spec is not None:
-        texts |= {
-            "spec.name": spec.name,
-            "spec.handler": spec.handler,
-            "spec.cron": spec.cron,
-            "spec.tz": spec.tz,
-        }
+    texts |= {"app": command.app}
     for what, text in texts.items():
-        if text is not None and "\x00" in text:
-            raise InvalidSchedule(f"{what} contains a NUL character, which no text column can hold")
+        if text is not None:
+            check_text(text, what)
+    # The spec's own texts (name, handler, cron, tz, payload) are checked by validate, as for the CLI.
     validate_app_name(command.app)
     if command.expected_version is not None and command.expected_version < 1:
         raise InvalidSchedule(f"expected_version must be 1 or more, got {command.expected_version}")

@@ -223,6 +223,9 @@ class ScheduleSpec(_Record):
     timeout_seconds: int = 300
     misfire: MisfirePolicy = MisfirePolicy.FIRE_ONCE
     overlap: OverlapPolicy = OverlapPolicy.ALLOW
+    backoff_base_ms: int = 1000
+    backoff_max_ms: int = 300_000
+    jitter_ms: int = 0
 
     @classmethod
     def from_avro(cls, record: Mapping[str, Any]) -> Self:

@@ -1,8 +1,11 @@
 """Job messages for the outbox: what the scanner (and trigger-now) writes for each run attempt.
 
 The message is encoded here, once, at the moment the run is created, so the relay publishes bytes
-without decoding or touching the domain. The lease a worker must finish within (``deadline``)
-covers the dispatch lag plus the attempt's timeout, and is stored on the run as well.
+without decoding or touching the domain. A dispatched attempt has no lease: time in the outbox, on
+the topic or behind a backlog never counts against it. Its clock starts when a worker starts the
+job (the worker enforces the timeout from there, and the reconciler gives the run its lease on the
+worker's start event), so the message's ``deadline`` is informational: when the attempt would end
+had it started at once.
 """
 
 from __future__ import annotations
@@ -20,12 +23,11 @@ from scheduler.kafka.messages import AttemptSummary, JobMessage, RetryPolicy, id
 from scheduler.kafka.tracing import HEADER, new_traceparent
 from scheduler.store.scan import Message
 
-# Time a message may wait in the outbox and on the topic before its attempt's clock starts.
-DISPATCH_SLACK = timedelta(seconds=60)
 
-
-def lease_expiry(now: datetime, timeout_ms: int) -> datetime:
-    return now + DISPATCH_SLACK + timedelta(milliseconds=timeout_ms)
+def attempt_deadline(dispatched_at: datetime, timeout_ms: int) -> datetime:
+    """The job message's ``deadline``: the dispatch time plus the attempt's timeout. Nothing acts on
+    it; the worker counts the timeout from its own start of the job."""
+    return dispatched_at + timedelta(milliseconds=timeout_ms)
 
 
 class JobDispatcher:

@@ -29,3 +29,14 @@ SCAN_LAG = Gauge(
     "Now minus the oldest due fire or retry not yet turned into a run (0 when nothing is due)",
     registry=REGISTRY,
 )
+SCHEDULES_ERRORED = Counter(
+    "scheduler_scanner_schedules_errored_total",
+    "Schedules moved to state error because their fires could not be computed (zone, expression)",
+    ["app"],
+    registry=REGISTRY,
+)
+SCHEDULES_IN_ERROR = Gauge(
+    "scheduler_schedules_in_error",
+    "Schedules in state error (refreshed by each scanner every few seconds): they fire no more",
+    registry=REGISTRY,
+)

@@ -8,11 +8,22 @@ of scanners may run: SKIP LOCKED keeps them off each other's schedules, and UNIQ
 scheduled_for) makes a fire impossible to create twice. Between batches the scanner sleeps until
 the earliest due time by the database clock (at most ``max_scan_sleep_s``), and a NOTIFY from a
 create, trigger or resume wakes it at once.
+
+A schedule whose fires cannot be computed (a zone the zone database no longer has, an expression
+the cron library now refuses, anything that raises while planning it) is quarantined in the same
+transaction: state ``error`` with the reason, counted, and the rest of the batch goes on. Without
+that, the schedule would stay the oldest due one and stop every scan.
+
+Runs and retries are dispatched without a lease: their attempt's clock starts when a worker starts
+the job. A fire of a schedule with jitter has its outbox row held back by a random delay of up to
+``jitter_ms``, which spreads schedules that share a fire time.
 """
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,15 +37,25 @@ from scheduler.config import Settings
 from scheduler.domain.policies import OverlapAction, fires_of, overlap_action
 from scheduler.domain.run_state import RunState
 from scheduler.domain.schedule import OverlapPolicy, ScheduleKind, SkipReason
+from scheduler.domain.storable import capped_text
 from scheduler.runtime.service import Check, Service
 from scheduler.scan import metrics
-from scheduler.scan.dispatch import JobDispatcher, lease_expiry
+from scheduler.scan.dispatch import JobDispatcher, attempt_deadline
 from scheduler.store import scan as store
 from scheduler.store.database import Database, Session
-from scheduler.store.scan import DueRetry, DueSchedule, NewRun, NextAttempt, ScheduleAdvance
+from scheduler.store.scan import (
+    DueRetry,
+    DueSchedule,
+    NewRun,
+    NextAttempt,
+    ScheduleAdvance,
+    ScheduleError,
+)
 
 CHANNEL = "scheduler_due"
 Row = dict[str, Any]
+# How often the gauge of schedules in error is refreshed (a count over the schedules table).
+ERROR_GAUGE_EVERY_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -44,6 +65,14 @@ class ScanReport:
     created: int
     skipped: int
     queued: int
+    errored: int = 0
+
+
+@dataclass
+class _Plan:
+    runs: list[NewRun]
+    advances: list[ScheduleAdvance]
+    errors: list[ScheduleError]
 
 
 class Scanner(Service):
@@ -56,7 +85,9 @@ class Scanner(Service):
         self.dispatcher = dispatcher
         self.catchup_window = timedelta(seconds=settings.catchup_window_s)
         self.session = Session(database, CHANNEL)
+        self.random = random.Random()
         self._due_in: float | None = None
+        self._error_gauge_at = float("-inf")
 
     def checks(self) -> Sequence[Check]:
         return (self.database.check(),)
@@ -65,8 +96,12 @@ class Scanner(Service):
         conn = self.session.conn
         report = self.scan_once(conn)
         batch = self.settings.scan_batch_size
+        refresh = report.errored > 0 or time.monotonic() - self._error_gauge_at >= ERROR_GAUGE_EVERY_S
         with conn.transaction():
             self._due_in = store.next_due_in(conn)
+            if refresh:
+                metrics.SCHEDULES_IN_ERROR.set(store.schedules_in_error(conn))
+                self._error_gauge_at = time.monotonic()
         # Negative: the oldest due fire is that late, which is what the scan lag reports.
         metrics.SCAN_LAG.set(0.0 if self._due_in is None else max(0.0, -self._due_in))
         return report.schedules >= batch or report.retries >= batch
@@ -87,14 +122,25 @@ class Scanner(Service):
         with conn.transaction():
             due = store.lease_due_schedules(conn, self.settings.scan_batch_size, now)
             retries = store.lease_due_retries(conn, self.settings.scan_batch_size, now)
-            runs, advances = self._plan(conn, due)
+            plan = self._plan(conn, due)
+            runs = plan.runs
             created = store.create_runs(conn, runs)
-            store.advance_schedules(conn, advances)
+            store.advance_schedules(conn, plan.advances)
+            store.set_schedules_error(conn, plan.errors)
             attempts = [self._next_attempt(retry) for retry in retries]
             store.redispatch_runs(conn, attempts)
             if created.queued or attempts:
                 store.notify_outbox(conn)
         kinds: dict[UUID, ScheduleKind] = {d.schedule.id: d.schedule.kind for d in due}
+        apps: dict[UUID, str] = {d.schedule.id: d.schedule.app for d in due}
+        for error in plan.errors:
+            metrics.SCHEDULES_ERRORED.labels(apps[error.schedule_id]).inc()
+            self.log.warning(
+                "schedule %s is now in state error, its fires cannot be computed: %s",
+                error.schedule_id,
+                error.error,
+                extra={"app": apps[error.schedule_id], "schedule_id": str(error.schedule_id)},
+            )
         for run in runs:
             if run.state is RunState.SKIPPED:
                 metrics.RUNS_SKIPPED.labels(str(run.skip_reason)).inc()
@@ -104,58 +150,70 @@ class Scanner(Service):
                 metrics.FIRE_LAG.observe((due[0].now - run.scheduled_for).total_seconds())
         for retry in retries:
             metrics.JOBS_SCHEDULED.labels(retry.run.app, "retry").inc()
-        return ScanReport(len(due), len(retries), created.created, created.skipped, created.queued)
+        return ScanReport(
+            len(due), len(retries), created.created, created.skipped, created.queued, len(plan.errors)
+        )
 
-    def _plan(
-        self, conn: psycopg.Connection[Row], due: list[DueSchedule]
-    ) -> tuple[list[NewRun], list[ScheduleAdvance]]:
+    def _plan(self, conn: psycopg.Connection[Row], due: list[DueSchedule]) -> _Plan:
         guarded = [d.schedule.id for d in due if d.schedule.overlap_policy is not OverlapPolicy.ALLOW]
         open_runs = store.open_runs_of(conn, guarded)
-        runs: list[NewRun] = []
-        advances: list[ScheduleAdvance] = []
+        plan = _Plan([], [], [])
         for leased in due:
-            schedule = leased.schedule
-            plan = fires_of(schedule, leased.now, self.catchup_window)
-            advances.append(ScheduleAdvance(schedule.id, plan.next_fire_at, plan.schedule_state))
-            runs.extend(self._skipped(leased, s.scheduled_for, s.reason) for s in plan.skipped)
-            active, waiting = open_runs.get(schedule.id, (0, 0))
-            for at in plan.fires:
-                action = overlap_action(schedule.overlap_policy, active > 0, waiting > 0)
-                if action is OverlapAction.SKIP:
-                    runs.append(self._skipped(leased, at, SkipReason.OVERLAP))
-                    continue
-                run_id = uuid.uuid4()
-                deadline = lease_expiry(leased.now, schedule.timeout_ms)
-                buffered = action is OverlapAction.BUFFER
-                message = None
-                if not buffered:
-                    message = self.dispatcher.message(
-                        run_id=run_id,
-                        schedule_id=schedule.id,
-                        job=schedule.execution,
-                        scheduled_for=at,
-                        attempt=1,
-                        deadline=deadline,
-                        # A cron schedule's fires are traces of their own, not its creation's.
-                        traceparent=None if schedule.kind is ScheduleKind.CRON else schedule.traceparent,
-                    )
-                runs.append(
-                    NewRun(
-                        id=run_id,
-                        schedule_id=schedule.id,
-                        app=schedule.app,
-                        scheduled_for=at,
-                        state=RunState.PENDING,
-                        max_attempts=schedule.max_attempts,
-                        lease_expires_at=None if buffered else deadline,
-                        buffered=buffered,
-                        message=message,
-                    )
+            try:
+                runs, advance = self._plan_schedule(leased, open_runs.get(leased.schedule.id, (0, 0)))
+            except Exception as exc:
+                # Whatever the reason, this schedule must not stop the scan of the others.
+                reason = capped_text(f"{type(exc).__name__}: {exc}")
+                plan.errors.append(ScheduleError(leased.schedule.id, reason))
+                continue
+            plan.runs.extend(runs)
+            plan.advances.append(advance)
+        return plan
+
+    def _plan_schedule(
+        self, leased: DueSchedule, open_runs: tuple[int, int]
+    ) -> tuple[list[NewRun], ScheduleAdvance]:
+        """One schedule's runs (with their messages) and its advance; raises if it cannot be planned."""
+        schedule = leased.schedule
+        plan = fires_of(schedule, leased.now, self.catchup_window)
+        runs = [self._skipped(leased, s.scheduled_for, s.reason) for s in plan.skipped]
+        active, waiting = open_runs
+        for at in plan.fires:
+            action = overlap_action(schedule.overlap_policy, active > 0, waiting > 0)
+            if action is OverlapAction.SKIP:
+                runs.append(self._skipped(leased, at, SkipReason.OVERLAP))
+                continue
+            run_id = uuid.uuid4()
+            buffered = action is OverlapAction.BUFFER
+            message = None
+            if not buffered:
+                message = self.dispatcher.message(
+                    run_id=run_id,
+                    schedule_id=schedule.id,
+                    job=schedule.execution,
+                    scheduled_for=at,
+                    attempt=1,
+                    deadline=attempt_deadline(leased.now, schedule.timeout_ms),
+                    # A cron schedule's fires are traces of their own, not its creation's.
+                    traceparent=None if schedule.kind is ScheduleKind.CRON else schedule.traceparent,
                 )
-                # The run just created is the "previous run" of the next fire in this batch.
-                active += 0 if buffered else 1
-                waiting += 1 if buffered else 0
-        return runs, advances
+            runs.append(
+                NewRun(
+                    id=run_id,
+                    schedule_id=schedule.id,
+                    app=schedule.app,
+                    scheduled_for=at,
+                    state=RunState.PENDING,
+                    max_attempts=schedule.max_attempts,
+                    buffered=buffered,
+                    message=message,
+                    delay_ms=self.random.randint(0, schedule.jitter_ms) if schedule.jitter_ms > 0 else 0,
+                )
+            )
+            # The run just created is the "previous run" of the next fire in this batch.
+            active += 0 if buffered else 1
+            waiting += 1 if buffered else 0
+        return runs, ScheduleAdvance(schedule.id, plan.next_fire_at, plan.schedule_state)
 
     def _skipped(self, leased: DueSchedule, at: datetime, reason: SkipReason) -> NewRun:
         return NewRun(
@@ -171,14 +229,13 @@ class Scanner(Service):
     def _next_attempt(self, retry: DueRetry) -> NextAttempt:
         run = retry.run
         attempt = run.attempt + 1
-        deadline = lease_expiry(retry.now, retry.job.timeout_ms)
         message = self.dispatcher.message(
             run_id=run.id,
             schedule_id=run.schedule_id,
             job=retry.job,
             scheduled_for=run.scheduled_for,
             attempt=attempt,
-            deadline=deadline,
+            deadline=attempt_deadline(retry.now, retry.job.timeout_ms),
             previous_attempts=retry.history,
         )
-        return NextAttempt(run.id, attempt, deadline, message)
+        return NextAttempt(run.id, attempt, None, message)

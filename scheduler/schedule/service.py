@@ -2,12 +2,18 @@
 
 Each operation runs in the caller's transaction, checks the version it read (optimistic locking),
 writes ``audit_log``, and notifies the scanners when it makes something due sooner (create,
-trigger, resume) so they wake at once instead of at their next poll.
+trigger, resume, update) so they wake at once instead of at their next poll.
+
+A schedule the scanner could not compute is in state ``error`` with its reason. It leaves that
+state by ``update`` (a new spec that computes makes it active), ``resume`` (when its stored spec
+computes again, e.g. after the zone database was restored; refused with the reason otherwise),
+``pause`` or ``cancel``. Resuming or updating it follows its misfire policy for what it missed.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,16 +21,21 @@ import psycopg
 
 from scheduler.config import Settings
 from scheduler.domain.cron import CronSchedule, NoFireTime
+from scheduler.domain.policies import fires_of
 from scheduler.domain.run_state import RunState
 from scheduler.domain.schedule import ScheduleKind, ScheduleState
+from scheduler.kafka.topics import ensure_sized_topics
 from scheduler.kafka.transport import TopicAdmin
-from scheduler.scan.dispatch import JobDispatcher, lease_expiry
+from scheduler.scan.dispatch import JobDispatcher, attempt_deadline
 from scheduler.schedule.spec import (
     InvalidSchedule,
     ScheduleSpec,
+    check_declared_handler,
+    encoded_payload,
     spec_columns,
     validate,
     validate_app_name,
+    validate_handler_refs,
 )
 from scheduler.store import scan, schedules
 from scheduler.store.entities import schedule_from_row
@@ -46,6 +57,10 @@ class InvalidTransition(ValueError):
     """E.g. resuming a cancelled schedule."""
 
 
+class AppConflict(ValueError):
+    """An app exists already, with other settings than the ones asked for."""
+
+
 def create_app(
     conn: psycopg.Connection[Row],
     admin: TopicAdmin,
@@ -53,20 +68,62 @@ def create_app(
     name: str,
     partitions: int,
     actor: str,
+    handlers: Sequence[str] | None = None,
 ) -> Row:
-    """Record the app and create its topic; an existing app is returned as it is (idempotent)."""
+    """Record the app and create its topic; an existing app is returned as it is (idempotent).
+
+    ``handlers``: what the app's schedules may name (None: not declared). Creating an existing app
+    with another declaration is refused rather than silently ignored.
+    """
     validate_app_name(name)
     if not 1 <= partitions <= 10_000:
         raise InvalidSchedule(f"partitions must be 1 to 10000, got {partitions}")
+    declared = None if handlers is None else validate_handler_refs(handlers)
     with conn.transaction():
-        created = schedules.create_app(conn, name, partitions)
+        created = schedules.create_app(conn, name, partitions, declared)
         if created is not None:
             schedules.audit(conn, actor, "create", "app", name, None, created)
     app = created or schedules.get_app(conn, name)
     assert app is not None
+    if declared is not None and app["handlers"] != declared:
+        raise AppConflict(
+            f"app {name} exists and declares {_declaration(app['handlers'])}; change that with "
+            f"`scheduler apps handlers {name} ...`"
+        )
     # After the row is committed: a crash in between leaves an app whose topic the next create
     # (or `init`) makes, never a topic without an app.
-    admin.ensure_topics([settings.jobs_topic(name)], partitions=app["partitions"])
+    ensure_sized_topics(admin, [settings.jobs_topic(name)], partitions=app["partitions"])
+    return app
+
+
+def set_app_handlers(
+    conn: psycopg.Connection[Row], name: str, handlers: Sequence[str] | None, actor: str
+) -> Row:
+    """Declare the handlers the app's schedules may name from now on (None: any, as undeclared).
+
+    Existing schedules are left as they are: the workers refuse what they did not register anyway.
+    """
+    declared = None if handlers is None else validate_handler_refs(handlers)
+    with conn.transaction():
+        old = schedules.get_app(conn, name)
+        if old is None:
+            raise UnknownApp(f"unknown app {name!r}: create it first with `scheduler apps create {name}`")
+        new = schedules.set_app_handlers(conn, name, declared)
+        schedules.audit(conn, actor, "handlers", "app", name, old, new)
+    assert new is not None
+    return new
+
+
+def _declaration(handlers: Sequence[str] | None) -> str:
+    return "no handlers (any registered one)" if handlers is None else ", ".join(handlers)
+
+
+def _app_of(conn: psycopg.Connection[Row], spec: ScheduleSpec) -> Row:
+    """The spec's app, which must exist and admit the spec's handler."""
+    app = schedules.get_app(conn, spec.app)
+    if app is None:
+        raise UnknownApp(f"unknown app {spec.app!r}: create it first with `scheduler apps create {spec.app}`")
+    check_declared_handler(spec.handler, spec.app, app["handlers"])
     return app
 
 
@@ -108,10 +165,7 @@ def _create(
     conn: psycopg.Connection[Row], spec: ScheduleSpec, actor: str, schedule_id: uuid.UUID, traceparent: str
 ) -> Row:
     with conn.transaction():
-        if schedules.get_app(conn, spec.app) is None:
-            raise UnknownApp(
-                f"unknown app {spec.app!r}: create it first with `scheduler apps create {spec.app}`"
-            )
+        _app_of(conn, spec)
         now = schedules.db_now(conn)
         row = schedules.insert_schedule(
             conn,
@@ -126,6 +180,53 @@ def _create(
         schedules.audit(conn, actor, "create", "schedule", str(schedule_id), None, row)
         schedules.notify_due(conn)
     return row
+
+
+UPDATABLE = (ScheduleState.ACTIVE, ScheduleState.PAUSED, ScheduleState.ERROR)
+
+
+def update_schedule(
+    conn: psycopg.Connection[Row],
+    schedule_id: uuid.UUID,
+    spec: ScheduleSpec,
+    actor: str,
+    expected_version: int | None = None,
+) -> Row:
+    """Replace the whole spec, versioned and audited like the other operations.
+
+    The next fire is computed afresh from the new spec (also while paused, so that resuming judges
+    misfires against the new timetable). A schedule in error whose new spec computes is active
+    again; cancelled and completed schedules cannot be updated.
+    """
+    validate(spec)
+    payload = encoded_payload(spec.payload)
+    with conn.transaction():
+        old = current_schedule(conn, schedule_id, expected_version)
+        if old["state"] not in UPDATABLE:
+            raise InvalidTransition(f"cannot update schedule {schedule_id}: it is {old['state']}")
+        if old["app"] != spec.app:
+            raise InvalidSchedule(f"schedule {schedule_id} belongs to app {old['app']!r}, not {spec.app!r}")
+        _app_of(conn, spec)
+        now = schedules.db_now(conn)
+        new = schedules.replace_schedule_spec(
+            conn,
+            spec_columns(spec)
+            | {
+                "id": schedule_id,
+                "version": old["version"],
+                "name": spec.name or old["name"],
+                "payload": payload,
+                "next_fire_at": first_fire(spec, schedule_id, now),
+            },
+        )
+        if new is None:
+            raise schedules.VersionConflict(
+                f"schedule {schedule_id} was changed by someone else (expected version {old['version']})"
+            )
+        schedules.audit(conn, actor, "update", "schedule", str(schedule_id), old, new)
+        if new["state"] == ScheduleState.ACTIVE:
+            schedules.notify_due(conn)
+    return new
 
 
 def current_schedule(
@@ -156,6 +257,8 @@ def _transition(
             return old  # already there: repeating a pause or cancel is harmless
         if old["state"] not in allowed_from:
             raise InvalidTransition(f"cannot {action} schedule {schedule_id}: it is {old['state']}")
+        if old["state"] == ScheduleState.ERROR and target == ScheduleState.ACTIVE:
+            _check_computes(conn, old, action)
         # A paused schedule keeps its next fire time: on resume the misfire policy judges what was missed.
         next_fire_at = None if target == ScheduleState.CANCELLED else old["next_fire_at"]
         new = schedules.set_schedule_state(conn, schedule_id, old["version"], target, next_fire_at)
@@ -165,19 +268,43 @@ def _transition(
     return new
 
 
+def _check_computes(conn: psycopg.Connection[Row], row: Row, action: str) -> None:
+    """Refuse to make a schedule in error active while the scanner would fail on it again."""
+    try:
+        fires_of(schedule_from_row(row), schedules.db_now(conn))
+    except Exception as exc:
+        raise InvalidTransition(
+            f"cannot {action} schedule {row['id']}: its fires still cannot be computed "
+            f"({type(exc).__name__}: {exc}); fix it with `scheduler schedules update`"
+        ) from None
+
+
 def pause(
     conn: psycopg.Connection[Row], schedule_id: uuid.UUID, actor: str, expected_version: int | None = None
 ) -> Row:
     return _transition(
-        conn, schedule_id, "pause", ScheduleState.PAUSED, (ScheduleState.ACTIVE,), actor, expected_version
+        conn,
+        schedule_id,
+        "pause",
+        ScheduleState.PAUSED,
+        (ScheduleState.ACTIVE, ScheduleState.ERROR),
+        actor,
+        expected_version,
     )
 
 
 def resume(
     conn: psycopg.Connection[Row], schedule_id: uuid.UUID, actor: str, expected_version: int | None = None
 ) -> Row:
+    """Paused or in error to active; from error only once its fires compute again."""
     return _transition(
-        conn, schedule_id, "resume", ScheduleState.ACTIVE, (ScheduleState.PAUSED,), actor, expected_version
+        conn,
+        schedule_id,
+        "resume",
+        ScheduleState.ACTIVE,
+        (ScheduleState.PAUSED, ScheduleState.ERROR),
+        actor,
+        expected_version,
     )
 
 
@@ -189,7 +316,7 @@ def cancel(
         schedule_id,
         "cancel",
         ScheduleState.CANCELLED,
-        (ScheduleState.ACTIVE, ScheduleState.PAUSED),
+        (ScheduleState.ACTIVE, ScheduleState.PAUSED, ScheduleState.ERROR),
         actor,
         expected_version,
     )
@@ -202,7 +329,8 @@ def trigger(
     actor: str,
     dispatcher: JobDispatcher | None = None,
 ) -> uuid.UUID:
-    """Fire the schedule now, outside its timetable (also when paused); returns the new run's id."""
+    """Fire the schedule now, outside its timetable (also when paused or in error: it needs no fire
+    time); returns the new run's id. Like every new run it has no lease until a worker starts it."""
     dispatcher = dispatcher or JobDispatcher(settings)
     with conn.transaction():
         schedule = schedule_from_row(current_schedule(conn, schedule_id, None))
@@ -210,14 +338,13 @@ def trigger(
             raise InvalidTransition(f"cannot trigger schedule {schedule_id}: it is {schedule.state}")
         now = schedules.db_now(conn)
         run_id = uuid.uuid4()
-        deadline = lease_expiry(now, schedule.timeout_ms)
         message = dispatcher.message(
             run_id=run_id,
             schedule_id=schedule_id,
             job=schedule.execution,
             scheduled_for=now,
             attempt=1,
-            deadline=deadline,
+            deadline=attempt_deadline(now, schedule.timeout_ms),
         )
         scan.create_runs(
             conn,
@@ -229,7 +356,6 @@ def trigger(
                     scheduled_for=now,
                     state=RunState.PENDING,
                     max_attempts=schedule.max_attempts,
-                    lease_expires_at=deadline,
                     message=message,
                 )
             ],

@@ -2,6 +2,13 @@
 
 The CLI and the Avro ingestor both build a :class:`ScheduleSpec` and call :func:`validate`; each
 rule fails with one line that names the field, so every entry point reports bad input the same way.
+Whatever validation accepts can be stored and delivered: text PostgreSQL cannot hold (a NUL
+character, a lone surrogate) and JSON nested deeper than any reader of the payload copes with are
+refused here, with the reason, rather than failing later in a component.
+
+An app may declare the handlers its schedules may name (:func:`validate_handler_refs`,
+:func:`check_declared_handler`); the workers refuse anything their operator did not register
+anyway, so a declaration only moves that refusal forward to the moment the schedule is made.
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -16,10 +24,26 @@ from typing import Any
 from scheduler.domain.cron import CronSchedule, InvalidCronExpression, UnknownTimeZone, time_zone
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind
 
-APP_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
-HANDLER_RE = re.compile(r"^(builtin:(noop|sleep|fail|http)|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*)$")
+APP_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,47}")
+BUILTIN_MODULE = "builtin"
+BUILTINS = ("noop", "sleep", "fail", "http")
+MODULE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+# A Python callable (package.module:function), or one of the builtins: `builtin` is not an
+# importable module, so only its own names count. Matched whole (fullmatch).
+HANDLER_RE = re.compile(
+    rf"(?!{BUILTIN_MODULE}:){MODULE_RE.pattern}:[A-Za-z_]\w*|{BUILTIN_MODULE}:({'|'.join(BUILTINS)})"
+)
 MAX_PAYLOAD_BYTES = 1024 * 1024
+# Deep enough for any document people write; shallow enough that every reader of the payload
+# (json in the workers, jsonb in PostgreSQL, a recursive handler) stays far from its own limit.
+MAX_PAYLOAD_DEPTH = 100
 MAX_NAME_LENGTH = 200
+MAX_HANDLER_LENGTH = 300
+# Retry waits and fire jitter are stored as integer milliseconds; a day is far beyond any sensible
+# setting and well inside the column's range.
+MAX_DELAY_MS = 86_400_000
+# What an app may declare: handlers as schedules name them, or modules (HANDLER_RE, MODULE_RE).
+MAX_DECLARED_HANDLERS = 100
 KINDS = tuple(str(k) for k in ScheduleKind)
 MISFIRE_POLICIES = tuple(str(p) for p in MisfirePolicy)
 OVERLAP_POLICIES = tuple(str(p) for p in OverlapPolicy)
@@ -51,15 +75,59 @@ class ScheduleSpec:
 
 
 def validate_app_name(name: str) -> str:
-    if not APP_NAME_RE.match(name):
+    if not APP_NAME_RE.fullmatch(name):
         raise InvalidSchedule(
             f"app name {name!r} must match [a-z0-9][a-z0-9-]{{0,47}} (lowercase, digits, '-', at most 48)"
         )
     return name
 
 
+def check_text(text: str, what: str) -> str:
+    """``text`` if PostgreSQL can store it as it is; a NUL or a lone surrogate is refused by name."""
+    if "\x00" in text:
+        raise InvalidSchedule(f"{what} contains a NUL character, which PostgreSQL cannot store")
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            raise InvalidSchedule(f"{what} is not valid Unicode (it holds a lone surrogate)") from None
+    return text
+
+
+def _check_payload_value(payload: Any) -> None:
+    """Depth and text of a payload, walked without recursion (so depth itself cannot break it)."""
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            check_text(value, "payload")
+        elif isinstance(value, dict | list | tuple):
+            if depth > MAX_PAYLOAD_DEPTH:
+                raise InvalidSchedule(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} levels")
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    if isinstance(key, str):
+                        check_text(key, "payload")
+                    stack.append((item, depth + 1))
+            else:
+                stack.extend((item, depth + 1) for item in value)
+
+
+def parse_payload(text: str) -> Any:
+    """A payload's JSON text as a value; refuses text that is not JSON or nests too deep."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, or an integer past Python's 4300 digits
+        raise InvalidSchedule(f"payload is not JSON: {exc}") from None
+    except RecursionError:
+        # The decoder's own depth limit (about a thousand levels), far beyond ours.
+        raise InvalidSchedule(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} levels") from None
+
+
 def encoded_payload(payload: Any) -> str:
-    """The payload as the JSON text stored and sent; refuses what JSON cannot carry or is too big."""
+    """The payload as the JSON text stored and sent; refuses what JSON cannot carry, what PostgreSQL
+    cannot store, what nests too deep, and what is too big."""
+    _check_payload_value(payload)
     try:
         text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -70,6 +138,47 @@ def encoded_payload(payload: Any) -> str:
     return text
 
 
+def validate_handler_refs(refs: Sequence[str]) -> list[str]:
+    """What an app declares, checked and deduplicated in the given order.
+
+    Builtins are handlers like any other here: an app that declares its handlers names the builtins
+    it uses too (``builtin`` for all of them, ``builtin:http`` for one), so that a declaration is the
+    whole list of what its schedules may run.
+    """
+    if not refs:
+        raise InvalidSchedule("declare at least one handler (or none at all: any registered handler)")
+    if len(refs) > MAX_DECLARED_HANDLERS:
+        raise InvalidSchedule(f"an app declares at most {MAX_DECLARED_HANDLERS} handlers, got {len(refs)}")
+    declared: list[str] = []
+    for ref in refs:
+        check_text(ref, "handler")
+        well_formed = HANDLER_RE.fullmatch(ref) or MODULE_RE.fullmatch(ref)
+        if len(ref) > MAX_HANDLER_LENGTH or not well_formed:
+            raise InvalidSchedule(
+                f"handler {ref!r} must be builtin, builtin:noop|sleep|fail|http, package.module "
+                "(its public functions) or package.module:function"
+            )
+        if ref not in declared:
+            declared.append(ref)
+    return declared
+
+
+def handler_declared(handler: str, declared: Sequence[str]) -> bool:
+    """Whether ``handler`` (as a schedule names it) is among ``declared``: named exactly, or a
+    public function of a declared module (as a worker registering that module would run it)."""
+    module, _, function = handler.partition(":")
+    return handler in declared or (module in declared and not function.startswith("_"))
+
+
+def check_declared_handler(handler: str, app: str, declared: Sequence[str] | None) -> None:
+    """Refuse ``handler`` unless ``app`` admits it; an app that declares nothing admits any."""
+    if declared is not None and not handler_declared(handler, declared):
+        raise InvalidSchedule(
+            f"handler {handler!r} is not declared by app {app!r} (it declares {', '.join(declared)}); "
+            "an operator changes that with `scheduler apps handlers`"
+        )
+
+
 def _aware(moment: datetime | None, what: str) -> None:
     if moment is not None and moment.utcoffset() is None:
         raise InvalidSchedule(f"{what} must carry a time zone offset (e.g. 2027-01-01T09:00:00Z)")
@@ -77,12 +186,16 @@ def _aware(moment: datetime | None, what: str) -> None:
 
 def validate(spec: ScheduleSpec) -> ScheduleSpec:
     """Return ``spec`` if it can be stored as it is, else raise :class:`InvalidSchedule`."""
+    texts = {"app": spec.app, "name": spec.name, "handler": spec.handler, "cron": spec.cron, "tz": spec.tz}
+    for what, text in texts.items():
+        if text is not None:
+            check_text(text, what)
     validate_app_name(spec.app)
     if spec.name is not None and not 1 <= len(spec.name) <= MAX_NAME_LENGTH:
         raise InvalidSchedule(f"name must be 1 to {MAX_NAME_LENGTH} characters, got {len(spec.name)}")
     if spec.kind not in KINDS:
         raise InvalidSchedule(f"kind {spec.kind!r} must be one of {', '.join(KINDS)}")
-    if len(spec.handler) > 300 or not HANDLER_RE.match(spec.handler):
+    if len(spec.handler) > MAX_HANDLER_LENGTH or not HANDLER_RE.fullmatch(spec.handler):
         raise InvalidSchedule(
             f"handler {spec.handler!r} must be builtin:noop|sleep|fail|http or package.module:function"
         )
@@ -110,8 +223,11 @@ def validate(spec: ScheduleSpec) -> ScheduleSpec:
         raise InvalidSchedule(f"max_attempts must be 1 to 100, got {spec.max_attempts}")
     if not 1 <= spec.timeout_ms <= 86_400_000:
         raise InvalidSchedule(f"timeout must be 1 ms to 24 h, got {spec.timeout_ms} ms")
-    if spec.backoff_base_ms < 0 or spec.backoff_max_ms < spec.backoff_base_ms:
-        raise InvalidSchedule("backoff must satisfy 0 <= base <= max")
+    if not 0 <= spec.backoff_base_ms <= spec.backoff_max_ms <= MAX_DELAY_MS:
+        raise InvalidSchedule(
+            f"backoff must satisfy 0 <= base <= max <= 24 h, got base {spec.backoff_base_ms} ms "
+            f"and max {spec.backoff_max_ms} ms"
+        )
     if spec.misfire_policy not in MISFIRE_POLICIES:
         raise InvalidSchedule(
             f"misfire policy {spec.misfire_policy!r} must be one of {', '.join(MISFIRE_POLICIES)}"
@@ -120,8 +236,8 @@ def validate(spec: ScheduleSpec) -> ScheduleSpec:
         raise InvalidSchedule(
             f"overlap policy {spec.overlap_policy!r} must be one of {', '.join(OVERLAP_POLICIES)}"
         )
-    if spec.jitter_ms < 0:
-        raise InvalidSchedule("jitter must not be negative")
+    if not 0 <= spec.jitter_ms <= MAX_DELAY_MS:
+        raise InvalidSchedule(f"jitter must be 0 to 24 h, got {spec.jitter_ms} ms")
     return spec
 
 

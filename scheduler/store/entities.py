@@ -55,6 +55,8 @@ def schedule_from_row(row: Mapping[str, Any]) -> Schedule:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         traceparent=row.get("traceparent"),
+        error=row.get("error"),
+        errored_at=row.get("errored_at"),
     )
 
 

@@ -1,8 +1,9 @@
 """The ingestor's statements: claim command ids, find schedules by key, create a batch of keyed
-schedules, replace a spec, and record rejections.
+schedules, and record rejections.
 
 Each function that takes a batch makes one round trip whatever its size; only the per-command
-operations (update, and the state changes of :mod:`scheduler.schedule.service`) touch one schedule.
+operations (update and the state changes, through :mod:`scheduler.schedule.service`) touch one
+schedule.
 """
 
 from __future__ import annotations
@@ -133,11 +134,13 @@ def schedules_by_key(
     return {(r["app"], r["schedule_key"]): r["schedule_id"] for r in rows}
 
 
-def known_apps(conn: psycopg.Connection[Row], names: Iterable[str]) -> set[str]:
+def known_apps(conn: psycopg.Connection[Row], names: Iterable[str]) -> dict[str, list[str] | None]:
+    """The apps among ``names`` that exist, each with the handlers it declares (None: not declared)."""
     wanted = sorted(set(names))
     if not wanted:
-        return set()
-    return {r["name"] for r in conn.execute(query("known_apps"), {"names": wanted}).fetchall()}
+        return {}
+    rows = conn.execute(query("known_apps"), {"names": wanted}).fetchall()
+    return {r["name"]: r["handlers"] for r in rows}
 
 
 def create_keyed_schedules(conn: psycopg.Connection[Row], new: Sequence[NewKeyedSchedule]) -> set[UUID]:
@@ -173,11 +176,6 @@ def create_keyed_schedules(conn: psycopg.Connection[Row], new: Sequence[NewKeyed
         },
     ).fetchall()
     return {r["id"] for r in rows}
-
-
-def replace_schedule_spec(conn: psycopg.Connection[Row], values: Row) -> Row | None:
-    """Every spec column of ``values`` written on ``values['version']``; None if that version is gone."""
-    return conn.execute(query("replace_schedule_spec"), values).fetchone()
 
 
 def record_rejections(

@@ -42,24 +42,37 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class NewRun:
+    """A run to create. It has no lease: a worker's start event gives it one."""
+
     id: UUID
     schedule_id: UUID
     app: str
     scheduled_for: datetime
     state: RunState  # one of INITIAL: pending or skipped
     max_attempts: int
-    lease_expires_at: datetime | None = None
     skip_reason: SkipReason | None = None
     buffered: bool = False
     message: Message | None = None  # None: nothing to dispatch now (skipped or buffered)
+    delay_ms: int = 0
+    """The fire's jitter: its message is not published before this many ms after the commit."""
 
 
 @dataclass(frozen=True, slots=True)
 class NextAttempt:
     run_id: UUID
     attempt: int
-    lease_expires_at: datetime
+    lease_expires_at: datetime | None
+    """Always None: an attempt has no lease until a worker starts it. :func:`redispatch_runs`
+    ignores it; DLQ replay (``store.dlq.replay_runs``) still writes it, as None."""
     message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleError:
+    """A leased schedule whose fires could not be computed, and why."""
+
+    schedule_id: UUID
+    error: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +138,9 @@ def create_runs(conn: psycopg.Connection[Row], runs: Sequence[NewRun]) -> Create
             "scheduled_for": [r.scheduled_for for r in runs],
             "states": [r.state for r in runs],
             "max_attempts": [r.max_attempts for r in runs],
-            "lease_expires_at": [r.lease_expires_at for r in runs],
             "skip_reasons": [r.skip_reason for r in runs],
             "buffered": [r.buffered for r in runs],
+            "delay_ms": [r.delay_ms for r in runs],
             "topics": [r.message.topic if r.message else None for r in runs],
             "keys": [r.message.key if r.message else None for r in runs],
             "values": [r.message.value if r.message else None for r in runs],
@@ -149,6 +162,20 @@ def advance_schedules(conn: psycopg.Connection[Row], advances: Sequence[Schedule
             "states": [a.state for a in advances],
         },
     )
+
+
+def set_schedules_error(conn: psycopg.Connection[Row], errors: Sequence[ScheduleError]) -> None:
+    if not errors:
+        return
+    conn.execute(
+        query("set_schedules_error"),
+        {"ids": [e.schedule_id for e in errors], "errors": [e.error for e in errors]},
+    )
+
+
+def schedules_in_error(conn: psycopg.Connection[Row]) -> int:
+    row = conn.execute(query("schedules_in_error")).fetchone()
+    return 0 if row is None else int(row["n"])
 
 
 def lease_due_retries(
@@ -174,7 +201,6 @@ def redispatch_runs(conn: psycopg.Connection[Row], attempts: Sequence[NextAttemp
         {
             "ids": [a.run_id for a in attempts],
             "attempts": [a.attempt for a in attempts],
-            "lease_expires_at": [a.lease_expires_at for a in attempts],
             "topics": [a.message.topic for a in attempts],
             "keys": [a.message.key for a in attempts],
             "values": [a.message.value for a in attempts],

@@ -7,6 +7,7 @@ read (optimistic locking) and leaves an ``audit_log`` row with the old and new v
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -30,9 +31,21 @@ def db_now(conn: psycopg.Connection[Row]) -> datetime:
     return row["now"]  # type: ignore[no-any-return]
 
 
-def create_app(conn: psycopg.Connection[Row], name: str, partitions: int) -> Row | None:
-    """The new app, or None when an app of that name exists already."""
-    return conn.execute(query("create_app"), {"name": name, "partitions": partitions}).fetchone()
+def create_app(
+    conn: psycopg.Connection[Row], name: str, partitions: int, handlers: Sequence[str] | None = None
+) -> Row | None:
+    """The new app, or None when an app of that name exists already. ``handlers``: what its
+    schedules may name (None: not declared)."""
+    declared = None if handlers is None else list(handlers)
+    return conn.execute(
+        query("create_app"), {"name": name, "partitions": partitions, "handlers": declared}
+    ).fetchone()
+
+
+def set_app_handlers(conn: psycopg.Connection[Row], name: str, handlers: Sequence[str] | None) -> Row | None:
+    """The app with its new declaration, or None when there is no such app."""
+    params = {"name": name, "handlers": None if handlers is None else list(handlers)}
+    return conn.execute(query("set_app_handlers"), params).fetchone()
 
 
 def get_app(conn: psycopg.Connection[Row], name: str) -> Row | None:
@@ -41,6 +54,14 @@ def get_app(conn: psycopg.Connection[Row], name: str) -> Row | None:
 
 def list_apps(conn: psycopg.Connection[Row]) -> list[Row]:
     return conn.execute(query("list_apps")).fetchall()
+
+
+def replace_schedule_spec(conn: psycopg.Connection[Row], values: Row) -> Row | None:
+    """Every spec column of ``values`` written on ``values['version']``; None if that version is gone.
+
+    A schedule in error is active again: its new spec was validated and its next fire computed.
+    """
+    return conn.execute(query("replace_schedule_spec"), values).fetchone()
 
 
 def insert_schedule(conn: psycopg.Connection[Row], values: Row) -> Row:

@@ -54,6 +54,8 @@ OWN_METRICS: Mapping[str, Mapping[str, str]] = {
         "scheduler_scan_lag_seconds": "gauge",
         "scheduler_scanner_fire_lag_seconds": "histogram",
         "scheduler_scanner_runs_skipped_total": "counter",
+        "scheduler_scanner_schedules_errored_total": "counter",
+        "scheduler_schedules_in_error": "gauge",
     },
     "relay": {
         "scheduler_outbox_depth": "gauge",
@@ -62,6 +64,8 @@ OWN_METRICS: Mapping[str, Mapping[str, str]] = {
         "scheduler_relay_published_total": "counter",
         "scheduler_relay_republished_total": "counter",
         "scheduler_relay_publish_failures_total": "counter",
+        "scheduler_relay_released_total": "counter",
+        "scheduler_relay_quarantined_total": "counter",
     },
     "reconciler": {
         "scheduler_reconciler_events_total": "counter",
@@ -70,6 +74,9 @@ OWN_METRICS: Mapping[str, Mapping[str, str]] = {
         "scheduler_reconciler_last_batch_timestamp_seconds": "gauge",
         "scheduler_lease_expiries_total": "counter",
         "scheduler_buffered_runs_released_total": "counter",
+        "scheduler_reconciler_quarantined_total": "counter",
+        "scheduler_lease_sweep_held_seconds": "gauge",
+        "scheduler_lease_sweep_unread_outcomes": "gauge",
     },
     "ingestor": {
         "scheduler_ingestor_commands_total": "counter",
@@ -85,6 +92,11 @@ OWN_METRICS: Mapping[str, Mapping[str, str]] = {
         "scheduler_worker_concurrency": "gauge",
         "job_retry_count_total": "counter",
         "scheduler_consumer_lag": "gauge",
+        "scheduler_worker_outcomes_unacknowledged": "gauge",
+        "scheduler_worker_outcome_delivery_failures_total": "counter",
+        "scheduler_worker_refused_handlers_total": "counter",
+        "scheduler_worker_abandoned_threads_total": "counter",
+        "scheduler_worker_commit_failures_total": "counter",
     },
 }
 EVERY_COMPONENT_METRICS = {"scheduler_build_info": "gauge"}

@@ -35,12 +35,15 @@ METRICS = {
     "job_scheduled_total",
     "scheduler_scan_lag_seconds",
     "scheduler_scanner_runs_skipped_total",
+    "scheduler_scanner_schedules_errored_total",
+    "scheduler_schedules_in_error",
     # relay
     "scheduler_outbox_depth",
     "scheduler_outbox_oldest_age_seconds",
     "scheduler_relay_published_total",
     "scheduler_relay_republished_total",
     "scheduler_relay_publish_failures_total",
+    "scheduler_relay_quarantined_total",
     # worker
     "job_execution_errors_total",
     "job_queue_size",
@@ -48,14 +51,19 @@ METRICS = {
     "scheduler_worker_concurrency",
     "scheduler_worker_undecodable_total",
     "job_retry_count_total",
+    "scheduler_worker_outcome_delivery_failures_total",
+    "scheduler_worker_outcomes_unacknowledged",
     "scheduler_consumer_lag",  # and the reconciler's
     # reconciler
     "scheduler_reconciler_events_total",
     "scheduler_reconciler_undecodable_total",
     "scheduler_dead_letters_total",
     "scheduler_reconciler_last_batch_timestamp_seconds",
+    "scheduler_reconciler_quarantined_total",
     # reconciler: its lease sweeper and its buffer release
     "scheduler_lease_expiries_total",
+    "scheduler_lease_sweep_held_seconds",
+    "scheduler_lease_sweep_unread_outcomes",
     "scheduler_buffered_runs_released_total",
     # ingestor
     "scheduler_ingestor_commands_total",

@@ -412,3 +412,74 @@ def test_a_cron_schedule_that_never_fires_is_rejected(
     result = ingest(conn, settings, [topic.message(command("1", "k", spec=spec(end_at=past)))])
     assert codes(result) == [("invalid", "1")]
     assert "never fires" in result.rejected[0].rejection.reason
+
+
+def test_retry_backoff_and_jitter_travel_in_commands_and_are_validated(
+    conn: psycopg.Connection[Row], settings: Settings, topic: Topic
+) -> None:
+    tuned = spec(backoff_base_ms=250, backoff_max_ms=10_000, jitter_ms=5_000)
+    result = ingest(
+        conn,
+        settings,
+        [
+            topic.message(command("1", "k", spec=tuned)),
+            topic.message(command("2", "k", "update", spec=spec(backoff_base_ms=0, backoff_max_ms=0))),
+            topic.message(command("3", "bad-order", spec=spec(backoff_base_ms=10, backoff_max_ms=5))),
+            topic.message(command("4", "bad-jitter", spec=spec(jitter_ms=-1))),
+        ],
+    )
+    assert result.applied == 2
+    assert [(code, reason.split(",")[0]) for code, reason in reasons(result)] == [
+        ("invalid", "backoff must satisfy 0 <= base <= max <= 24 h"),
+        ("invalid", "jitter must be 0 to 24 h"),
+    ]
+    row = by_key(conn, "k")
+    assert (row["backoff_base_ms"], row["backoff_max_ms"], row["jitter_ms"], row["version"]) == (0, 0, 0, 2)
+    [created] = [a for a in audit_of(conn, row["id"]) if a["action"] == "create"]
+    assert (created["new_value"]["backoff_base_ms"], created["new_value"]["jitter_ms"]) == (250, 5_000)
+
+
+def reasons(result: BatchResult) -> list[tuple[str, str]]:
+    return [(r.rejection.code, r.rejection.reason) for r in result.rejected]
+
+
+def test_an_app_that_declares_its_handlers_refuses_commands_naming_others(
+    conn: psycopg.Connection[Row], settings: Settings, topic: Topic
+) -> None:
+    schedules.set_app_handlers(conn, APP, ["builtin:noop", "billing.jobs"])
+    conn.commit()
+    result = ingest(
+        conn,
+        settings,
+        [
+            topic.message(command("1", "ok", spec=spec(handler="billing.jobs:invoice"))),
+            topic.message(command("2", "exit", spec=spec(handler="sys:exit"))),
+            topic.message(command("3", "http", spec=spec(handler="builtin:http"))),
+            topic.message(command("4", "ok", "update", spec=spec(handler="os:system"))),
+            topic.message(command("5", "ok", "update", spec=spec(handler="builtin:noop"))),
+        ],
+    )
+    assert result.applied == 2
+    assert [(code, reason.split(" (")[0]) for code, reason in reasons(result)] == [
+        ("invalid", "handler 'sys:exit' is not declared by app 'billing'"),
+        ("invalid", "handler 'builtin:http' is not declared by app 'billing'"),
+        ("invalid", "handler 'os:system' is not declared by app 'billing'"),
+    ]
+    assert by_key(conn, "ok")["handler"] == "builtin:noop"
+
+
+def test_an_update_command_fixes_a_schedule_in_error(
+    conn: psycopg.Connection[Row], settings: Settings, topic: Topic
+) -> None:
+    ingest(conn, settings, [topic.message(command("1", "k", spec=spec(tz="Europe/Berlin")))])
+    conn.execute(
+        "update schedules set state = 'error', error = 'UnknownTimeZone: gone', errored_at = now(), "
+        "tz = 'Mars/Olympus'"
+    )
+    conn.commit()
+    refused = ingest(conn, settings, [topic.message(command("2", "k", "resume"))])
+    assert reasons(refused)[0][0] == "conflict" and "still cannot be computed" in reasons(refused)[0][1]
+    result = ingest(conn, settings, [topic.message(command("3", "k", "update", spec=spec(tz="Asia/Tokyo")))])
+    assert result.applied == 1
+    row = by_key(conn, "k")
+    assert (row["state"], row["error"], row["errored_at"], row["tz"]) == ("active", None, None, "Asia/Tokyo")

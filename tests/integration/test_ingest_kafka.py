@@ -88,6 +88,9 @@ def test_commands_from_the_python_client_are_applied_and_bad_ones_reported(
                 tz="Europe/Berlin",
                 handler="builtin:noop",
                 payload={"n": i},
+                jitter_ms=i * 1000,
+                backoff_base_ms=100 * i,
+                backoff_max_ms=60_000,
             )
         client.pause(key="nightly-0", app=APP)
         client.update(key="nightly-1", app=APP, cron="0 5 * * *", handler="builtin:noop", expected_version=1)
@@ -102,6 +105,8 @@ def test_commands_from_the_python_client_are_applied_and_bad_ones_reported(
     )
     assert found["nightly-1"]["cron"] == "0 5 * * *" and found["nightly-1"]["version"] == 2
     assert found["nightly-7"]["payload"] == {"n": 7} and found["nightly-7"]["tz"] == "Europe/Berlin"
+    retry = ("jitter_ms", "backoff_base_ms", "backoff_max_ms")
+    assert tuple(found["nightly-7"][f] for f in retry) == (7000, 700, 60_000), "settable from a command"
 
     rejected = wait_for(lambda: len(r := rejected_on_topic(settings)) == 3 and r, 60, "three rejections")
     by_id = {r.command_id: r for r in rejected}

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from scheduler.config import Settings
+from scheduler.kafka.avro import AvroCodec
+from scheduler.kafka.messages import JobMessage
 from scheduler.kafka.transport import TopicAdmin
+from scheduler.scan import metrics as scan_metrics
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, schedules
@@ -148,3 +151,136 @@ def test_concurrent_scanners_never_create_a_fire_twice(settings: Settings, app: 
     # Each schedule was ~30 s behind: on time (within the catch-up window), so every fire ran.
     assert len(per_schedule) == len(rows)
     assert outbox is not None and outbox["n"] == outbox["runs"]
+
+
+def metric(name: str, **labels: str) -> float:
+    return scan_metrics.REGISTRY.get_sample_value(name, labels or None) or 0.0
+
+
+def test_a_schedule_whose_fires_cannot_be_computed_is_set_aside_and_the_batch_goes_on(
+    settings: Settings, app: str
+) -> None:
+    good = [create(settings, kind="cron", cron="*/10 * * * * *") for _ in range(3)]
+    zone = create(settings, kind="cron", cron="*/10 * * * * *", name="on mars")
+    expression = create(settings, kind="cron", cron="*/10 * * * * *", name="bad cron")
+    first = min(r["next_fire_at"] for r in good)
+    due = {zone["id"]: first - timedelta(seconds=20), expression["id"]: first - timedelta(seconds=10)}
+    with connect(settings.database_url) as conn:
+        # What a tzdata update or a stricter cron library does to stored schedules (the CLI refuses
+        # both): and both sort before every good one, as the oldest due fires.
+        conn.execute(
+            "update schedules set tz = 'Mars/Olympus', next_fire_at = %s where id = %s",
+            (due[zone["id"]], zone["id"]),
+        )
+        conn.execute(
+            "update schedules set cron = '61 * * * *', next_fire_at = %s where id = %s",
+            (due[expression["id"]], expression["id"]),
+        )
+    errored_before = metric("scheduler_scanner_schedules_errored_total", app="scan")
+    scanner = Wiring(settings).scanner()
+    with connect(settings.database_url) as conn:
+        report = scanner.scan_once(conn, now=first + timedelta(seconds=5))
+        assert report.errored == 2 and report.created == 3
+        scanner.scan_once(conn, now=first + timedelta(seconds=15))
+        rows: dict[Any, dict[str, Any]] = {
+            r["id"]: r for r in conn.execute("select * from schedules").fetchall()
+        }
+    for bad, reason in ((zone, "unknown time zone 'Mars/Olympus'"), (expression, "invalid cron expression")):
+        row = rows[bad["id"]]
+        assert row["state"] == "error" and reason in row["error"], row["error"]
+        assert row["errored_at"] is not None
+        assert row["next_fire_at"] == due[bad["id"]], "kept, so that a resume judges what was missed"
+        assert runs_of(settings, bad["id"]) == []
+    # The good schedules fired in the same scans: once at their first fire, once 10 s later.
+    assert all(len(runs_of(settings, g["id"])) == 2 for g in good)
+    assert metric("scheduler_scanner_schedules_errored_total", app="scan") == errored_before + 2
+    try:
+        scanner.step()  # a running scanner's step refreshes the gauge the alert watches
+    finally:
+        scanner.close()
+    assert metric("scheduler_schedules_in_error") == 2
+
+
+def test_a_schedule_in_error_is_fixed_by_update_and_resumed_only_once_it_computes(
+    settings: Settings, app: str
+) -> None:
+    row = create(settings, kind="cron", cron="0 * * * *", tz="Europe/Berlin", misfire_policy="skip")
+    with connect(settings.database_url) as conn:
+        conn.execute("update schedules set tz = 'Mars/Olympus' where id = %s", (row["id"],))
+    scan(settings, row["next_fire_at"])
+    with connect(settings.database_url) as conn:
+        with pytest.raises(service.InvalidTransition, match=r"still cannot be computed.*Mars/Olympus"):
+            service.resume(conn, row["id"], "test")
+        fixed = service.update_schedule(
+            conn,
+            row["id"],
+            ScheduleSpec(app="scan", handler="builtin:noop", kind="cron", cron="30 * * * *", tz="Asia/Tokyo"),
+            "test",
+        )
+    assert (fixed["state"], fixed["error"], fixed["errored_at"], fixed["tz"]) == (
+        "active",
+        None,
+        None,
+        "Asia/Tokyo",
+    )
+    assert fixed["next_fire_at"].minute == 30 and fixed["version"] == row["version"] + 1
+    # Back in error (the zone database lost the zone again), then it comes back: resume works.
+    with connect(settings.database_url) as conn:
+        conn.execute("update schedules set tz = 'Mars/Olympus' where id = %s", (row["id"],))
+    scan(settings, fixed["next_fire_at"])
+    with connect(settings.database_url) as conn:
+        conn.execute("update schedules set tz = 'Asia/Tokyo' where id = %s", (row["id"],))
+        resumed = service.resume(conn, row["id"], "test")
+        assert (resumed["state"], resumed["error"]) == ("active", None)
+        conn.execute("update schedules set tz = 'Mars/Olympus' where id = %s", (row["id"],))
+    scan(settings, fixed["next_fire_at"])
+    with connect(settings.database_url) as conn:
+        cancelled = service.cancel(conn, row["id"], "test")
+        actions = [
+            r["action"]
+            for r in conn.execute("select action from audit_log where entity = 'schedule' order by id")
+        ]
+    assert (cancelled["state"], cancelled["error"]) == ("cancelled", None)
+    assert actions == ["create", "error", "update", "error", "resume", "error", "cancel"]
+
+
+def test_new_runs_retries_and_triggers_have_no_lease_until_a_worker_starts_them(
+    settings: Settings, app: str
+) -> None:
+    row = create(settings, kind="cron", cron="*/10 * * * * *", timeout_ms=5000)
+    now = row["next_fire_at"] + timedelta(seconds=1)
+    scan(settings, now)
+    [run] = runs_of(settings, row["id"])
+    assert run["lease_expires_at"] is None
+    with connect(settings.database_url) as conn:
+        [job] = conn.execute("select value from outbox where run_id = %s", (run["id"],)).fetchall()
+        message = AvroCodec().decode(JobMessage, bytes(cast(bytes, job["value"])))
+        assert message.deadline == now + timedelta(seconds=5), "informational: dispatch time + timeout"
+        conn.execute(
+            "update runs set state = 'retry_wait', next_attempt_at = %s where id = %s", (now, run["id"])
+        )
+        run_id = service.trigger(conn, settings, row["id"], "test")
+    scan(settings, now + timedelta(seconds=2))
+    with connect(settings.database_url) as conn:
+        leases = {
+            r["id"]: (r["state"], r["attempt"], r["lease_expires_at"])
+            for r in conn.execute("select * from runs where id = any(%s)", ([run["id"], run_id],))
+        }
+    assert leases == {run["id"]: ("pending", 2, None), run_id: ("pending", 1, None)}
+
+
+def test_jitter_holds_each_fire_back_by_a_random_delay_of_up_to_jitter_ms(
+    settings: Settings, app: str
+) -> None:
+    jittered = [create(settings, kind="cron", cron="0 * * * *", jitter_ms=60_000) for _ in range(20)]
+    plain = create(settings, kind="cron", cron="0 * * * *")
+    scan(settings, plain["next_fire_at"])
+    with connect(settings.database_url) as conn:
+        rows: list[dict[str, Any]] = conn.execute(
+            "select r.schedule_id, o.available_at, o.created_at from outbox o join runs r on r.id = o.run_id"
+        ).fetchall()
+    delays = {r["schedule_id"]: r["available_at"] and r["available_at"] - r["created_at"] for r in rows}
+    assert delays[plain["id"]] is None, "no jitter: published at once"
+    spread = [delays[j["id"]] for j in jittered]
+    assert all(timedelta(0) <= d <= timedelta(seconds=60) for d in spread)
+    assert len(set(spread)) > 10, "the delays are drawn per fire"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from scheduler.config import Settings
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.store import connect
+from scheduler.wiring import Wiring
 from tests.support import SCHEDULER
 
 pytestmark = pytest.mark.integration
@@ -29,6 +31,10 @@ class Cli:
         done = self(*args)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
+
+
+def parse(instant: str) -> datetime:
+    return datetime.fromisoformat(instant)
 
 
 @pytest.fixture
@@ -152,3 +158,124 @@ def test_commands_fail_clearly_when_the_database_is_unreachable(settings_env: di
     )
     assert done.returncode == 1
     assert done.stderr.startswith("error: cannot reach PostgreSQL") and done.stderr.count("\n") == 1
+
+
+def test_retry_backoff_and_jitter_are_set_by_create_and_changed_by_update(cli: Cli, app: str) -> None:
+    created = cli.json(
+        "schedules", "create", "--app", app, "--cron", "0 3 * * *", "--handler", "builtin:noop",
+        "--backoff-base", "0.5", "--backoff-max", "60", "--jitter", "30",
+    )  # fmt: skip
+    assert (created["backoff_base_ms"], created["backoff_max_ms"], created["jitter_ms"]) == (
+        500,
+        60_000,
+        30_000,
+    )
+    sid = created["id"]
+    updated = cli.json(
+        "schedules", "update", sid, "--jitter", "0", "--cron", "15 4 * * *", "--expect-version", "1"
+    )
+    assert (updated["cron"], updated["jitter_ms"], updated["backoff_base_ms"], updated["version"]) == (
+        "15 4 * * *",
+        0,
+        500,
+        2,
+    ), "what update does not name stays"
+    assert updated["next_fire_at"] != created["next_fire_at"]
+    stale = cli("schedules", "update", sid, "--jitter", "1", "--expect-version", "1")
+    assert stale.returncode == 1 and "is at version 2, not 1" in stale.stderr
+    for args, message in (
+        (["--backoff-base", "10", "--backoff-max", "5"], "backoff must satisfy 0 <= base <= max"),
+        (["--jitter", "-1"], "jitter must be 0 to 24 h"),
+        (["--backoff-max", "100000"], "backoff must satisfy"),
+    ):
+        done = cli("schedules", "update", sid, *args)
+        assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert cli.json("schedules", "get", sid)["version"] == 2, "nothing was stored"
+
+
+def test_a_schedule_in_error_is_listed_with_its_reason_and_fixed_by_update(
+    cli: Cli, app: str, settings: Settings
+) -> None:
+    good = cli.json("schedules", "create", "--app", app, "--cron", "* * * * *", "--handler", "builtin:noop")
+    bad = cli.json(
+        "schedules",
+        "create",
+        "--app",
+        app,
+        "--cron",
+        "* * * * *",
+        "--handler",
+        "builtin:noop",
+        "--name",
+        "mars",
+    )
+    with connect(settings.database_url) as conn:
+        conn.execute("update schedules set tz = 'Mars/Olympus' where id = %s", (bad["id"],))
+        Wiring(settings).scanner().scan_once(conn, now=parse(bad["next_fire_at"]))
+    [listed] = cli.json("schedules", "list", "--state", "error", "--json")
+    assert listed["id"] == bad["id"] and "unknown time zone 'Mars/Olympus'" in listed["error"]
+    assert listed["errored_at"] and [
+        s["id"] for s in cli.json("schedules", "list", "--state", "active", "--json")
+    ] == [good["id"]]
+    wide = Cli(cli.env | {"COLUMNS": "400"})  # the tables wrap to the terminal's width
+    table = wide("schedules", "list").stdout
+    assert "unknown time zone 'Mars/Olympus'" in next(
+        line for line in table.splitlines() if bad["id"] in line
+    )
+    apps_table = wide("apps", "list").stdout.splitlines()
+    assert "│ 1 " in next(line for line in apps_table if "billing" in line), "one schedule in error"
+
+    refused = cli("schedules", "resume", bad["id"])
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1
+    assert "still cannot be computed" in refused.stderr and "schedules update" in refused.stderr
+    fixed = cli.json("schedules", "update", bad["id"], "--tz", "Europe/Berlin")
+    assert (fixed["state"], fixed["error"], fixed["tz"]) == ("active", None, "Europe/Berlin")
+    assert cli.json("schedules", "list", "--state", "error", "--json") == []
+
+
+def test_an_app_that_declares_its_handlers_refuses_any_other(cli: Cli, settings: Settings) -> None:
+    created = cli.json(
+        "apps", "create", "payments", "--handler", "builtin:noop", "--handler", "payments.jobs", "--json"
+    )
+    assert created["handlers"] == ["builtin:noop", "payments.jobs"]
+    assert (
+        cli(
+            "apps", "create", "payments", "--handler", "builtin:noop", "--handler", "payments.jobs"
+        ).returncode
+        == 0
+    )
+    other = cli("apps", "create", "payments", "--handler", "builtin")
+    assert other.returncode == 1 and "declares builtin:noop, payments.jobs" in other.stderr
+    [listed] = cli.json("apps", "list", "--json")
+    assert listed["handlers"] == ["builtin:noop", "payments.jobs"]
+
+    def create(handler: str) -> subprocess.CompletedProcess[str]:
+        return cli("schedules", "create", "--app", "payments", "--now", "--handler", handler)
+
+    assert create("builtin:noop").returncode == 0
+    assert create("payments.jobs:charge").returncode == 0, "a function of a declared module"
+    for handler in ("builtin:http", "sys:exit", "payments.jobs.sub:charge", "payments.jobs:_private"):
+        done = create(handler)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert f"handler '{handler}' is not declared by app 'payments'" in done.stderr
+    sid = json.loads(create("builtin:noop").stdout)["id"]
+    assert cli("schedules", "update", sid, "--handler", "os:system").returncode == 2
+
+    assert cli.json("apps", "handlers", "payments", "builtin", "--json")["handlers"] == ["builtin"]
+    assert create("builtin:http").returncode == 0, "builtin declares every builtin"
+    assert create("payments.jobs:charge").returncode == 2
+    assert cli.json("apps", "handlers", "payments", "--none", "--json")["handlers"] is None
+    assert create("sys:exit").returncode == 0, "undeclared: the workers' registration decides"
+    for args, message in (
+        ([], "give the handlers to declare, or --none"),
+        (["builtin:nope"], "handler 'builtin:nope' must be builtin"),
+        (["not a module"], "must be builtin"),
+    ):
+        done = cli("apps", "handlers", "payments", *args)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert cli("apps", "handlers", "nope", "builtin").returncode == 2
+    with connect(settings.database_url) as conn:
+        actions = [
+            r["action"] for r in conn.execute("select action from audit_log where entity = 'app' order by id")
+        ]
+    assert actions == ["create", "handlers", "handlers"]

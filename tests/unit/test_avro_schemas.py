@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 from pathlib import Path
 from typing import Any, get_args
 
 import pytest
+from fastavro import schemaless_writer
 from fastavro.schema import parse_schema, to_parsing_canonical_form
 
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind
 from scheduler.kafka import messages
 from scheduler.kafka.avro import (
     SCHEMAS_DIR_ENV,
+    AvroCodec,
     SchemaCatalog,
     SchemaCatalogError,
     UnknownSchemaError,
@@ -39,7 +42,7 @@ CURRENT_FINGERPRINTS = {
     "JobMessage": "fa543296c0dda854",
     "JobResult": "4488bc799c6b173f",
     "JobRetry": "66c14d83b828b742",
-    "ScheduleCommand": "a629b71932943a1c",
+    "ScheduleCommand": "f93a707630ee844f",
     "ScheduleCommandRejected": "ee3ce1a9ff3951ab",
 }
 
@@ -256,3 +259,32 @@ def test_inconsistent_schema_files_fail_at_load(
         _write(tmp_path / relative, name, [{"name": "a", "type": field_type}])
     with pytest.raises(SchemaCatalogError, match=error):
         SchemaCatalog.load(tmp_path)
+
+
+def test_schedule_command_keeps_version_1_and_reads_it_with_the_defaults(catalog: SchemaCatalog) -> None:
+    v1, v2 = catalog.versions("ScheduleCommand")
+    assert v1.path == SCHEMAS / "history" / "ScheduleCommand.v1.avsc"
+
+    def spec_fields(schema: Any) -> set[str]:
+        [spec] = [f for f in schema.parsed["fields"] if f["name"] == "spec"]
+        return {f["name"] for f in spec["type"][1]["fields"]}
+
+    assert spec_fields(v2) - spec_fields(v1) == {"backoff_base_ms", "backoff_max_ms", "jitter_ms"}
+    old = {
+        "command_id": "c-1", "schedule_key": "k", "app": "billing", "operation": "create",
+        "spec": {
+            "name": "", "kind": "cron", "handler": "builtin:noop", "payload": "{}", "cron": "0 3 * * *",
+            "tz": "UTC", "run_at": None, "start_at": None, "end_at": None, "max_attempts": 3,
+            "timeout_seconds": 300, "misfire": "fire_once", "overlap": "allow",
+        },
+        "expected_version": None, "actor": None,
+    }  # fmt: skip
+    body = io.BytesIO()
+    schemaless_writer(body, v1.parsed, old)
+    command = AvroCodec(catalog).decode(messages.ScheduleCommand, v1.header + body.getvalue())
+    assert command.spec is not None
+    assert (command.spec.backoff_base_ms, command.spec.backoff_max_ms, command.spec.jitter_ms) == (
+        1000,
+        300_000,
+        0,
+    )

@@ -48,7 +48,8 @@ select k.app, k.schedule_key, k.schedule_id
    for update of k;
 
 -- name: known_apps
-select name from apps where name = any(%(names)s::text[]);
+-- The apps a batch names, with the handlers each declares (null: not declared).
+select name, handlers from apps where name = any(%(names)s::text[]);
 
 -- name: create_keyed_schedules
 -- Every create of a batch in one statement: keys, schedules and their audit rows. A key taken
@@ -90,32 +91,6 @@ with new as (
       join new n on n.id = i.id
 )
 select id from inserted;
-
--- name: replace_schedule_spec
--- An update command: every field of the spec replaced at once, on the version the caller read.
-update schedules
-   set name = %(name)s::text,
-       kind = %(kind)s::text,
-       cron = %(cron)s::text,
-       tz = %(tz)s::text,
-       run_at = %(run_at)s::timestamptz,
-       start_at = %(start_at)s::timestamptz,
-       end_at = %(end_at)s::timestamptz,
-       handler = %(handler)s::text,
-       payload = %(payload)s::jsonb,
-       max_attempts = %(max_attempts)s::int,
-       backoff_base_ms = %(backoff_base_ms)s::int,
-       backoff_max_ms = %(backoff_max_ms)s::int,
-       timeout_ms = %(timeout_ms)s::int,
-       misfire_policy = %(misfire_policy)s::text,
-       overlap_policy = %(overlap_policy)s::text,
-       jitter_ms = %(jitter_ms)s::int,
-       next_fire_at = coalesce(%(next_fire_at)s::timestamptz, now()),
-       version = version + 1,
-       updated_at = now()
- where id = %(id)s::uuid
-   and version = %(version)s::int
-returning *;
 
 -- name: record_rejections
 -- A message already rejected at the same position (a replayed batch) is left as it was and not

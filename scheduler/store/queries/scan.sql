@@ -22,26 +22,29 @@ select schedule_id,
 -- name: create_runs
 -- One statement for a whole batch: the runs, and an outbox row for each run that was really
 -- created and is to be dispatched now. UNIQUE (schedule_id, scheduled_for) makes a fire that
--- another scanner already created a no-op, and its message is dropped with it.
+-- another scanner already created a no-op, and its message is dropped with it. A new run has no
+-- lease (a worker's start gives it one), and a fire's jitter delays its row's publication.
 with candidate as (
     select *
       from unnest(%(ids)b::uuid[], %(schedule_ids)b::uuid[], %(apps)b::text[],
                   %(scheduled_for)b::timestamptz[], %(states)b::text[], %(max_attempts)b::int[],
-                  %(lease_expires_at)b::timestamptz[], %(skip_reasons)b::text[], %(buffered)b::bool[],
+                  %(skip_reasons)b::text[], %(buffered)b::bool[], %(delay_ms)b::int[],
                   %(topics)b::text[], %(keys)b::bytea[], %(values)b::bytea[], %(headers)b::jsonb[])
-           as c(id, schedule_id, app, scheduled_for, state, max_attempts, lease_expires_at,
-                skip_reason, buffered, topic, key, value, headers)
+           as c(id, schedule_id, app, scheduled_for, state, max_attempts, skip_reason, buffered,
+                delay_ms, topic, key, value, headers)
 ), created as (
     insert into runs (id, schedule_id, app, scheduled_for, state, attempt, max_attempts,
-                      lease_expires_at, skip_reason, buffered, finished_at)
-    select id, schedule_id, app, scheduled_for, state, 1, max_attempts, lease_expires_at,
-           skip_reason, buffered, case when state = 'skipped' then now() end
+                      skip_reason, buffered, finished_at)
+    select id, schedule_id, app, scheduled_for, state, 1, max_attempts, skip_reason, buffered,
+           case when state = 'skipped' then now() end
       from candidate
         on conflict (schedule_id, scheduled_for) do nothing
     returning id, state
 ), queued as (
-    insert into outbox (topic, key, value, headers, run_id, attempt)
-    select c.topic, c.key, c.value, c.headers, c.id, 1
+    insert into outbox (topic, key, value, headers, run_id, attempt, available_at)
+    select c.topic, c.key, c.value, c.headers, c.id, 1,
+           -- The relay's clock is the database's: the delay counts from this transaction's now.
+           case when c.delay_ms > 0 then now() + c.delay_ms * interval '1 millisecond' end
       from candidate c
       join created using (id)
      where c.value is not null
@@ -60,6 +63,29 @@ update schedules s
   from unnest(%(ids)b::uuid[], %(next_fire_at)b::timestamptz[], %(states)b::text[])
        as v(id, next_fire_at, state)
  where s.id = v.id;
+
+-- name: set_schedules_error
+-- Schedules whose fires could not be computed leave the scan, with the reason, until a user fixes
+-- (update) or resumes them. Their next_fire_at stays, so that a resume judges what was missed.
+-- Audited, since it changes what a user asked for: the scanner stopped the schedule.
+with errored as (
+    update schedules s
+       set state = 'error',
+           error = e.error,
+           errored_at = now(),
+           updated_at = now()
+      from unnest(%(ids)b::uuid[], %(errors)b::text[]) as e(id, error)
+     where s.id = e.id
+       and s.state = 'active'
+    returning s.id, s.error, s.errored_at
+)
+insert into audit_log (actor, action, entity, entity_id, old_value, new_value)
+select 'scanner', 'error', 'schedule', id::text, jsonb_build_object('state', 'active'),
+       jsonb_build_object('state', 'error', 'error', error, 'errored_at', errored_at)
+  from errored;
+
+-- name: schedules_in_error
+select count(*)::int as n from schedules where state = 'error';
 
 -- name: lease_due_retries
 -- Runs whose retry delay has passed, with what the next attempt's message needs: the schedule's
@@ -82,16 +108,17 @@ select r.*, s.handler, s.payload, s.timeout_ms, s.backoff_base_ms, s.backoff_max
    for update of r skip locked;
 
 -- name: redispatch_runs
--- The next attempt of each leased retry: a new fencing token and its message in the outbox.
+-- The next attempt of each leased retry: a new fencing token and its message in the outbox. Like
+-- a new run it has no lease until a worker starts it.
 with next_attempt as (
     select *
-      from unnest(%(ids)b::uuid[], %(attempts)b::int[], %(lease_expires_at)b::timestamptz[],
+      from unnest(%(ids)b::uuid[], %(attempts)b::int[],
                   %(topics)b::text[], %(keys)b::bytea[], %(values)b::bytea[], %(headers)b::jsonb[])
-           as n(id, attempt, lease_expires_at, topic, key, value, headers)
+           as n(id, attempt, topic, key, value, headers)
 ), moved as (
     update runs r
        set state = 'pending', attempt = n.attempt, next_attempt_at = null,
-           lease_expires_at = n.lease_expires_at, version = r.version + 1
+           lease_expires_at = null, version = r.version + 1
       from next_attempt n
      where r.id = n.id and r.state = 'retry_wait' and r.attempt = n.attempt - 1
     returning r.id

@@ -24,10 +24,43 @@ select *
  limit %(limit)s::int;
 
 -- name: set_schedule_state
--- Optimistic locking: the update applies only to the version the caller read.
+-- Optimistic locking: the update applies only to the version the caller read. The reason a
+-- schedule was in error goes with the error state (the audit log keeps it).
 update schedules
    set state = %(state)s::text,
        next_fire_at = %(next_fire_at)s::timestamptz,
+       error = case when %(state)s::text = 'error' then error end,
+       errored_at = case when %(state)s::text = 'error' then errored_at end,
+       version = version + 1,
+       updated_at = now()
+ where id = %(id)s::uuid
+   and version = %(version)s::int
+returning *;
+
+-- name: replace_schedule_spec
+-- An update: every field of the spec replaced at once, on the version the caller read. A schedule
+-- in error whose spec now computes is active again; a paused one stays paused.
+update schedules
+   set name = %(name)s::text,
+       kind = %(kind)s::text,
+       cron = %(cron)s::text,
+       tz = %(tz)s::text,
+       run_at = %(run_at)s::timestamptz,
+       start_at = %(start_at)s::timestamptz,
+       end_at = %(end_at)s::timestamptz,
+       handler = %(handler)s::text,
+       payload = %(payload)s::jsonb,
+       max_attempts = %(max_attempts)s::int,
+       backoff_base_ms = %(backoff_base_ms)s::int,
+       backoff_max_ms = %(backoff_max_ms)s::int,
+       timeout_ms = %(timeout_ms)s::int,
+       misfire_policy = %(misfire_policy)s::text,
+       overlap_policy = %(overlap_policy)s::text,
+       jitter_ms = %(jitter_ms)s::int,
+       next_fire_at = coalesce(%(next_fire_at)s::timestamptz, now()),
+       state = case when state = 'error' then 'active' else state end,
+       error = null,
+       errored_at = null,
        version = version + 1,
        updated_at = now()
  where id = %(id)s::uuid

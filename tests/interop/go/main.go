@@ -22,7 +22,7 @@ import (
 )
 
 // The fingerprint as the README gives it, in wire order.
-const documentedFingerprint = "a629b71932943a1c"
+const documentedFingerprint = "f93a707630ee844f"
 
 // ---- CRC-64-AVRO, as the README spells it out ----
 
@@ -211,6 +211,8 @@ type Spec struct {
 	RunAt, StartAt, EndAt        *time.Time
 	MaxAttempts, TimeoutSeconds  int32
 	Misfire, Overlap             string
+	BackoffBaseMs, BackoffMaxMs  int32
+	JitterMs                     int32
 }
 
 type Command struct {
@@ -245,6 +247,9 @@ func encode(header []byte, c Command) []byte {
 		e.int(s.TimeoutSeconds)
 		e.int(misfires[s.Misfire])
 		e.int(overlaps[s.Overlap])
+		e.int(s.BackoffBaseMs)
+		e.int(s.BackoffMaxMs)
+		e.int(s.JitterMs)
 	}
 	e.optLong(c.ExpectedVersion)
 	e.optString(c.Actor)
@@ -271,6 +276,12 @@ func defaults(s Spec) *Spec {
 	}
 	if s.Overlap == "" {
 		s.Overlap = "allow"
+	}
+	if s.BackoffBaseMs == 0 {
+		s.BackoffBaseMs = 1000
+	}
+	if s.BackoffMaxMs == 0 {
+		s.BackoffMaxMs = 300000
 	}
 	return &s
 }
