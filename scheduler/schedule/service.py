@@ -7,7 +7,8 @@ trigger, resume, update) so they wake at once instead of at their next poll.
 A schedule the scanner could not compute is in state ``error`` with its reason. It leaves that
 state by ``update`` (a new spec that computes makes it active), ``resume`` (when its stored spec
 computes again, e.g. after the zone database was restored; refused with the reason otherwise),
-``pause`` or ``cancel``. Resuming or updating it follows its misfire policy for what it missed.
+``pause`` or ``cancel``. Resuming it follows its misfire policy for what it missed; an update
+computes the next fire afresh from the new spec.
 """
 
 from __future__ import annotations
