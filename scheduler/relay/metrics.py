@@ -24,6 +24,12 @@ RELEASED = Counter(
     "Outbox messages Kafka did not acknowledge for a reason that may pass, handed back to publish again",
     registry=REGISTRY,
 )
+OBSOLETE_DROPPED = Counter(
+    "scheduler_relay_obsolete_republishes_total",
+    "Job messages due to be published again whose attempt a worker had already started (or a later "
+    "attempt replaced), dropped instead of running the job twice",
+    registry=REGISTRY,
+)
 QUARANTINED = Counter(
     "scheduler_relay_quarantined_total",
     "Outbox rows Kafka refused for good, moved to the quarantine table (their runs dead), by cause",

@@ -174,6 +174,7 @@ class Relay(Service):
         self._last_stats = 0.0
         self._tracing = tracing_exports()
         self._topics: set[str] = set()  # topics known to exist, refreshed when a row names another
+        self._jobs_prefix = settings.jobs_topic("")  # "<prefix>.jobs.": the topics of job messages
         self._next_available_s: float | None = None
 
     @property
@@ -222,6 +223,13 @@ class Relay(Service):
         conn = self.session.conn
         with conn.transaction():
             rows = outbox.claim(conn, self.instance, self.settings.relay_batch_size, self.claim_seconds)
+            again = [row.id for row in rows if row.publish_count > 1]
+            if again:
+                # Rare (a relay died, or Kafka's answer was lost): only then is the runs table read.
+                dropped = outbox.drop_obsolete_republishes(conn, self.instance, again, self._jobs_prefix)
+                if dropped:
+                    metrics.OBSOLETE_DROPPED.inc(len(dropped))
+                    rows = [row for row in rows if row.id not in dropped]
         if not rows:
             return BatchReport(0, 0, 0, 0)
         started = time.monotonic()

@@ -3,6 +3,7 @@ quarantine each of its rows."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -56,6 +57,17 @@ def claim(
         query("claim_outbox"), {"relay": relay, "limit": limit, "claim_seconds": claim_seconds, "now": now}
     ).fetchall()
     return [OutboxRow.from_row(row) for row in rows]
+
+
+def drop_obsolete_republishes(
+    conn: psycopg.Connection[Row], relay: str, ids: Sequence[int], jobs_prefix: str
+) -> set[int]:
+    """Of the rows ``ids`` being published again, delete (and return) the job messages whose
+    attempt a worker already started or that a later attempt replaced."""
+    rows = conn.execute(
+        query("drop_obsolete_republishes"), {"relay": relay, "ids": list(ids), "jobs_prefix": jobs_prefix}
+    ).fetchall()
+    return {row["id"] for row in rows}
 
 
 def complete(

@@ -101,4 +101,17 @@ INTERNAL_ERRORS = Counter(
     ["app"],
     registry=REGISTRY,
 )
+DUPLICATE_DELIVERIES = Counter(
+    "scheduler_worker_duplicate_deliveries_total",
+    "Job messages of an attempt this worker had already started (a relay's republished copy, or "
+    "offsets read again after a commit was lost), finished without running the handler again",
+    ["app"],
+    registry=REGISTRY,
+)
+START_DELIVERY_FAILURES = Counter(
+    "scheduler_worker_start_delivery_failures_total",
+    "Start events Kafka did not acknowledge; the job waits and its start is produced again",
+    ["app"],
+    registry=REGISTRY,
+)
 ERROR_CLASS = BoundedLabel()

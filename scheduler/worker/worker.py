@@ -9,9 +9,12 @@ Threads and their jobs:
 2. One asyncio loop runs every job: async handlers on the loop, each sync handler in a daemon
    thread of its own (a timed-out one is left behind, never waited for, and never holds up the
    next job), each under its attempt's timeout counted from the moment this worker starts it.
-   Every job reports ``started`` at once, then a heartbeat every :data:`HEARTBEAT_EVERY_S`; these
-   move the run to ``running`` and renew its lease. Whatever a handler raises, ``SystemExit`` and
-   ``KeyboardInterrupt`` included, fails its attempt and never the loop.
+   Every job reports ``started`` and runs its handler only once Kafka acknowledged that start
+   (so no execution goes unrecorded), then heartbeats every :data:`HEARTBEAT_EVERY_S`; these move
+   the run to ``running`` and renew its lease. A second copy of an attempt this worker already
+   started (a relay's republish, offsets re-read after a lost commit) is finished, not run again.
+   Whatever a handler raises, ``SystemExit`` and ``KeyboardInterrupt`` included, fails its
+   attempt and never the loop.
 3. An outcome is produced to ``.results`` (success), ``.retry`` (retryable, attempts left, with
    the backoff delay) or ``.dlq`` (dead, with the error, the attempt history and the original
    bytes), its texts capped so that it always fits (:mod:`scheduler.domain.storable`). It is
@@ -34,9 +37,11 @@ import contextvars
 import json
 import logging
 import queue
+import random
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -121,6 +126,11 @@ COMPACT_ERROR_CHARS = 1024
 COMPACT_HISTORY_ERROR_CHARS = 256
 COMPACT_ORIGINAL_BYTES = 64 * 1024
 MAX_ERROR_CLASS_CHARS = 200
+
+# Attempts this worker started, remembered so that a second copy of one is not run again.
+REMEMBERED_ATTEMPTS = 100_000
+START_RETRY_INITIAL_S = 0.5
+START_RETRY_MAX_S = 5.0
 
 METRICS_EVERY_S = 1.0
 ConsumerFactory = Callable[..., Consumer]
@@ -217,6 +227,8 @@ class Worker(Service):
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="jobs", daemon=True)
         self._tasks: set[asyncio.Task[None]] = set()
+        # (run, attempt) of every job started lately, oldest first; the jobs thread only.
+        self._started_attempts: OrderedDict[tuple[uuid.UUID, int], None] = OrderedDict()
         self._abandoned: list[threading.Thread] = []  # guarded by _counts_lock
         self._last_commit = time.monotonic()
         self._last_metrics = 0.0
@@ -583,6 +595,19 @@ class Worker(Service):
             reason = str(exc) if isinstance(exc, MessageDecodeError) else f"{type(exc).__name__}: {exc}"
             self._dead_undecodable(delivery, reason)
             return
+        attempt_key = (job.run_id, job.attempt)
+        if attempt_key in self._started_attempts:
+            # The same attempt again: a relay republished it, or this worker read its offsets again
+            # after a commit was lost. It ran (or runs) here already, and the run's lease covers it,
+            # so the copy is finished without a second execution, and counted.
+            metrics.DUPLICATE_DELIVERIES.labels(self.app).inc()
+            log.debug("attempt %d of run %s already started here: copy at offset %d not run again",
+                      job.attempt, job.run_id, delivery.offset)  # fmt: skip
+            self._released.put(delivery)
+            return
+        self._started_attempts[attempt_key] = None
+        if len(self._started_attempts) > REMEMBERED_ATTEMPTS:
+            self._started_attempts.popitem(last=False)
         # The attempt's time starts now, whatever the message's deadline says: time spent waiting
         # on the topic or behind a backlog never counts against it.
         started = datetime.now(UTC)
@@ -622,7 +647,9 @@ class Worker(Service):
         self, delivery: Delivery, job: JobMessage, started: datetime
     ) -> tuple[str, tuple[str, str] | None]:
         """Run the handler and publish the outcome; returns its status and (error class, error)."""
-        self._report(delivery, job, started, "started")
+        # The handler runs only once Kafka holds its start: an execution whose worker dies right
+        # after is then on record (the run's lease, a re-execution counted), never a silent effect.
+        await self._announce(delivery, job, started)
         try:
             result = await self._run_handler(delivery, job, started)
         except HandlerError as exc:
@@ -799,24 +826,60 @@ class Worker(Service):
             # Refused before it left (too large, say): the same outcome as a failed delivery.
             self._reports.put((owed, exc))
 
+    async def _announce(self, delivery: Delivery, job: JobMessage, started: datetime) -> None:
+        """Produce the attempt's start event and wait until Kafka acknowledged it; a refused one is
+        produced again with backoff. While Kafka is away the job waits in its slot, so the worker
+        starts no job whose execution it could not report."""
+        loop = self._loop
+        failures = 0
+        while True:
+            acked: asyncio.Future[Exception | None] = loop.create_future()
+
+            def on_delivery(error: Exception | None, acked: asyncio.Future[Exception | None] = acked) -> None:
+                def settle() -> None:
+                    if not acked.done():
+                        acked.set_result(error)
+
+                with contextlib.suppress(RuntimeError):  # a closed loop: the worker stopped
+                    loop.call_soon_threadsafe(settle)
+
+            try:
+                message = self._event_message(delivery, job, started, "started")
+                self._producer.produce(message, on_delivery)
+            except Exception as exc:
+                on_delivery(exc)
+            error = await acked
+            if error is None:
+                return
+            failures += 1
+            metrics.START_DELIVERY_FAILURES.labels(self.app).inc()
+            self._warn("start", "start of offset %s not delivered (%s); the job waits for Kafka",
+                       delivery.offset, error)  # fmt: skip
+            ceiling = min(START_RETRY_MAX_S, START_RETRY_INITIAL_S * 2 ** min(failures - 1, 10))
+            await asyncio.sleep(random.uniform(ceiling / 2, ceiling))
+
+    def _event_message(
+        self, delivery: Delivery, job: JobMessage, started: datetime, status: str
+    ) -> OutgoingMessage:
+        event = JobResult(
+            event_id=uuid.uuid4(),
+            status=status,  # type: ignore[arg-type]
+            run_id=job.run_id,
+            schedule_id=job.schedule_id,
+            app=job.app,
+            attempt=job.attempt,
+            worker=self.instance,
+            started_at=started,
+        )
+        return OutgoingMessage(
+            self.topics.results, self.codec.encode(event), job.run_id.bytes, self._headers(delivery)
+        )
+
     def _report(self, delivery: Delivery, job: JobMessage, started: datetime, status: str) -> None:
-        """A start or heartbeat: renews the run's lease. Not an outcome: a lost one is superseded by
-        the next, so it is sent once and never waited for."""
+        """A heartbeat: renews the run's lease. Not an outcome: a lost one is superseded by the next,
+        so it is sent once and never waited for."""
         try:
-            event = JobResult(
-                event_id=uuid.uuid4(),
-                status=status,  # type: ignore[arg-type]
-                run_id=job.run_id,
-                schedule_id=job.schedule_id,
-                app=job.app,
-                attempt=job.attempt,
-                worker=self.instance,
-                started_at=started,
-            )
-            message = OutgoingMessage(
-                self.topics.results, self.codec.encode(event), job.run_id.bytes, self._headers(delivery)
-            )
-            self._producer.produce(message)
+            self._producer.produce(self._event_message(delivery, job, started, status))
         except Exception as exc:
             log.warning("%s report of offset %s not sent: %s", status, delivery.offset, exc)
 

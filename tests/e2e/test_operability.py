@@ -66,6 +66,7 @@ OWN_METRICS: Mapping[str, Mapping[str, str]] = {
         "scheduler_relay_publish_failures_total": "counter",
         "scheduler_relay_released_total": "counter",
         "scheduler_relay_quarantined_total": "counter",
+        "scheduler_relay_obsolete_republishes_total": "counter",
     },
     "reconciler": {
         "scheduler_reconciler_events_total": "counter",
@@ -97,6 +98,8 @@ OWN_METRICS: Mapping[str, Mapping[str, str]] = {
         "scheduler_worker_refused_handlers_total": "counter",
         "scheduler_worker_abandoned_threads_total": "counter",
         "scheduler_worker_commit_failures_total": "counter",
+        "scheduler_worker_duplicate_deliveries_total": "counter",
+        "scheduler_worker_start_delivery_failures_total": "counter",
     },
 }
 EVERY_COMPONENT_METRICS = {"scheduler_build_info": "gauge"}

@@ -77,3 +77,44 @@ def test_a_row_held_back_by_available_at_is_claimed_only_once_that_time_passes(d
             [later] = outbox.claim(conn, "b", 100, 600, now=db_now(conn) + timedelta(minutes=11))
         assert later.value == b"later"
         assert outbox.next_available_in(conn) is None
+
+
+def test_a_republished_job_whose_attempt_already_started_is_dropped_not_published_twice(
+    database_url: str,
+) -> None:
+    with connect(database_url) as conn:
+        conn.execute("insert into apps (name, partitions) values ('billing', 1)")
+        conn.execute(
+            "insert into schedules (id, app, name, kind, handler)"
+            " values ('00000000-0000-0000-0000-00000000000a', 'billing', 's', 'immediate', 'builtin:noop')"
+        )
+        runs = {"pending": 1, "running": 1, "succeeded": 1, "moved_on": 2}
+        for n, (state, attempt) in enumerate(runs.items(), start=1):
+            conn.execute(
+                "insert into runs (id, schedule_id, app, scheduled_for, state, attempt, max_attempts)"
+                " values (%s, '00000000-0000-0000-0000-00000000000a', 'billing',"
+                " now() + make_interval(secs => %s), %s, %s, 3)",
+                (
+                    f"00000000-0000-0000-0000-00000000000{n}",
+                    n,
+                    "pending" if state == "moved_on" else state,
+                    attempt,
+                ),
+            )
+            # Every row was claimed once before (its relay died), and is now due to be published again.
+            conn.execute(
+                "insert into outbox (topic, value, run_id, attempt, publish_count) values (%s, %s, %s, 1, 1)",
+                ("p.jobs.billing", state.encode(), f"00000000-0000-0000-0000-00000000000{n}"),
+            )
+        # A dead letter the sweeper queued for a dead run: its run is dead by design, it must go out.
+        conn.execute(
+            "insert into outbox (topic, value, run_id, attempt, publish_count)"
+            " values ('p.dlq', 'letter', '00000000-0000-0000-0000-000000000003', 1, 1)"
+        )
+        conn.commit()
+        with conn.transaction():
+            claimed = outbox.claim(conn, "a", 100, 60)
+            dropped = outbox.drop_obsolete_republishes(conn, "a", [r.id for r in claimed], "p.jobs.")
+        kept = sorted(bytes(r.value) for r in claimed if r.id not in dropped)
+        assert kept == [b"letter", b"pending"]
+        assert conn.execute("select count(*) as n from outbox").fetchone() == {"n": 2}

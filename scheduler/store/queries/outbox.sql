@@ -20,6 +20,20 @@ update outbox o
 returning o.id, o.topic, o.key, o.value, o.headers, o.run_id, o.attempt, o.publish_count,
           extract(epoch from coalesce(%(now)s::timestamptz, now()) - o.created_at)::float8 as age_s;
 
+-- name: drop_obsolete_republishes
+-- A job message about to be published again (its relay died, or Kafka's answer was lost) whose
+-- attempt a worker has already started, or that is past: its first copy reached Kafka and ran, so
+-- a second copy would only run the job twice. Dropped instead; only job topics' rows, never a dead
+-- letter's (whose run is dead by design).
+delete from outbox o
+ where o.id = any(%(ids)s::bigint[])
+   and o.claimed_by = %(relay)s::text
+   and o.publish_count > 1
+   and left(o.topic, length(%(jobs_prefix)s::text)) = %(jobs_prefix)s::text
+   and exists (select 1 from runs r
+                where r.id = o.run_id and not (r.state = 'pending' and r.attempt = o.attempt))
+returning o.id;
+
 -- name: complete_outbox
 -- After Kafka acknowledged: remove the rows this relay still holds and mark their runs dispatched.
 -- A row whose claim lapsed and was taken by another relay is left to that relay (it republishes,
