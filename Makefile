@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps up down status run test test-unit lint bench clean
+.PHONY: install system-deps up down status run test test-unit lint bench chaos clean
 
 # Debian packages the tests use as real parts: Prometheus (server and promtool) for the alert
 # rules and the scrape test. Installed only when missing; needs root, as on this project's machines.
@@ -61,3 +61,10 @@ bench: up
 		|| echo "redis-server unavailable: the Celery peer will be skipped"
 	$(BIN)/python -m bench.run_all --jobs $(or $(JOBS),10000) --workers $(or $(WORKERS),4) \
 		--concurrency $(or $(CONCURRENCY),64) $(BENCH_ARGS)
+
+# The published scenario with faults (bench/README.md, "Chaos"): JOBS jobs through every component
+# while workers, scanner, relay, reconciler, ingestor, Kafka and PostgreSQL are killed on a seeded
+# schedule. It starts a PostgreSQL and a Kafka of its own on free ports (the shared stack is never
+# touched) and writes its report to bench/results/chaos/. CHAOS_ARGS passes more flags.
+chaos: install
+	$(BIN)/python -m bench.chaos --jobs $(or $(JOBS),10000) --seed $(or $(SEED),1) $(CHAOS_ARGS)
