@@ -164,7 +164,13 @@ class Wiring:
         )
         # Its dead letters go through the outbox: it needs no producer.
         return LeaseSweeper(
-            self.database, positions, self.dispatcher, self.codec, self.kafka_check(), s.dlq_topic
+            self.database,
+            positions,
+            self.dispatcher,
+            self.codec,
+            self.kafka_check(),
+            s.dlq_topic,
+            lease_window_s=s.lease_window_s,
         )
 
     def buffer_release(self) -> BufferRelease:

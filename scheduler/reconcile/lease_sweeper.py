@@ -36,12 +36,12 @@ import psycopg
 from scheduler.domain.run import FailedAttempt
 from scheduler.domain.run_state import RunState
 from scheduler.kafka.avro import AvroCodec
-from scheduler.kafka.messages import AttemptSummary, JobDeadLetter
+from scheduler.kafka.messages import JobDeadLetter
 from scheduler.kafka.positions import GroupPositions
 from scheduler.kafka.transport import Partition, TransportError
 from scheduler.reconcile import metrics
 from scheduler.runtime.service import Check, Service
-from scheduler.scan.dispatch import JobDispatcher, attempt_deadline
+from scheduler.scan.dispatch import JobDispatcher, attempt_deadline, attempt_summary
 from scheduler.store import reconcile as store
 from scheduler.store import scan
 from scheduler.store.database import Database, Session
@@ -52,6 +52,10 @@ BATCH = 2000
 SWEEP_EVERY_S = 1.0
 HELD_LOG_EVERY_S = 60.0
 HELD_QUIET_S = 5.0
+# After Kafka was unreachable, workers' producers reconnect and deliver the heartbeats and outcomes
+# they queued meanwhile only after a while (librdkafka's reconnect backoff, the outcome retries):
+# until Kafka has answered this much longer than a lease window, silence proves nothing.
+KAFKA_SETTLE_GRACE_S = 15.0
 Row = dict[str, Any]
 LEASE_EXPIRED = "lease expired: the worker that started the attempt went silent (no heartbeat or outcome)"
 
@@ -85,6 +89,7 @@ class LeaseSweeper(Service):
         codec: AvroCodec,
         kafka_check: Check,
         dlq_topic: str,
+        lease_window_s: float = 30.0,
     ) -> None:
         super().__init__("lease-sweeper")
         self.database = database
@@ -97,12 +102,35 @@ class LeaseSweeper(Service):
         self._barrier: _Barrier | None = None
         self._held_since: float | None = None  # monotonic
         self._held_logged = -HELD_LOG_EVERY_S
+        self.settle_s = lease_window_s + KAFKA_SETTLE_GRACE_S
+        self._kafka_answering_since: float | None = None  # monotonic
 
     def checks(self) -> Sequence[Check]:
         return (self.database.check(), self.kafka_check)
 
     def step(self) -> bool:
+        if not self._kafka_settled():
+            return False
         return self.sweep(self.session.conn).swept >= BATCH
+
+    def _kafka_settled(self) -> bool:
+        """Whether Kafka has answered without a break for longer than a lease window (and a grace):
+        only then can a lease that passed mean a silent worker rather than one cut off from Kafka,
+        whose heartbeats are still queued in its producer."""
+        now = time.monotonic()
+        try:
+            self.kafka_check.probe()
+        except Exception as exc:
+            self._kafka_answering_since = None
+            self._held(f"Kafka does not answer ({exc})")
+            return False
+        if self._kafka_answering_since is None:
+            self._kafka_answering_since = now
+        answering_s = now - self._kafka_answering_since
+        if answering_s < self.settle_s:
+            self._held(f"Kafka has answered for {answering_s:.0f} s only; workers' heartbeats may be queued")
+            return False
+        return True
 
     def idle(self, stop: threading.Event) -> None:
         stop.wait(SWEEP_EVERY_S)
@@ -238,21 +266,9 @@ class LeaseSweeper(Service):
             finished_at=finished,
             error=LEASE_EXPIRED,
             error_class="LeaseExpired",
-            attempts=tuple(_summary(a, finished) for a in history),
+            attempts=tuple(attempt_summary(a, finished) for a in history),
             original_bytes=job.value,
             source=None,
         )
         value = self.codec.encode(letter)
         return row["id"], row["attempt"], Message(self.dlq_topic, row["id"].bytes, value, job.headers)
-
-
-def _summary(attempt: FailedAttempt, default_end: datetime) -> AttemptSummary:
-    # The letter's schema requires an end, an error and a class, which an `attempts` row may lack.
-    return AttemptSummary(
-        attempt=attempt.attempt,
-        finished_at=attempt.finished_at or default_end,
-        error=attempt.error or "",
-        error_class=attempt.error_class or "Error",
-        worker=attempt.worker,
-        started_at=attempt.started_at,
-    )
