@@ -32,8 +32,20 @@ OBSOLETE_DROPPED = Counter(
 )
 QUARANTINED = Counter(
     "scheduler_relay_quarantined_total",
-    "Outbox rows Kafka refused for good, moved to the quarantine table (their runs dead), by cause",
-    ["cause"],  # too_large, invalid, unknown_topic, refused
+    "Outbox rows Kafka refused for a fault of the message itself, moved to the quarantine table "
+    "(their runs dead), by cause",
+    ["cause"],  # too_large, invalid
+    registry=REGISTRY,
+)
+HELD = Counter(
+    "scheduler_relay_held_total",
+    "Outbox rows handed back because their topic does not exist and cannot be created, by cause",
+    ["cause"],  # no_app, core_topic, create_failed
+    registry=REGISTRY,
+)
+HELD_TOPICS = Gauge(
+    "scheduler_relay_held_topics",
+    "Topics that do not exist and whose outbox rows the relay holds until they do",
     registry=REGISTRY,
 )
 DISPATCH_LAG = Histogram(

@@ -5,16 +5,20 @@ before it is, and no row holds up another:
 
 1. Claim the rows that are due (``available_at`` passed) by status with SKIP LOCKED, and commit
    the claim.
-2. Produce every row with its own delivery outcome (idempotent producer, acks=all) and wait for
-   all of them. A row whose topic does not exist (checked against the cluster's metadata) is not
-   produced. The broker refuses a record batch as a whole, so when several messages come back
-   refused for good, each is produced again alone: only alone does a refusal say which row it is.
-3. In one transaction: delete the acknowledged rows and mark their runs ``dispatched``; move the
-   rows Kafka refused for good (too large, invalid, unknown topic) to ``quarantine``, their runs
-   ``dead`` with ``RelayRefused``; hand back the rows that failed for a reason that may pass
-   (Kafka down, a timeout), each with a growing delay when the rest of the batch went through.
+2. Make sure every row's topic exists (checked against the cluster's metadata). A missing job
+   topic whose app exists in PostgreSQL is created, sized as ``apps create`` sizes it: the app may
+   have been committed while Kafka was down, or its topic deleted by mistake. A row whose topic
+   still does not exist is held, never quarantined: its runs did nothing wrong.
+3. Produce every other row with its own delivery outcome (idempotent producer, acks=all) and wait
+   for all of them. The broker refuses a record batch as a whole, so when several messages come
+   back refused for good, each is produced again alone: only alone does a refusal say which row it is.
+4. In one transaction: delete the acknowledged rows and mark their runs ``dispatched``; move the
+   rows Kafka refused for a fault of the message itself (:data:`MESSAGE_REFUSED`: too large,
+   invalid) to ``quarantine``, their runs ``dead`` with ``RelayRefused``; hand back every other
+   row (Kafka down, a timeout, a missing topic, rights), each with a growing delay when the rest of
+   the batch went through, and the held rows always with it.
 
-A relay that dies between (2) and (3) leaves its claim to lapse, another relay publishes the rows
+A relay that dies between (3) and (4) leaves its claim to lapse, another relay publishes the rows
 again, and ``publish_count`` counts the duplicate. While Kafka or PostgreSQL is down the relay
 backs off and retries; rows wait in the outbox, which is the point of having one.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +36,7 @@ import psycopg
 from opentelemetry.trace import Span, SpanKind
 
 from scheduler.config import Settings
+from scheduler.kafka.topics import ensure_sized_topics
 from scheduler.kafka.tracing import HEADER
 from scheduler.kafka.transport import DeliveryError, OutgoingMessage, Producer, TopicAdmin, TransportError
 from scheduler.relay import metrics
@@ -59,74 +65,45 @@ MIN_IDLE_S = 0.01
 STATS_EVERY_S = 5.0
 TOPIC_CHECK_TIMEOUT_S = 10.0
 
-# Refusals that say the message itself cannot be written: producing it again cannot help.
+HELD_LOG_EVERY_S = 60.0
+
+# The only refusals that quarantine a row: they say the message itself cannot be written, so
+# producing it again cannot help. An allowlist, because librdkafka marks no delivery-report error
+# retriable (a timeout neither): anything else (the connection, the relay's rights, the producer's
+# state, a missing topic) is handed back, never turned into dead runs that did nothing wrong.
 MESSAGE_REFUSED = frozenset(
     {
-        "MSG_SIZE_TOO_LARGE",
-        "INVALID_MSG",  # CORRUPT_MESSAGE
+        "MSG_SIZE_TOO_LARGE",  # over the producer's or the topic's max.message.bytes
+        "INVALID_MSG",  # CORRUPT_MESSAGE: the record fails its CRC
         "INVALID_MSG_SIZE",
-        "INVALID_RECORD",
-        "RECORD_LIST_TOO_LARGE",
-        "INVALID_TIMESTAMP",
-        "_BAD_MSG",
-        "_INVALID_ARG",
+        "INVALID_RECORD",  # the broker's record validation
+        "RECORD_LIST_TOO_LARGE",  # larger than a log segment
+        "INVALID_TIMESTAMP",  # outside the topic's message.timestamp.*.ms bounds
     }
 )
 # Errors about the topic rather than the message: the row is handed back, and the next batch asks
-# the cluster whether its topic exists (a topic that does not is a refusal for good).
+# the cluster whether its topic exists (and creates it when its app exists).
 TOPIC_UNKNOWN = frozenset(
     {"_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_OR_PART", "UNKNOWN_TOPIC_ID", "_UNKNOWN_PARTITION", "TOPIC_EXCEPTION"}
-)
-# Not retriable by librdkafka's flag, but about this relay (its connection, its rights, its
-# producer's state) or the cluster, never about the row: quarantining would kill runs that did
-# nothing wrong, so the row is handed back instead.
-RELAY_SIDE = frozenset(
-    {
-        "_MSG_TIMED_OUT",
-        "_TIMED_OUT",
-        "_TIMED_OUT_QUEUE",
-        "_TRANSPORT",
-        "_ALL_BROKERS_DOWN",
-        "_DESTROY",
-        "_FATAL",
-        "_PURGE_QUEUE",
-        "_PURGE_INFLIGHT",
-        "_QUEUE_FULL",
-        "_STATE",
-        "_AUTHENTICATION",
-        "_SSL",
-        "_UNKNOWN_BROKER",
-        "_UNKNOWN_PROTOCOL",
-        "SASL_AUTHENTICATION_FAILED",
-        "TOPIC_AUTHORIZATION_FAILED",
-        "CLUSTER_AUTHORIZATION_FAILED",
-        "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
-        "UNKNOWN_PRODUCER_ID",
-        "INVALID_PRODUCER_EPOCH",
-        "INVALID_PRODUCER_ID_MAPPING",
-        "OUT_OF_ORDER_SEQUENCE_NUMBER",
-        "DUPLICATE_SEQUENCE_NUMBER",
-        "INVALID_REQUIRED_ACKS",
-        "UNSUPPORTED_VERSION",
-        "UNSUPPORTED_FOR_MESSAGE_FORMAT",
-        "THROTTLING_QUOTA_EXCEEDED",
-    }
-    | TOPIC_UNKNOWN
 )
 
 
 def refused_for_good(error: DeliveryError) -> bool:
     """Kafka will never take this message as it is: it is quarantined, not retried."""
-    if error.code in MESSAGE_REFUSED:
-        return True
-    return error.code is not None and not error.retriable and error.code not in RELAY_SIDE
+    return error.code in MESSAGE_REFUSED
 
 
 def _cause(error: DeliveryError) -> str:
     """A bounded label for the quarantine counter."""
-    if error.too_large:
-        return "too_large"
-    return "invalid" if error.code in MESSAGE_REFUSED else "refused"
+    return "too_large" if error.too_large else "invalid"
+
+
+@dataclass(frozen=True, slots=True)
+class _Hold:
+    """Why the rows of a topic that does not exist wait: a bounded ``cause`` and a line for operators."""
+
+    cause: str  # no_app, core_topic, create_failed
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -137,6 +114,7 @@ class BatchReport:
     dispatched: int
     quarantined: int = 0
     released: int = 0
+    held: int = 0  # rows whose topic does not exist, handed back to wait for it
 
 
 @dataclass
@@ -174,6 +152,7 @@ class Relay(Service):
         self._last_stats = 0.0
         self._tracing = tracing_exports()
         self._topics: set[str] = set()  # topics known to exist, refreshed when a row names another
+        self._held_logged: dict[str, float] = {}  # topic -> when its held rows were last logged (monotonic)
         self._jobs_prefix = settings.jobs_topic("")  # "<prefix>.jobs.": the topics of job messages
         self._next_available_s: float | None = None
 
@@ -236,20 +215,20 @@ class Relay(Service):
         deadline = started + self.claim_seconds * PUBLISH_SHARE_OF_CLAIM
         try:
             missing = self._missing_topics({row.topic for row in rows})
+            holds = self._create_app_topics(missing) if missing else {}
         except TransportError:
             metrics.FAILURES.inc()
             with conn.transaction():
                 outbox.release(conn, self.instance, [row.id for row in rows])
             raise
-        sending = [row for row in rows if row.topic not in missing]
+        waiting = [row for row in rows if row.topic in holds]
+        sending = [row for row in rows if row.topic not in holds]
         outcomes = self._publish(sending, deadline)
         publish_s = time.monotonic() - started
 
         acked: list[OutboxRow] = []
-        refusals: dict[int, str] = {
-            row.id: f"topic {row.topic} does not exist" for row in rows if row.topic in missing
-        }
-        causes = ["unknown_topic"] * len(refusals)
+        refusals: dict[int, str] = {}
+        causes: list[str] = []
         failed: list[tuple[OutboxRow, DeliveryError]] = []
         for row in sending:
             error = outcomes.errors.get(row.id, _NO_ANSWER)
@@ -270,6 +249,10 @@ class Relay(Service):
             if failed:
                 # Kafka took the rest of the batch: these wait a little, so the rows behind them go first.
                 outbox.release(conn, self.instance, [row.id for row, _ in failed], back_off=bool(acked))
+            if waiting:
+                # Always with the growing delay: a missing topic is not a reason to stop the relay,
+                # and its rows must not be claimed first by every batch.
+                outbox.release(conn, self.instance, [row.id for row in waiting], back_off=True)
 
         metrics.PUBLISHED.inc(done.published)
         metrics.REPUBLISHED.inc(done.republished)
@@ -288,6 +271,7 @@ class Relay(Service):
                         refusals[row.id],
                     )
         metrics.RELEASED.inc(len(failed))
+        self._report_held(waiting, holds)
         self._raise_if_stuck(acked, failed)
         return BatchReport(
             len(rows),
@@ -296,7 +280,23 @@ class Relay(Service):
             done.dispatched,
             quarantined=0 if held is None else held.quarantined,
             released=len(failed),
+            held=len(waiting),
         )
+
+    def _report_held(self, waiting: Sequence[OutboxRow], holds: dict[str, _Hold]) -> None:
+        """Count the held rows, and say so once a minute per topic; forget topics that exist now."""
+        for topic in [t for t in self._held_logged if t in self._topics]:
+            del self._held_logged[topic]
+            self.log.info("topic %s exists: its outbox rows are published again", topic)
+        per_topic = Counter(row.topic for row in waiting)
+        now = time.monotonic()
+        for topic, count in per_topic.items():
+            hold = holds[topic]
+            metrics.HELD.labels(hold.cause).inc(count)
+            if now - self._held_logged.get(topic, -HELD_LOG_EVERY_S) >= HELD_LOG_EVERY_S:
+                self._held_logged[topic] = now
+                self.log.warning("holding %d outbox rows for topic %s: %s", count, topic, hold.reason)
+        metrics.HELD_TOPICS.set(len(self._held_logged))
 
     def _raise_if_stuck(
         self, acked: Sequence[OutboxRow], failed: Sequence[tuple[OutboxRow, DeliveryError]]
@@ -323,6 +323,31 @@ class Relay(Service):
         if unknown:
             self._topics = self.admin.topics(min(TOPIC_CHECK_TIMEOUT_S, self.claim_seconds / 4))
         return unknown - self._topics
+
+    def _create_app_topics(self, missing: set[str]) -> dict[str, _Hold]:
+        """Create the missing job topics whose app exists; returns why each other topic waits."""
+        jobs = sorted(t for t in missing if t.startswith(self._jobs_prefix))
+        conn = self.session.conn
+        with conn.transaction():
+            partitions = outbox.topic_apps(conn, self._jobs_prefix, jobs) if jobs else {}
+        holds: dict[str, _Hold] = {}
+        for topic in sorted(missing - set(partitions)):
+            if topic in jobs:
+                app = topic.removeprefix(self._jobs_prefix)
+                why = f"it does not exist and no app {app!r} does (`scheduler apps create {app}` makes both)"
+                holds[topic] = _Hold("no_app", why)
+            else:
+                holds[topic] = _Hold("core_topic", "it does not exist (`scheduler init` creates it)")
+        timeout_s = min(TOPIC_CHECK_TIMEOUT_S, self.claim_seconds / 4)
+        for topic, count in sorted(partitions.items()):
+            try:
+                ensure_sized_topics(self.admin, [topic], count, timeout_s)
+            except TransportError as exc:
+                holds[topic] = _Hold("create_failed", f"it does not exist and creating it failed: {exc}")
+                continue
+            self._topics.add(topic)
+            self.log.warning("topic %s did not exist: created it for its app (%d partitions)", topic, count)
+        return holds
 
     def _publish(self, rows: Sequence[OutboxRow], deadline: float) -> _Outcomes:
         outcomes = _Outcomes({}, set())

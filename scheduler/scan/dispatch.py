@@ -18,10 +18,18 @@ from uuid import UUID
 from scheduler.config import Settings
 from scheduler.domain.run import FailedAttempt
 from scheduler.domain.schedule import ExecutionSettings
+from scheduler.domain.storable import MAX_HISTORY_ERROR_CHARS, capped_text
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import AttemptSummary, JobMessage, RetryPolicy, idempotency_key_for
 from scheduler.kafka.tracing import HEADER, new_traceparent
 from scheduler.store.scan import Message
+
+# The run and attempt a job message is for, outside its Avro body: a worker that cannot decode the
+# body can still dead-letter the right attempt of the right run.
+RUN_ID_HEADER = "scheduler-run-id"
+ATTEMPT_HEADER = "scheduler-attempt"
+# An attempt whose `attempts` row has no end yet travels with this one.
+NO_END = datetime.min.replace(tzinfo=UTC)
 
 
 def attempt_deadline(dispatched_at: datetime, timeout_ms: int) -> datetime:
@@ -65,7 +73,7 @@ class JobDispatcher:
                 backoff_base_ms=job.backoff_base_ms,
                 backoff_max_ms=job.backoff_max_ms,
             ),
-            previous_attempts=tuple(_summary(a) for a in previous_attempts),
+            previous_attempts=tuple(attempt_summary(a) for a in previous_attempts),
         )
         return Message(
             topic=self.settings.jobs_topic(job.app),
@@ -73,17 +81,23 @@ class JobDispatcher:
             key=str(schedule_id).encode(),
             value=self.codec.encode(message),
             # The trace to continue (a one-shot's creation), or a trace of the run's own.
-            headers={HEADER: traceparent or new_traceparent()},
+            headers={
+                HEADER: traceparent or new_traceparent(),
+                RUN_ID_HEADER: str(run_id),
+                ATTEMPT_HEADER: str(attempt),
+            },
         )
 
 
-def _summary(attempt: FailedAttempt) -> AttemptSummary:
-    # The message schema requires an end, an error and a class, which an `attempts` row may lack:
-    # such an attempt still travels, with neutral values, rather than losing the history.
+def attempt_summary(attempt: FailedAttempt, default_end: datetime = NO_END) -> AttemptSummary:
+    """An earlier attempt as job messages and dead letters carry it: its error capped, because
+    every later message of the run carries the whole history again."""
+    # The schema requires an end, an error and a class, which an `attempts` row may lack: such an
+    # attempt still travels, with neutral values, rather than losing the history.
     return AttemptSummary(
         attempt=attempt.attempt,
-        finished_at=attempt.finished_at or datetime.min.replace(tzinfo=UTC),
-        error=attempt.error or "",
+        finished_at=attempt.finished_at or default_end,
+        error=capped_text(attempt.error or "", MAX_HISTORY_ERROR_CHARS),
         error_class=attempt.error_class or "Error",
         worker=attempt.worker,
         started_at=attempt.started_at,

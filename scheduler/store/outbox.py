@@ -109,6 +109,14 @@ def quarantine(
     return Quarantine(row["quarantined"], row["dead"])
 
 
+def topic_apps(conn: psycopg.Connection[Row], jobs_prefix: str, topics: Sequence[str]) -> dict[str, int]:
+    """Of the job topics ``topics``, those whose app exists: topic -> the app's partitions."""
+    rows = conn.execute(
+        query("outbox_topic_apps"), {"jobs_prefix": jobs_prefix, "topics": list(topics)}
+    ).fetchall()
+    return {row["topic"]: row["partitions"] for row in rows}
+
+
 def next_available_in(conn: psycopg.Connection[Row], now: datetime | None = None) -> float | None:
     """Seconds until the first row held back by its ``available_at`` may be claimed; None if none is."""
     row = conn.execute(query("outbox_next_available"), {"now": now}).fetchone()

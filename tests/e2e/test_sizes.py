@@ -19,12 +19,13 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType  # t
 from scheduler.config import Settings
 from scheduler.domain.storable import MAX_RESULT_BYTES
 from scheduler.kafka.avro import AvroCodec
-from scheduler.kafka.messages import JobDeadLetter
+from scheduler.kafka.messages import JobDeadLetter, JobMessage
 from scheduler.kafka.topics import TOPIC_MAX_MESSAGE_BYTES
 from scheduler.kafka.transport import TopicAdmin
+from scheduler.scan.dispatch import ATTEMPT_HEADER, RUN_ID_HEADER
 from scheduler.schedule.spec import MAX_PAYLOAD_BYTES
 from scheduler.store import connect
-from tests.support import SCHEDULER, Component, components, read_topic, wait_for
+from tests.support import SCHEDULER, Component, components, read_records, read_topic, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -108,8 +109,13 @@ def test_a_payload_of_exactly_1_mib_runs_its_dead_letter_arrives_and_one_byte_mo
     with connect(settings.database_url) as conn:
         assert conn.execute("select count(*) as n from quarantine").fetchone() == {"n": 0}
 
-    jobs = [value for _, value, _ in read_topic(settings.kafka_bootstrap, settings.jobs_topic(APP))]
+    records = read_records(settings.kafka_bootstrap, settings.jobs_topic(APP))
+    jobs = [value for _, value, _, _ in records]
     assert len(jobs) == 2 and all(len(v) > KAFKA_DEFAULT_LIMIT for v in jobs), "over Kafka's default"
+    # Outside the body, for a worker that cannot decode it: the run and attempt it is for.
+    for _, value, _, headers in records:
+        job = AvroCodec().decode(JobMessage, value)
+        assert (headers[RUN_ID_HEADER], headers[ATTEMPT_HEADER]) == (str(job.run_id).encode(), b"1")
     [letter] = [
         AvroCodec().decode(JobDeadLetter, value)
         for _, value, _ in read_topic(settings.kafka_bootstrap, settings.dlq_topic)

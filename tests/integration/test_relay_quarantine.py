@@ -1,25 +1,33 @@
-"""One bad outbox row never wedges the relay: a row Kafka refuses for good is quarantined with its
-run dead, a row that failed for a reason that may pass is handed back alone, and the rows after
-either are published in the same round, once each."""
+"""One bad outbox row never wedges the relay: a row Kafka refuses for a fault of the message itself
+is quarantined with its run dead, a row that failed for any other reason is handed back alone, a
+row whose topic does not exist is held (or its topic made, when its app exists), and the rows after
+any of them are published in the same round, once each."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType  # type: ignore[attr-defined]
+from psycopg.types.json import Jsonb
 
 from scheduler.config import Settings
+from scheduler.domain.schedule import ExecutionSettings
 from scheduler.kafka.connection import KafkaConnection
 from scheduler.kafka.topics import TOPIC_CONFIG
 from scheduler.kafka.transport import DeliveryError, Producer, TopicAdmin, producer_config
-from scheduler.relay.relay import Relay
+from scheduler.relay import metrics
+from scheduler.relay.relay import MESSAGE_REFUSED, Relay, refused_for_good
+from scheduler.scan.dispatch import ATTEMPT_HEADER, RUN_ID_HEADER
 from scheduler.store import connect, outbox
 from scheduler.wiring import Wiring
-from tests.support import read_topic, wait_for
+from tests.support import read_records, read_topic, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -71,6 +79,20 @@ def runs(settings: Settings) -> dict[uuid.UUID, dict[str, Any]]:
 def rows(settings: Settings, sql: str) -> list[dict[str, Any]]:
     with connect(settings.database_url) as conn:
         return conn.execute(sql).fetchall()
+
+
+def make_due(settings: Settings) -> None:
+    """The rows held back by their delay may be claimed now (instead of waiting seconds for it)."""
+    with connect(settings.database_url) as conn:
+        conn.execute("update outbox set available_at = null")
+        conn.commit()
+
+
+def topic_limit(settings: Settings, topic: str) -> str:
+    client = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    configs = client.describe_configs([resource])[resource].result(timeout=10)
+    return str(configs["max.message.bytes"].value)
 
 
 def test_a_row_over_the_producers_limit_is_quarantined_and_the_rows_after_it_go_in_the_same_round(
@@ -125,28 +147,61 @@ def test_a_message_the_broker_refuses_in_a_batch_is_found_and_the_others_of_its_
     assert sorted(published) == sorted(v for i, v in enumerate(values) if i != 5), "each good row once"
 
 
-def test_a_row_for_a_topic_that_does_not_exist_is_quarantined_and_the_rest_published(
-    settings: Settings, relay: Relay
+def held_rows(settings: Settings, cause: str) -> float:
+    return metrics.REGISTRY.get_sample_value("scheduler_relay_held_total", {"cause": cause}) or 0.0
+
+
+def test_a_row_for_a_topic_that_does_not_exist_is_held_and_published_once_its_app_exists(
+    settings: Settings, relay: Relay, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # An app created while Kafka was down: its row is committed, its topic never made.
     TopicAdmin(settings.kafka).ensure_topics([settings.jobs_topic(APP)], 1, config=TOPIC_CONFIG)
+    never = settings.jobs_topic("never")
     good = queue(settings, [b"a", b"b"])
-    lost = queue(settings, [b"c"], topic=f"{settings.topic_prefix}.jobs.never")
+    waiting = queue(settings, [b"c"], topic=never)
     more = queue(settings, [b"d"])
+    before = held_rows(settings, "no_app")
 
-    report = relay.relay_once()
+    with caplog.at_level(logging.WARNING):
+        report = relay.relay_once()
 
-    assert (report.published, report.quarantined) == (3, 1)
+    assert (report.published, report.quarantined, report.released, report.held) == (3, 0, 0, 1)
     states = runs(settings)
     assert {states[r]["state"] for r in good + more} == {"dispatched"}
-    assert (
-        states[lost[0]]["error"] == f"RelayRefused: topic {settings.topic_prefix}.jobs.never does not exist"
-    )
+    assert states[waiting[0]]["state"] == "pending" and states[waiting[0]]["error"] is None
+    assert rows(settings, "select count(*) as n from quarantine") == [{"n": 0}]
+    held = rows(settings, "select claimed_by, available_at > now() as waiting from outbox")
+    assert held == [{"claimed_by": None, "waiting": True}], "handed back, behind the rows after it"
+    assert held_rows(settings, "no_app") == before + 1
+    assert metrics.HELD_TOPICS._value.get() == 1
+    [warning] = [r.getMessage() for r in caplog.records if "holding" in r.getMessage()]
+    assert never in warning and "no app 'never'" in warning
+
+    # Held again: said once a minute, not once a batch.
+    caplog.clear()
+    make_due(settings)
+    with caplog.at_level(logging.WARNING):
+        assert relay.relay_once().held == 1
+    assert not [r for r in caplog.records if "holding" in r.getMessage()]
+
+    # Once the app exists, the relay creates its topic as `apps create` would, and publishes.
+    with connect(settings.database_url) as conn:
+        conn.execute("insert into apps (name, partitions) values ('never', 3)")
+        conn.commit()
+    make_due(settings)
+    report = relay.relay_once()
+    assert (report.published, report.held) == (1, 0)
+    assert runs(settings)[waiting[0]]["state"] == "dispatched"
+    assert TopicAdmin(settings.kafka).partitions(never) == 3
+    assert topic_limit(settings, never) == TOPIC_CONFIG["max.message.bytes"]
+    assert [value for _, value, _ in read_topic(settings.kafka_bootstrap, never)] == [b"c"]
+    assert metrics.HELD_TOPICS._value.get() == 0
 
 
-def test_a_retriable_failure_hands_back_only_the_failed_rows_then_a_topic_that_is_gone_is_refused(
+def test_a_retriable_failure_hands_back_only_the_failed_rows_and_a_deleted_topic_is_held_then_made_again(
     settings: Settings, relay: Relay
 ) -> None:
-    ok, gone = settings.jobs_topic(APP), f"{settings.topic_prefix}.jobs.gone"
+    ok, gone = settings.jobs_topic(APP), settings.jobs_topic("gone")
     admin = TopicAdmin(settings.kafka)
     admin.ensure_topics([ok, gone], 1, config=TOPIC_CONFIG)
     queue(settings, [b"known"], topic=gone)
@@ -173,14 +228,73 @@ def test_a_retriable_failure_hands_back_only_the_failed_rows_then_a_topic_that_i
     published = [value for _, value, _ in read_topic(settings.kafka_bootstrap, ok)]
     assert sorted(published) == [b"a", b"b", b"e"]
 
-    # Once due again, the relay asks the cluster about the topic: it is gone, for good.
+    # Once due again, the relay asks the cluster about the topic: it is gone, and no app of that
+    # name exists to make it for. The rows are held, their runs untouched: a topic deleted by
+    # mistake kills nothing.
+    make_due(settings)
+    report = relay.relay_once()
+    assert (report.quarantined, report.held) == (0, 2)
+    assert {runs(settings)[r]["state"] for r in failing} == {"pending"}
+    assert rows(settings, "select count(*) as n from quarantine") == [{"n": 0}]
+
+    # Its app exists after all (here: created now): the relay makes the topic again and publishes.
     with connect(settings.database_url) as conn:
-        conn.execute("update outbox set available_at = null")
+        conn.execute("insert into apps (name, partitions) values ('gone', 1)")
         conn.commit()
-    assert relay.relay_once().quarantined == 2
-    states = runs(settings)
-    assert {states[r]["error"] for r in failing} == {f"RelayRefused: topic {gone} does not exist"}
-    assert rows(settings, "select count(*) as n from outbox") == [{"n": 0}]
+    make_due(settings)
+    report = relay.relay_once()
+    assert (report.published, report.held, report.quarantined) == (2, 0, 0)
+    assert {runs(settings)[r]["state"] for r in failing} == {"dispatched"}
+    assert sorted(value for _, value, _ in read_topic(settings.kafka_bootstrap, gone)) == [b"c", b"d"]
+
+
+@pytest.mark.parametrize(
+    ("code", "quarantined"),
+    [
+        *((code, True) for code in sorted(MESSAGE_REFUSED)),
+        # The relay's connection, rights or producer, the cluster, a topic: never the message's.
+        *(
+            (code, False)
+            for code in (
+                "_MSG_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_FATAL", "_UNKNOWN_TOPIC",
+                "UNKNOWN_TOPIC_OR_PART", "TOPIC_AUTHORIZATION_FAILED", "NOT_ENOUGH_REPLICAS",
+                "NOT_ENOUGH_REPLICAS_AFTER_APPEND", "POLICY_VIOLATION", "INVALID_REPLICATION_FACTOR",
+                "KAFKA_STORAGE_ERROR", "_INVALID_ARG", "_BAD_MSG", "UNKNOWN", None,
+            )
+        ),
+    ],
+)  # fmt: skip
+def test_only_a_refusal_of_the_message_itself_quarantines(code: str | None, quarantined: bool) -> None:
+    # librdkafka's delivery reports mark no error retriable: the flag decides nothing.
+    assert refused_for_good(DeliveryError("refused", code=code, retriable=False)) is quarantined
+
+
+def test_the_relay_publishes_every_header_of_a_job_message(settings: Settings, relay: Relay) -> None:
+    topic = settings.jobs_topic(APP)
+    TopicAdmin(settings.kafka).ensure_topics([topic], 1, config=TOPIC_CONFIG)
+    [run_id] = queue(settings, [b"placeholder"])
+    job = Wiring(settings).dispatcher.message(
+        run_id=run_id,
+        schedule_id=uuid.uuid4(),
+        job=ExecutionSettings(APP, "builtin:noop", {}, 5000, 3, 1000, 60_000),
+        scheduled_for=datetime.now(UTC),
+        attempt=1,
+        deadline=datetime.now(UTC),
+    )
+    headers = job.headers | {"x-extra": "kept"}
+    with connect(settings.database_url) as conn:
+        conn.execute(
+            "update outbox set value = %s, headers = %s where run_id = %s",
+            (job.value, Jsonb(headers), run_id),
+        )
+        conn.commit()
+
+    assert relay.relay_once().published == 1
+
+    [(_, value, _, received)] = read_records(settings.kafka_bootstrap, topic)
+    assert value == job.value
+    assert {name: raw.decode() for name, raw in received.items()} == headers
+    assert (received[RUN_ID_HEADER], received[ATTEMPT_HEADER]) == (str(run_id).encode(), b"1")
 
 
 def test_when_kafka_takes_nothing_the_rows_are_handed_back_at_once_and_the_relay_backs_off(

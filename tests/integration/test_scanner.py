@@ -9,10 +9,12 @@ from typing import Any, cast
 import pytest
 
 from scheduler.config import Settings
+from scheduler.domain.storable import MAX_ERROR_CHARS, MAX_HISTORY_ERROR_CHARS
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import JobMessage
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.scan import metrics as scan_metrics
+from scheduler.scan.dispatch import ATTEMPT_HEADER, RUN_ID_HEADER
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, schedules
@@ -284,3 +286,39 @@ def test_jitter_holds_each_fire_back_by_a_random_delay_of_up_to_jitter_ms(
     spread = [delays[j["id"]] for j in jittered]
     assert all(timedelta(0) <= d <= timedelta(seconds=60) for d in spread)
     assert len(set(spread)) > 10, "the delays are drawn per fire"
+
+
+def test_a_retry_carries_its_run_and_attempt_in_headers_and_each_earlier_error_capped(
+    settings: Settings, app: str
+) -> None:
+    row = create(settings, kind="cron", cron="*/10 * * * * *")
+    now = row["next_fire_at"] + timedelta(seconds=1)
+    scan(settings, now)
+    [run] = runs_of(settings, row["id"])
+    long_error = "x" * MAX_ERROR_CHARS  # as long as a stored error may be
+    with connect(settings.database_url) as conn:
+        [first] = conn.execute("select headers from outbox where run_id = %s", (run["id"],)).fetchall()
+        headers = cast(dict[str, str], first["headers"])
+        assert (headers[RUN_ID_HEADER], headers[ATTEMPT_HEADER]) == (str(run["id"]), "1")
+        conn.execute("delete from outbox")
+        conn.execute(
+            "insert into attempts (run_id, attempt, kind, outcome, worker, finished_at, error, error_class) "
+            "values (%s, 1, 'retry', 'applied', 'w1', %s, %s, 'Boom')",
+            (run["id"], now, long_error),
+        )
+        conn.execute(
+            "update runs set state = 'retry_wait', next_attempt_at = %s where id = %s", (now, run["id"])
+        )
+        conn.commit()
+    scan(settings, now + timedelta(seconds=2))
+    with connect(settings.database_url) as conn:
+        [job] = conn.execute("select value, headers from outbox where run_id = %s", (run["id"],)).fetchall()
+    headers = cast(dict[str, str], job["headers"])
+    assert (headers[RUN_ID_HEADER], headers[ATTEMPT_HEADER]) == (str(run["id"]), "2")
+    message = AvroCodec().decode(JobMessage, bytes(cast(bytes, job["value"])))
+    [earlier] = message.previous_attempts
+    # Every later message of the run carries the history again: each error is cut, visibly.
+    assert len(earlier.error) == MAX_HISTORY_ERROR_CHARS
+    assert earlier.error.startswith("xxx") and earlier.error.endswith(
+        f"[truncated {MAX_ERROR_CHARS - MAX_HISTORY_ERROR_CHARS} characters]"
+    )

@@ -81,7 +81,7 @@ update outbox
    and claimed_by = %(relay)s::text;
 
 -- name: quarantine_outbox
--- Rows Kafka refuses for good (too large, invalid, a topic that does not exist): each leaves the
+-- Rows Kafka refuses for good (too large, invalid: the message's own fault): each leaves the
 -- outbox for `quarantine` with its reason and bytes, and its run, if it is still waiting for this
 -- message (pending at the row's attempt), is dead with the reason, recorded in `attempts` as the
 -- sweeper records its verdicts. One statement, one transaction: a row is never both quarantined
@@ -146,3 +146,10 @@ select extract(epoch from min(available_at) - coalesce(%(now)s::timestamptz, now
 select (select count(*) from outbox) as depth,
        coalesce(extract(epoch from now() - (select created_at from outbox order by id limit 1)), 0)::float8
            as oldest_age_s;
+
+-- name: outbox_topic_apps
+-- Of the job topics the cluster does not have, those whose app exists, with its partitions: the
+-- relay creates them (an app committed while Kafka was down, a topic deleted by mistake).
+select %(jobs_prefix)s::text || name as topic, partitions
+  from apps
+ where %(jobs_prefix)s::text || name = any(%(topics)s::text[]);
