@@ -67,6 +67,8 @@ OWN_METRICS: Mapping[str, Mapping[str, str]] = {
         "scheduler_relay_released_total": "counter",
         "scheduler_relay_quarantined_total": "counter",
         "scheduler_relay_obsolete_republishes_total": "counter",
+        "scheduler_relay_held_total": "counter",
+        "scheduler_relay_held_topics": "gauge",
     },
     "reconciler": {
         "scheduler_reconciler_events_total": "counter",

@@ -44,6 +44,7 @@ METRICS = {
     "scheduler_relay_republished_total",
     "scheduler_relay_publish_failures_total",
     "scheduler_relay_quarantined_total",
+    "scheduler_relay_held_topics",
     # worker
     "job_execution_errors_total",
     "job_queue_size",
