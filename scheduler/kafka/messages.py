@@ -26,6 +26,12 @@ ScheduleOperation = Literal["create", "update", "pause", "resume", "cancel", "tr
 RejectionCode = Literal["undecodable", "invalid", "not_found", "conflict"]
 
 
+# The run and attempt a job message is for, also in its headers, outside its Avro body: a worker
+# that cannot decode the body can still dead-letter the right attempt of the right run.
+RUN_ID_HEADER = "scheduler-run-id"
+ATTEMPT_HEADER = "scheduler-attempt"
+
+
 def idempotency_key_for(run_id: UUID) -> str:
     """The idempotency key of every attempt of a run.
 

@@ -20,14 +20,17 @@ from scheduler.domain.run import FailedAttempt
 from scheduler.domain.schedule import ExecutionSettings
 from scheduler.domain.storable import MAX_HISTORY_ERROR_CHARS, capped_text
 from scheduler.kafka.avro import AvroCodec
-from scheduler.kafka.messages import AttemptSummary, JobMessage, RetryPolicy, idempotency_key_for
+from scheduler.kafka.messages import (
+    ATTEMPT_HEADER,
+    RUN_ID_HEADER,
+    AttemptSummary,
+    JobMessage,
+    RetryPolicy,
+    idempotency_key_for,
+)
 from scheduler.kafka.tracing import HEADER, new_traceparent
 from scheduler.store.scan import Message
 
-# The run and attempt a job message is for, outside its Avro body: a worker that cannot decode the
-# body can still dead-letter the right attempt of the right run.
-RUN_ID_HEADER = "scheduler-run-id"
-ATTEMPT_HEADER = "scheduler-attempt"
 # An attempt whose `attempts` row has no end yet travels with this one.
 NO_END = datetime.min.replace(tzinfo=UTC)
 

@@ -28,6 +28,8 @@ from types import ModuleType
 from typing import Any
 from uuid import UUID
 
+from scheduler.telemetry.redact import describe_payload
+
 # Long sleeps tell the scheduler they are alive this often, well inside any sensible lease.
 HEARTBEAT_INTERVAL_S = 5.0
 
@@ -122,11 +124,14 @@ def noop(ctx: JobContext) -> None:
 
 async def sleep(ctx: JobContext) -> None:
     """Sleep ``payload["seconds"]``, heartbeating so a long sleep keeps its lease."""
+    # Errors say what the payload is shaped like, never what is in it: they are stored and logged.
     seconds = _payload_field(ctx, "builtin:sleep", "seconds")
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
-        raise NonRetryableError(f'builtin:sleep needs {{"seconds": a number >= 0}}, got {seconds!r}')
+        raise NonRetryableError(
+            f'builtin:sleep needs {{"seconds": a number >= 0}}, got {_not_a_number(seconds)}'
+        )
     if seconds < 0:
-        raise NonRetryableError(f"builtin:sleep cannot sleep a negative time ({seconds})")
+        raise NonRetryableError("builtin:sleep cannot sleep a negative time")
     loop = asyncio.get_running_loop()
     wake_at = loop.time() + seconds
     while (remaining := wake_at - loop.time()) > 0:
@@ -141,14 +146,17 @@ def fail(ctx: JobContext) -> dict[str, int]:
     payload = ctx.payload if ctx.payload is not None else {}
     if not isinstance(payload, Mapping):
         raise NonRetryableError(
-            f'builtin:fail needs a JSON object payload like {{"times": 2}}, got {payload!r}'
+            f'builtin:fail needs a JSON object payload like {{"times": 2}}, got {describe_payload(payload)}'
         )
     times = payload.get("times")
     retryable = payload.get("retryable", True)
     if times is not None and (isinstance(times, bool) or not isinstance(times, int) or times < 0):
-        raise NonRetryableError(f"builtin:fail needs an integer times >= 0, got {times!r}")
+        shown = "a negative integer" if isinstance(times, int) and not isinstance(times, bool) else None
+        raise NonRetryableError(
+            f"builtin:fail needs an integer times >= 0, got {shown or describe_payload(times)}"
+        )
     if not isinstance(retryable, bool):
-        raise NonRetryableError(f"builtin:fail needs a boolean retryable, got {retryable!r}")
+        raise NonRetryableError(f"builtin:fail needs a boolean retryable, got {describe_payload(retryable)}")
     if times is None or ctx.attempt <= times:
         planned = "every attempt" if times is None else f"the first {times}"
         raise HandlerError(
@@ -161,8 +169,16 @@ def fail(ctx: JobContext) -> dict[str, int]:
 
 def _payload_field(ctx: JobContext, handler: str, name: str) -> Any:
     if not isinstance(ctx.payload, Mapping) or name not in ctx.payload:
-        raise NonRetryableError(f'{handler} needs a JSON object payload with "{name}", got {ctx.payload!r}')
+        raise NonRetryableError(
+            f'{handler} needs a JSON object payload with "{name}", got {describe_payload(ctx.payload)}'
+        )
     return ctx.payload[name]
+
+
+def _not_a_number(value: Any) -> str:
+    if isinstance(value, float):
+        return "a number that is not finite"
+    return describe_payload(value)
 
 
 _BUILTINS: dict[str, Handler] = {"noop": noop, "sleep": sleep, "fail": fail}
@@ -193,8 +209,9 @@ class HandlerRegistry:
 
     ``registered`` entries (``SCHEDULER_HANDLERS``, ``--handler``) and the installed entry points of
     :data:`ENTRY_POINT_GROUP` are imported here, at start-up, so that a bad one stops the worker with
-    one line rather than failing its jobs. A ``package.module`` entry allows every public callable of
-    that module (``package.module:name``, also ``package.module:Class.method``); a
+    one line rather than failing its jobs. A ``package.module`` entry allows every public callable defined in
+    that module (``package.module:name``, also ``package.module:Class.method``), never one it
+    imported; a
     ``package.module:function`` entry allows exactly that one. Any other reference is refused
     without importing anything.
 
@@ -318,8 +335,9 @@ class HandlerRegistry:
 
 def _walk(ref: str, module: ModuleType, attribute_path: str, *, public_only: bool) -> Handler:
     """The callable at ``attribute_path`` in ``module``. Of a module registered whole, only public
-    attributes defined there count: never a private one, and never one reached through another
-    module it imported (``mod:os.system`` is not the module's to offer)."""
+    attributes defined there count: never a private one, and never one it merely imported, itself
+    or through a module or class it imported (``mod:os.system``, ``mod:getcwd`` after ``from os
+    import getcwd``, ``mod:pformat``: not the module's to offer)."""
     target: Any = module
     walked = module.__name__
     for name in attribute_path.split("."):
@@ -331,11 +349,22 @@ def _walk(ref: str, module: ModuleType, attribute_path: str, *, public_only: boo
             raise HandlerNotFound(f"handler {ref!r}: {walked!r} has no attribute {name!r}") from None
         if public_only and isinstance(target, ModuleType):
             raise HandlerNotFound(f"handler {ref!r}: {name!r} is a module, not a handler of {walked!r}")
+        if public_only and isinstance(target, type):
+            _defined_in(ref, module, name, target)
         walked = f"{walked}:{name}" if walked == module.__name__ else f"{walked}.{name}"
     if not callable(target):
         raise HandlerNotFound(f"handler {ref!r}: {type(target).__name__} object is not callable")
+    if public_only:
+        _defined_in(ref, module, attribute_path.rsplit(".", 1)[-1], target)
     handler: Handler = target
     return handler
+
+
+def _defined_in(ref: str, module: ModuleType, name: str, target: Any) -> None:
+    origin = getattr(target, "__module__", None)
+    if origin != module.__name__:
+        came_from = f" (it comes from {origin!r})" if isinstance(origin, str) else ""
+        raise HandlerNotFound(f"handler {ref!r}: {name!r} is not defined in {module.__name__!r}{came_from}")
 
 
 def _one_line(exc: BaseException) -> str:

@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from scheduler.telemetry.redact import describe_payload
 from scheduler.worker.handlers import HandlerError, JobContext, NonRetryableError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -258,24 +259,41 @@ class HttpRequest:
     @classmethod
     def from_payload(cls, payload: Any) -> HttpRequest:
         """Validate up front: a malformed payload fails the same way on every attempt, so it must be
-        non-retryable here rather than surface later as a transport error that looks transient."""
+        non-retryable here rather than surface later as a transport error that looks transient.
+
+        Errors name the field and say what is wrong with it, never its value: they are stored in
+        the run, the dead letter and the logs, and a payload may carry a token in any field."""
         if not isinstance(payload, Mapping) or not isinstance(payload.get("url"), str):
-            raise NonRetryableError(f'builtin:http needs a JSON object payload with a "url", got {payload!r}')
+            raise NonRetryableError(
+                f'builtin:http needs a JSON object payload with a "url", got {describe_payload(payload)}'
+            )
         try:
             url = httpx.URL(payload["url"])
         except httpx.InvalidURL as exc:
-            raise NonRetryableError(f"builtin:http: bad url {payload['url']!r}: {exc}") from None
+            # httpx's reason quotes the offending part of the URL after a colon.
+            reason = str(exc).split(":", 1)[0].strip() or type(exc).__name__
+            raise NonRetryableError(f"builtin:http: the url is not a valid URL ({reason})") from None
         _check_scheme(url)
         method = payload.get("method", "GET")
         if not isinstance(method, str) or not _TOKEN_RE.match(method):
-            raise NonRetryableError(f"builtin:http: bad method {method!r}")
+            raise NonRetryableError(
+                f"builtin:http: the method is not an HTTP method name (got {describe_payload(method)})"
+            )
         headers = httpx.Headers({"User-Agent": USER_AGENT})
         raw_headers = payload.get("headers") or {}
         if not isinstance(raw_headers, Mapping):
-            raise NonRetryableError(f"builtin:http: headers must be a JSON object, got {raw_headers!r}")
+            raise NonRetryableError(
+                f"builtin:http: headers must be a JSON object, got {describe_payload(raw_headers)}"
+            )
         for name, value in raw_headers.items():
-            if not _TOKEN_RE.match(name) or not isinstance(value, str) or _BAD_HEADER_VALUE_RE.search(value):
-                raise NonRetryableError(f"builtin:http: bad header {name!r}: {value!r}")
+            if not isinstance(name, str) or not _TOKEN_RE.match(name):
+                raise NonRetryableError("builtin:http: a header name is not an HTTP token")
+            if not isinstance(value, str):
+                raise NonRetryableError(
+                    f"builtin:http: header {name!r} must be a string, got {describe_payload(value)}"
+                )
+            if _BAD_HEADER_VALUE_RE.search(value):
+                raise NonRetryableError(f"builtin:http: header {name!r} holds a line break or NUL character")
             headers[name] = value
         body = payload.get("body")
         content: bytes | None
@@ -288,9 +306,10 @@ class HttpRequest:
             headers.setdefault("Content-Type", "application/json")
         timeout = payload.get("timeout", DEFAULT_TIMEOUT_S)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout):
-            raise NonRetryableError(f"builtin:http: timeout must be a number of seconds, got {timeout!r}")
+            shown = "a number that is not finite" if isinstance(timeout, float) else describe_payload(timeout)
+            raise NonRetryableError(f"builtin:http: timeout must be a number of seconds, got {shown}")
         if timeout <= 0:
-            raise NonRetryableError(f"builtin:http: timeout must be positive, got {timeout}")
+            raise NonRetryableError("builtin:http: timeout must be positive")
         return cls(url, method.upper(), headers, content, float(timeout))
 
 
@@ -387,7 +406,11 @@ async def _send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Resp
     except httpx.TimeoutException as exc:
         raise HandlerError(f"timed out: {shown}: {type(exc).__name__}", error_class="Timeout") from exc
     except httpx.LocalProtocolError as exc:  # our request is malformed: it will be next time too
-        raise NonRetryableError(f"cannot send {shown}: {exc}", error_class="HTTPProtocolError") from exc
+        # Not the exception's text: h11 quotes the offending header value in it.
+        raise NonRetryableError(
+            f"cannot send {shown}: the request is not valid HTTP (most often a header name or value)",
+            error_class="HTTPProtocolError",
+        ) from exc
     except httpx.TransportError as exc:
         detail = " ".join(str(exc).split()) or "no detail"
         name = type(exc).__name__
@@ -421,7 +444,8 @@ async def _read_text(response: httpx.Response) -> str:
 
 def _check_scheme(url: httpx.URL) -> None:
     if url.scheme not in ("http", "https") or not url.host:
-        raise TargetRefused(f"refused: only http and https URLs with a host are allowed, got {_shown(url)}")
+        # Not the URL itself: it may be anything a payload holds (or a redirect points to).
+        raise TargetRefused("refused: only http and https URLs with a host are allowed")
 
 
 def _origin(url: httpx.URL) -> tuple[str, str, int | None]:

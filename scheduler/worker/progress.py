@@ -36,7 +36,13 @@ class PartitionProgress:
     sent_at: float = 0.0
 
     def started(self, offset: int) -> None:
-        # A partition delivers offsets in increasing order, so the deque stays sorted.
+        # A partition delivers offsets in increasing order, so the deque stays sorted. One at or
+        # below the tail means the partition is read again from an earlier point (a rebuilt
+        # consumer resumes from the committed offset): everything outstanding comes again, so the
+        # partition starts afresh at this offset.
+        if self._outstanding and offset <= self._outstanding[-1]:
+            self._outstanding.clear()
+            self._finished.clear()
         self._outstanding.append(offset)
 
     def finished(self, offset: int) -> None:
@@ -46,7 +52,9 @@ class PartitionProgress:
         while self._outstanding and self._outstanding[0] in self._finished:
             done = self._outstanding.popleft()
             self._finished.discard(done)
-            self.committable = done + 1
+            # Never backwards: offsets read again below it were finished already.
+            if self.committable is None or done + 1 > self.committable:
+                self.committable = done + 1
 
     @property
     def ahead(self) -> bool:
@@ -118,6 +126,10 @@ class Progress:
 
     def forget(self, topic: str, partition: int) -> None:
         self._partitions.pop((topic, partition), None)
+
+    def forget_all(self) -> None:
+        """Every partition: their consumer is gone, and the next one starts from the committed offsets."""
+        self._partitions.clear()
 
     def in_flight(self, partitions: Collection[Key] | None = None) -> int:
         """Jobs fetched and not finished (of ``partitions``, if given)."""

@@ -11,16 +11,22 @@ Threads and their jobs:
    next job), each under its attempt's timeout counted from the moment this worker starts it.
    Every job reports ``started`` and runs its handler only once Kafka acknowledged that start
    (so no execution goes unrecorded), then heartbeats every :data:`HEARTBEAT_EVERY_S`; these move
-   the run to ``running`` and renew its lease. A second copy of an attempt this worker already
-   started (a relay's republish, offsets re-read after a lost commit) is finished, not run again.
-   Whatever a handler raises, ``SystemExit`` and ``KeyboardInterrupt`` included, fails its
-   attempt and never the loop.
+   the run to ``running`` and renew its lease (a handler's own ``ctx.heartbeat()`` calls add at
+   most one a second). A second copy of an attempt this worker already started (a relay's
+   republish, offsets re-read after a lost commit) is finished, not run again. Whatever a handler
+   raises, ``SystemExit`` and ``KeyboardInterrupt`` included, fails its attempt and never the
+   loop; a coroutine a sync handler returns is awaited, as its work.
 3. An outcome is produced to ``.results`` (success), ``.retry`` (retryable, attempts left, with
    the backoff delay) or ``.dlq`` (dead, with the error, the attempt history and the original
    bytes), its texts capped so that it always fits (:mod:`scheduler.domain.storable`). It is
    produced until Kafka acknowledges it (:mod:`scheduler.worker.deliveries`); only then does the
    job's offset count as finished. A message that cannot be decoded goes to ``.dlq`` with its raw
-   bytes, and the partition moves on.
+   bytes (and with the run and attempt its headers name, so that the run ends dead), and the
+   partition moves on.
+
+A consumer that fails for good (fenced by a member with the same ``group.instance.id``, any fatal
+error) is rebuilt by the lifecycle; the new one resumes from the committed offsets, so the
+watermarks start afresh.
 
 Workers never talk to PostgreSQL. On SIGTERM the worker stops fetching, lets in-flight jobs finish
 within the grace period, publishes their outcomes, commits synchronously, and exits; whatever did
@@ -34,16 +40,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import json
 import logging
+import math
 import queue
 import random
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
@@ -54,6 +62,8 @@ from scheduler.domain.retry import RetryPolicy
 from scheduler.domain.storable import MAX_HISTORY_ERROR_CHARS, MAX_RESULT_BYTES, capped_result, capped_text
 from scheduler.kafka.avro import AvroCodec, MessageDecodeError
 from scheduler.kafka.messages import (
+    ATTEMPT_HEADER,
+    RUN_ID_HEADER,
     AttemptSummary,
     JobDeadLetter,
     JobMessage,
@@ -105,6 +115,9 @@ log = logging.getLogger(__name__)
 
 # Well inside the lease window (30 s by default) the reconciler renews on each of them.
 HEARTBEAT_EVERY_S = 5.0
+# A handler's own ctx.heartbeat() calls are sent at most this often per job: each one is a message
+# and an attempts row, and a handler may well call it in a tight loop.
+HANDLER_HEARTBEAT_EVERY_S = 1.0
 COMMIT_EVERY_S = 0.2
 # Outcomes produced and not yet acknowledged, beyond which no new job starts: jobs that ran while
 # Kafka could not take their outcomes would be run again by whoever gets their offsets.
@@ -119,6 +132,11 @@ CLOSE_FLUSH_S = 1.0
 WARN_EVERY_S = 10.0
 # Commit refusals that every rebalance brings (the generation moved on): retried, not worth a warning.
 REBALANCING = frozenset({"ILLEGAL_GENERATION", "REBALANCE_IN_PROGRESS", "UNKNOWN_MEMBER_ID"})
+# Consumer errors after which the consumer never works again (fenced by another member with the
+# same group.instance.id, any other fatal error): only a consumer built afresh recovers.
+UNRECOVERABLE = frozenset({"_FATAL", "FENCED_INSTANCE_ID"})
+
+MAX_ATTEMPT = 2**31 - 1  # an Avro int
 
 # The compact form of an outcome Kafka refused for its size: far under any message limit.
 COMPACT_RESULT_BYTES = 16 * 1024
@@ -164,6 +182,23 @@ class Delivery:
     traceparent: str | None
     # The trace context the job's outcome messages carry: the job.execution span once it exists.
     outcome_traceparent: str | None = None
+    # The message's headers, read only when its body cannot be decoded (see _attempt_of).
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+@dataclass(slots=True)
+class _Beats:
+    """When a job's handler last had a heartbeat sent (its thread and the loop may both ask)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    last: float = -math.inf
+
+    def due(self, now: float) -> bool:
+        with self.lock:
+            if now - self.last < HANDLER_HEARTBEAT_EVERY_S:
+                return False
+            self.last = now
+            return True
 
 
 class Worker(Service):
@@ -246,6 +281,8 @@ class Worker(Service):
         def group() -> str | None:
             if self._slot.built is None:
                 raise ConsumerError("no consumer: it is being rebuilt")
+            # The consumer's own assignment, as the main thread last read it (_observe): a consumer
+            # that lost its partitions without a callback (fenced) does not claim them still.
             assigned = len(self._assigned)
             return f"{assigned} partitions assigned" if assigned else "joining the group"
 
@@ -273,6 +310,10 @@ class Worker(Service):
     def reset(self) -> None:
         # A rebuilt consumer joins the group afresh; closing this one revokes (and commits) first.
         self._slot.close()
+        # Whatever its callbacks said, none of its partitions is ours now, and the next consumer
+        # delivers them again from their committed offsets: their watermarks start afresh.
+        self._assigned = frozenset()
+        self.progress.forget_all()
 
     def close(self) -> None:
         self._shutdown()
@@ -285,6 +326,9 @@ class Worker(Service):
         metrics.ACTIVE_JOBS.labels(self.app).set(running)
         metrics.OUTCOMES_UNACKNOWLEDGED.labels(self.app).set(unacked)
         metrics.ABANDONED_THREADS_ALIVE.labels(self.app).set(abandoned)
+        consumer = self._slot.built
+        if consumer is not None:
+            self._assigned = frozenset(consumer.assignment())
         waiting = self._slot.observe_lag(metrics.CONSUMER_LAG)
         if waiting is not None:
             metrics.QUEUE_SIZE.labels(self.app).set(waiting)
@@ -327,7 +371,7 @@ class Worker(Service):
                 try:
                     self._consumer.poll(0.01)
                 except TransportError as exc:
-                    self._warn("consumer", "consumer error: %s", exc)
+                    self._consumer_error(exc)
             self._slot_freed.wait(0.01)
             self._slot_freed.clear()
             return
@@ -338,7 +382,7 @@ class Worker(Service):
         try:
             messages = self._consumer.consume(min(free, 500), 0.05)
         except TransportError as exc:
-            self._warn("consumer", "consumer error: %s", exc)
+            self._consumer_error(exc)
             return
         deliveries: list[Delivery] = []
         for message in messages:
@@ -350,6 +394,7 @@ class Worker(Service):
                     message.offset,
                     message.value,
                     traceparent_of(message.headers),
+                    headers=message.headers,
                 )
             )
         if deliveries:
@@ -357,6 +402,24 @@ class Worker(Service):
                 self._running += len(deliveries)
             # One wake-up of the loop per batch, not per job.
             self._loop.call_soon_threadsafe(self._start_jobs, deliveries)
+
+    def _consumer_error(self, exc: TransportError) -> None:
+        """A consumer error from consume or poll: librdkafka recovers from most by itself, so they
+        are logged; after an unrecoverable one it never would, so it goes to the lifecycle, which
+        rebuilds the consumer (see reset)."""
+        if exc.code not in UNRECOVERABLE:
+            self._warn("consumer", "consumer error: %s", exc)
+            return
+        now = time.monotonic()
+        if "fenced" in str(exc).lower() and now - self._warned.get("fenced", -WARN_EVERY_S) >= WARN_EVERY_S:
+            # Two members with one identity fence each other in turn: one line says it.
+            self._warned["fenced"] = now
+            log.error(
+                "another member of group %s uses this worker's group.instance.id "
+                "(SCHEDULER_GROUP_INSTANCE_ID): every instance needs its own; rejoining",
+                self.topics.group,
+            )
+        raise exc
 
     # --- main thread: outcomes and commits ------------------------------------------------------
 
@@ -684,6 +747,7 @@ class Worker(Service):
         # renewing a lease that is no longer its own.
         beating = threading.Event()
         beating.set()
+        beats = _Beats()
         context = JobContext(
             run_id=job.run_id,
             schedule_id=job.schedule_id,
@@ -694,7 +758,7 @@ class Worker(Service):
             scheduled_for=job.scheduled_for,
             deadline=started + timedelta(seconds=timeout),
             payload=payload,
-            heartbeat=partial(self._heartbeat, delivery, job, started, beating),
+            heartbeat=partial(self._heartbeat, delivery, job, started, beating, beats),
         )
         thread: threading.Thread | None = None
         if HandlerRegistry.is_async(handler):
@@ -702,7 +766,8 @@ class Worker(Service):
         elif job.handler == "builtin:noop":
             return handler(context)  # instant: a thread hop would cost more than the job
         else:
-            work, thread = self._in_thread(handler, context, job)
+            returned, thread = self._in_thread(handler, context, job)
+            work = self._loop.create_task(_then_awaited(returned))
         loop = self._loop
         ends_at = loop.time() + timeout
         try:
@@ -718,7 +783,7 @@ class Worker(Service):
         if work.done():
             return work.result()
         work.cancel()
-        if thread is not None:
+        if thread is not None and thread.is_alive():
             self._abandon(thread, job)
         raise _TimedOut(f"timed out after {timeout:g} s")
 
@@ -771,10 +836,15 @@ class Worker(Service):
         )
 
     def _heartbeat(
-        self, delivery: Delivery, job: JobMessage, started: datetime, beating: threading.Event
+        self,
+        delivery: Delivery,
+        job: JobMessage,
+        started: datetime,
+        beating: threading.Event,
+        beats: _Beats,
     ) -> None:
         # Called from the handler's own thread or task; the report is produced from the loop.
-        if not beating.is_set():
+        if not beating.is_set() or not beats.due(time.monotonic()):
             return
         with contextlib.suppress(RuntimeError):  # a closed loop: the worker stopped
             self._loop.call_soon_threadsafe(self._report, delivery, job, started, "heartbeat")
@@ -1032,6 +1102,9 @@ class Worker(Service):
         reason = capped_text(reason)
         finished = datetime.now(UTC)
         event_id = uuid.uuid4()
+        # With its run and attempt (from the headers), the letter makes the reconciler end that
+        # attempt's run as dead, rather than leave it dispatched for ever.
+        run_id, attempt = _attempt_of(delivery.headers) or (None, None)
 
         def build(compact: bool) -> bytes:
             original = delivery.value[:COMPACT_ORIGINAL_BYTES] if compact else delivery.value
@@ -1040,9 +1113,9 @@ class Worker(Service):
                 event_id=event_id,
                 cause="undecodable",
                 app=self.app,
-                run_id=None,
+                run_id=run_id,
                 schedule_id=None,
-                attempt=None,
+                attempt=attempt,
                 worker=self.instance,
                 started_at=None,
                 finished_at=finished,
@@ -1056,7 +1129,25 @@ class Worker(Service):
             )
             return self.codec.encode(dead)
 
-        self._send_outcome(delivery, self.topics.dlq, None, build)
+        self._send_outcome(delivery, self.topics.dlq, run_id, build)
+
+
+def _attempt_of(headers: Sequence[tuple[str, bytes | None]]) -> tuple[uuid.UUID, int] | None:
+    """The (run, attempt) a job message's headers name, or None unless both are there and valid."""
+    found: dict[str, bytes | None] = {}
+    for name, value in headers:
+        found.setdefault(name, value)  # the first of a repeated header, as Received.header reads it
+    raw_run, raw_attempt = found.get(RUN_ID_HEADER), found.get(ATTEMPT_HEADER)
+    if raw_run is None or raw_attempt is None:
+        return None
+    try:
+        run_id = uuid.UUID(raw_run.decode("ascii"))
+        text = raw_attempt.decode("ascii")
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not text.isdigit() or len(text) > 10 or not 1 <= int(text) <= MAX_ATTEMPT:
+        return None
+    return run_id, int(text)
 
 
 def _cancel_requested() -> bool:
@@ -1069,8 +1160,23 @@ def _cancel_requested() -> bool:
 async def _guarded(handler: Handler, context: JobContext) -> Any:
     """An async handler whose BaseExceptions cannot escape: asyncio re-raises SystemExit and
     KeyboardInterrupt out of the event loop, which would end every job at once."""
+    return await _awaited(lambda: handler(context))
+
+
+async def _then_awaited(returned: Awaitable[Any]) -> Any:
+    """A sync handler's result. One that is itself awaitable (a coroutine handed back by a sync
+    wrapper of async code) is the handler's real work: it runs on the loop, under the same timeout,
+    rather than being reported as a success it never was."""
+    result = await returned
+    if inspect.isawaitable(result):
+        return await _awaited(lambda: result)
+    return result
+
+
+async def _awaited(work: Callable[[], Awaitable[Any]]) -> Any:
+    """``await work()``, its BaseExceptions (but the worker's own cancellation) made handler errors."""
     try:
-        return await handler(context)
+        return await work()
     except Exception:
         raise
     except BaseException as exc:

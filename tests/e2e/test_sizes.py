@@ -19,10 +19,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType  # t
 from scheduler.config import Settings
 from scheduler.domain.storable import MAX_RESULT_BYTES
 from scheduler.kafka.avro import AvroCodec
-from scheduler.kafka.messages import JobDeadLetter, JobMessage
+from scheduler.kafka.messages import ATTEMPT_HEADER, RUN_ID_HEADER, JobDeadLetter, JobMessage
 from scheduler.kafka.topics import TOPIC_MAX_MESSAGE_BYTES
 from scheduler.kafka.transport import TopicAdmin
-from scheduler.scan.dispatch import ATTEMPT_HEADER, RUN_ID_HEADER
 from scheduler.schedule.spec import MAX_PAYLOAD_BYTES
 from scheduler.store import connect
 from tests.support import SCHEDULER, Component, components, read_records, read_topic, wait_for

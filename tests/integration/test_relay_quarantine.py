@@ -20,11 +20,11 @@ from psycopg.types.json import Jsonb
 from scheduler.config import Settings
 from scheduler.domain.schedule import ExecutionSettings
 from scheduler.kafka.connection import KafkaConnection
+from scheduler.kafka.messages import ATTEMPT_HEADER, RUN_ID_HEADER
 from scheduler.kafka.topics import TOPIC_CONFIG
 from scheduler.kafka.transport import DeliveryError, Producer, TopicAdmin, producer_config
 from scheduler.relay import metrics
 from scheduler.relay.relay import MESSAGE_REFUSED, Relay, refused_for_good
-from scheduler.scan.dispatch import ATTEMPT_HEADER, RUN_ID_HEADER
 from scheduler.store import connect, outbox
 from scheduler.wiring import Wiring
 from tests.support import read_records, read_topic, wait_for

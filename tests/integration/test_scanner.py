@@ -11,10 +11,9 @@ import pytest
 from scheduler.config import Settings
 from scheduler.domain.storable import MAX_ERROR_CHARS, MAX_HISTORY_ERROR_CHARS
 from scheduler.kafka.avro import AvroCodec
-from scheduler.kafka.messages import JobMessage
+from scheduler.kafka.messages import ATTEMPT_HEADER, RUN_ID_HEADER, JobMessage
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.scan import metrics as scan_metrics
-from scheduler.scan.dispatch import ATTEMPT_HEADER, RUN_ID_HEADER
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, schedules

@@ -440,3 +440,149 @@ def test_a_worker_restarted_with_its_static_identity_takes_its_partitions_back_a
     until([again, other], lambda: set(read_outcomes(topics).succeeded) >= runs, 60, "every job to run")
     assert "partitions" not in other.output()[len(before) :]
     assert again.stop() == 0 and other.stop() == 0
+
+
+def test_handler_heartbeats_are_collapsed_and_a_returned_coroutine_is_awaited(
+    topics: Settings, start_worker: Any
+) -> None:
+    chatty = job(f"{FIXTURES}:chatty", {"calls": 200_000})
+    awaited = job(f"{FIXTURES}:returns_coroutine")
+    awaited_failure = job(f"{FIXTURES}:returns_coroutine", {"fail": True})
+    publish(topics, [chatty, awaited, awaited_failure])
+    worker = start_worker("--concurrency", "4")
+    runs = {chatty.run_id, awaited.run_id, awaited_failure.run_id}
+    until([worker], lambda: read_outcomes(topics).ended() >= runs, 60, "every outcome delivered")
+    found = read_outcomes(topics)
+    assert found.succeeded[chatty.run_id].result == "200000"
+    beats = [
+        event
+        for _, value, _, _ in read_records(topics.kafka_bootstrap, topics.results_topic)
+        if (event := CODEC.decode(JobResult, value)).status == "heartbeat" and event.run_id == chatty.run_id
+    ]
+    # At most one a second reaches Kafka (and PostgreSQL's attempts), not one per call.
+    assert 1 <= len(beats) <= 3, f"{len(beats)} heartbeats for 200,000 calls"
+    # The coroutine a sync handler returned ran: its result, and its failure, are the job's.
+    assert json.loads(found.succeeded[awaited.run_id].result or "null") == {"awaited": True}
+    letter = found.dead[awaited_failure.run_id]
+    assert (letter.error_class, letter.error) == ("ValueError", "the awaited work failed")
+    assert worker.stop() == 0, worker.output()[-3000:]
+
+
+def test_an_undecodable_job_with_its_run_headers_is_dead_lettered_for_that_run(
+    topics: Settings, start_worker: Any
+) -> None:
+    run_id = uuid.uuid4()
+    garbage = b"\xff\x00 not an Avro job \xfe"
+    producer = RawProducer({"bootstrap.servers": topics.kafka_bootstrap})
+    sent: list[list[tuple[str, str | bytes | None]]] = [
+        [("scheduler-run-id", str(run_id).encode()), ("scheduler-attempt", b"3")],
+        # Headers that do not name a run and an attempt: a letter without a run, as before.
+        [("scheduler-run-id", b"not-a-uuid"), ("scheduler-attempt", b"1")],
+        [("scheduler-run-id", str(uuid.uuid4()).encode()), ("scheduler-attempt", b"0")],
+    ]
+    for headers in sent:
+        producer.produce(topics.jobs_topic(APP), garbage, partition=0, headers=headers)
+    assert producer.flush(30) == 0
+    worker = start_worker("--concurrency", "2")
+
+    def letters() -> list[JobDeadLetter]:
+        return [
+            CODEC.decode(JobDeadLetter, v)
+            for _, v, _, _ in read_records(topics.kafka_bootstrap, topics.dlq_topic)
+        ]
+
+    until([worker], lambda: len(letters()) == len(sent), 60, "three dead letters")
+    by_run = {letter.run_id: letter for letter in letters()}
+    letter = by_run[run_id]
+    # The reconciler ends attempt 3 of that run as dead, with the decode error.
+    assert (letter.cause, letter.attempt, letter.schedule_id, letter.error_class) == (
+        "undecodable",
+        3,
+        None,
+        "UndecodableMessage",
+    )
+    assert letter.original_bytes == garbage and letter.worker is not None and letter.error
+    assert letter.source is not None and (letter.source.partition, letter.source.offset) == (0, 0)
+    assert set(by_run) == {run_id, None}
+    assert worker.stop() == 0, worker.output()[-3000:]
+
+
+def test_a_fenced_worker_rebuilds_its_consumer_and_takes_its_partitions_back(
+    topics: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    identity = f"{topics.topic_prefix}-fenced"
+    worker_topics = WorkerTopics(
+        topics.jobs_topic(APP),
+        topics.worker_group(APP),
+        topics.results_topic,
+        topics.retry_topic,
+        topics.dlq_topic,
+    )
+    wiring = Wiring(topics)
+    consumer = consumer_config(
+        topics.kafka, worker_topics.group, "fenced-worker", {"group.instance.id": identity}
+    )
+    worker = Worker(
+        APP,
+        worker_topics,
+        codec=wiring.codec,
+        handlers=HandlerRegistry(registered=[FIXTURES], entry_points=()),
+        producer=wiring.producer("fenced-worker"),
+        consumers=lambda **callbacks: Consumer(consumer, [worker_topics.jobs], **callbacks),
+        kafka_check=Check("kafka", lambda: None),
+        concurrency=4,
+        grace_s=5,
+        name="fenced-worker",
+    )
+    group_check = worker.checks()[1]
+
+    def ready() -> str | None:
+        try:
+            return group_check.probe()
+        except Exception:
+            return None
+
+    EXECUTED.clear()
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,))
+    thread.start()
+    # Another process started by mistake with the same static identity.
+    intruder = RawConsumer(
+        {
+            "bootstrap.servers": topics.kafka_bootstrap,
+            "group.id": worker_topics.group,
+            "group.instance.id": identity,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": 10_000,
+            "heartbeat.interval.ms": 1_000,
+            "log_level": 0,
+        }
+    )
+    try:
+        wait_for(lambda: ready() == "4 partitions assigned", 60, "the worker to own the partitions")
+        intruder.subscribe([worker_topics.jobs])
+
+        def intruder_joined() -> bool:
+            intruder.consume(10, 0.2)
+            return bool(intruder.assignment())
+
+        wait_for(intruder_joined, 30, "the intruder to take the worker's place")
+        wait_for(lambda: "uses this worker's group.instance.id" in caplog.text, 30, "the worker to be fenced")
+
+        def intruder_fenced() -> bool:
+            # The worker's new consumer rejoined with its identity, and fenced the intruder in turn.
+            return any(
+                (error := message.error()) is not None and "fenced" in error.str()
+                for message in intruder.consume(10, 0.2)
+            )
+
+        wait_for(intruder_fenced, 30, "the rebuilt consumer to take the identity back")
+        wait_for(lambda: ready() == "4 partitions assigned", 30, "the partitions back")
+        jobs = [job(f"{FIXTURES}:record") for _ in range(8)]
+        publish(topics, jobs)
+        wait_for(lambda: set(read_outcomes(topics).succeeded) >= {j.run_id for j in jobs}, 60, "the jobs")
+        assert sorted(EXECUTED) == sorted(j.run_id for j in jobs)
+    finally:
+        stop.set()
+        thread.join(30)
+        intruder.close()

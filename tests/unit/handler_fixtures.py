@@ -109,3 +109,23 @@ EXECUTED: list[uuid.UUID] = []
 
 def record(ctx: JobContext) -> None:
     EXECUTED.append(ctx.run_id)
+
+
+def chatty(ctx: JobContext) -> int:
+    """Calls ``ctx.heartbeat()`` ``payload["calls"]`` times in a tight loop."""
+    calls = int(ctx.payload["calls"])
+    for _ in range(calls):
+        ctx.heartbeat()
+    return calls
+
+
+async def _awaited_work(ctx: JobContext) -> dict[str, Any]:
+    await asyncio.sleep(0.01)
+    if ctx.payload and ctx.payload.get("fail"):
+        raise ValueError("the awaited work failed")
+    return {"awaited": True}
+
+
+def returns_coroutine(ctx: JobContext) -> Any:
+    """A sync handler that hands back a coroutine (a sync wrapper of async code): its work."""
+    return _awaited_work(ctx)

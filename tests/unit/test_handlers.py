@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
 from collections.abc import Sequence
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -184,6 +185,49 @@ def test_an_unregistered_reference_is_refused(registry: HandlerRegistry, ref: st
         assert "SCHEDULER_HANDLERS or --handler" in message and "\n" not in message
         assert not refused.value.retryable
         assert refused.value.error_class == "HandlerNotRegistered"
+
+
+def test_a_module_registered_whole_offers_only_what_it_defines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "probe_handlers_mod.py").write_text(
+        "from os import getcwd\n"
+        "from pprint import pformat\n"
+        "from datetime import datetime\n"
+        "from json import JSONDecoder as Decoder\n"
+        "class Local:\n"
+        "    borrowed = staticmethod(getcwd)\n"
+        "    @staticmethod\n"
+        "    def run(ctx): return 'local'\n"
+        "def run(ctx): return 'defined here'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = HandlerRegistry(registered=["probe_handlers_mod"], entry_points=())
+    assert run(registry, "probe_handlers_mod:run") == "defined here"
+    assert run(registry, "probe_handlers_mod:Local.run") == "local"
+    for ref, origin in [
+        ("probe_handlers_mod:getcwd", "posix"),
+        ("probe_handlers_mod:pformat", "pprint"),
+        ("probe_handlers_mod:datetime.now", "datetime"),  # a class it imported, along the path
+        ("probe_handlers_mod:Decoder", "json.decoder"),
+        ("probe_handlers_mod:Local.borrowed", "posix"),
+    ]:
+        with pytest.raises(HandlerNotFound) as refused:
+            registry.resolve(ref)
+        assert "is not defined in 'probe_handlers_mod'" in str(refused.value), ref
+        assert f"(it comes from {origin!r})" in str(refused.value), ref
+    # The fixtures module's own imports are refused the same way.
+    for ref in (f"{FIXTURES}:NonRetryableError", f"{FIXTURES}:datetime"):
+        with pytest.raises(HandlerNotFound, match="is not defined in"):
+            registry_of_fixtures().resolve(ref)
+    # Named one by one, a function is the operator's explicit choice, wherever it was defined.
+    chosen = HandlerRegistry(registered=["probe_handlers_mod:getcwd"], entry_points=())
+    getcwd: object = chosen.resolve("probe_handlers_mod:getcwd")
+    assert getcwd is os.getcwd
+
+
+def registry_of_fixtures() -> HandlerRegistry:
+    return HandlerRegistry(registered=[FIXTURES], entry_points=())
 
 
 def test_the_builtins_alone_refuse_every_python_reference() -> None:
@@ -402,6 +446,60 @@ def test_dns_failure_is_retryable() -> None:
 def test_a_bad_http_payload_is_not_retried(payload: Any) -> None:
     with pytest.raises(NonRetryableError):
         HttpRequest.from_payload(payload)
+
+
+SECRET = "s3cr3t-V4LUE"
+
+
+@pytest.mark.parametrize(
+    ("ref", "payload"),
+    [
+        ("builtin:sleep", {"seconds": SECRET}),
+        ("builtin:sleep", {"other": SECRET}),
+        ("builtin:sleep", SECRET),
+        ("builtin:sleep", {"seconds": -7.25}),
+        ("builtin:fail", SECRET),
+        ("builtin:fail", [SECRET]),
+        ("builtin:fail", {"times": SECRET}),
+        ("builtin:fail", {"times": -7.25}),
+        ("builtin:fail", {"times": -725}),
+        ("builtin:fail", {"times": 1, "retryable": SECRET}),
+    ],
+)
+def test_builtin_errors_describe_the_payload_never_its_values(
+    registry: HandlerRegistry, ref: str, payload: Any
+) -> None:
+    # Errors are stored in the run, the dead letter and the "job dead" log line.
+    with pytest.raises(NonRetryableError) as refused:
+        run(registry, ref, payload)
+    message = str(refused.value)
+    assert SECRET not in message and "7.25" not in message and "725" not in message, message
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        SECRET,
+        {"url": 5, "token": SECRET},
+        {"url": SECRET},
+        {"url": f"https://[{SECRET}]/"},
+        {"url": f"https://example.test:{SECRET}/"},
+        {"url": f"ftp://{SECRET}.test/file"},
+        {"url": "https://example.test", "method": f"GET {SECRET}"},
+        {"url": "https://example.test", "method": [SECRET]},
+        {"url": "https://example.test", "headers": {"X-Token": f"{SECRET}\r\nInjected: 1"}},
+        {"url": "https://example.test", "headers": {f"Bad {SECRET}": "x"}},
+        {"url": "https://example.test", "headers": {"X-Number": 725}},
+        {"url": "https://example.test", "headers": [SECRET]},
+        {"url": "https://example.test", "timeout": SECRET},
+        {"url": "https://example.test", "timeout": -725},
+    ],
+)
+def test_http_payload_errors_never_quote_its_values(payload: Any) -> None:
+    with pytest.raises(NonRetryableError) as refused:
+        HttpRequest.from_payload(payload)
+    message = str(refused.value)
+    assert SECRET not in message and SECRET.lower() not in message and "725" not in message, message
 
 
 def test_http_payload_defaults_and_json_body() -> None:

@@ -128,6 +128,37 @@ def test_forgotten_partitions_are_neither_committed_nor_in_flight() -> None:
     assert progress.behind() == [] and progress.in_flight() == 3
 
 
+def test_offsets_read_again_from_an_earlier_point_start_the_partition_afresh() -> None:
+    progress = Progress()
+    started(progress, 0, range(10))
+    for offset in range(4):
+        progress.finished(T, 0, offset)
+    assert progress.behind() == [(T, 0, 4)] and progress.in_flight() == 6
+    # A rebuilt consumer resumes from the committed offset 2: what was outstanding comes again,
+    # and a finish of the old delivery of 5 still counts (its outcome was acknowledged).
+    started(progress, 0, range(2, 8))
+    assert progress.in_flight() == 6
+    progress.finished(T, 0, 5)
+    progress.finished(T, 0, 2)
+    assert progress.behind() == [(T, 0, 4)]  # never backwards past what finished before
+    for offset in (3, 4):
+        progress.finished(T, 0, offset)
+    assert progress.behind() == [(T, 0, 6)] and progress.in_flight() == 2
+
+
+def test_forgetting_every_partition_leaves_nothing_to_commit() -> None:
+    progress = Progress()
+    started(progress, 0, range(3))
+    started(progress, 1, range(3))
+    progress.finished(T, 0, 0)
+    progress.forget_all()
+    progress.finished(T, 1, 0)
+    assert progress.behind() == [] and progress.in_flight() == 0 and progress.lagging() == 0
+    started(progress, 0, range(1, 3))  # delivered again by the next consumer
+    progress.finished(T, 0, 1)
+    assert progress.behind() == [(T, 0, 2)]
+
+
 # --- outcomes owed ------------------------------------------------------------------------------
 
 
