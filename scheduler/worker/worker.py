@@ -151,6 +151,9 @@ START_RETRY_INITIAL_S = 0.5
 START_RETRY_MAX_S = 5.0
 
 METRICS_EVERY_S = 1.0
+# The job loop answers the main thread's ping within this, or the worker is not ready: an async
+# handler that blocks the loop stops every job's timeout and heartbeats on this worker.
+LOOP_STALL_S = 10.0
 ConsumerFactory = Callable[..., Consumer]
 """Builds the worker's consumer, given its callbacks (``on_assign``, ``on_revoke``, ``on_lost``,
 ``on_commit``)."""
@@ -267,6 +270,7 @@ class Worker(Service):
         self._abandoned: list[threading.Thread] = []  # guarded by _counts_lock
         self._last_commit = time.monotonic()
         self._last_metrics = 0.0
+        self._ping_sent: float | None = None  # monotonic; set by the main thread, cleared by the loop
         self._warned: dict[str, float] = {}
         self._tracing = tracing_exports()
         metrics.CONCURRENCY.labels(app).set(concurrency)
@@ -286,7 +290,37 @@ class Worker(Service):
             assigned = len(self._assigned)
             return f"{assigned} partitions assigned" if assigned else "joining the group"
 
-        return (self.kafka_check, Check("consumer_group", group))
+        def job_loop() -> str | None:
+            stalled = self._loop_stalled_s()
+            if stalled >= LOOP_STALL_S:
+                raise RuntimeError(
+                    f"the job loop has not answered for {stalled:.0f} s: an async handler is blocking it"
+                )
+            return None
+
+        return (self.kafka_check, Check("consumer_group", group), Check("job_loop", job_loop))
+
+    def _loop_stalled_s(self) -> float:
+        """How long the job loop has left the main thread's ping unanswered (0 when it answered)."""
+        sent = self._ping_sent
+        return 0.0 if sent is None else time.monotonic() - sent
+
+    def _ping_loop(self) -> None:
+        """Main thread, every second: ask the job loop to answer; warn once when it stalls."""
+        if self._ping_sent is None:
+            self._ping_sent = time.monotonic()
+            with contextlib.suppress(RuntimeError):  # a closed loop: the worker is stopping
+                self._loop.call_soon_threadsafe(self._pong)
+        elif time.monotonic() - self._ping_sent >= LOOP_STALL_S:
+            self._warn(
+                "loop",
+                "the job loop has not answered for %.0f s: an async handler is blocking it "
+                "(every job's timeout and heartbeats on this worker wait)",
+                self._loop_stalled_s(),
+            )
+
+    def _pong(self) -> None:
+        self._ping_sent = None
 
     def run(self, stop: threading.Event) -> None:
         self._loop_thread.start()
@@ -319,6 +353,7 @@ class Worker(Service):
         self._shutdown()
 
     def _observe(self) -> None:
+        self._ping_loop()
         with self._counts_lock:
             running, unacked = self._running, self._unacked
             self._abandoned = [t for t in self._abandoned if t.is_alive()]

@@ -37,7 +37,7 @@ from scheduler.runtime.service import Check
 from scheduler.wiring import Wiring
 from scheduler.worker.handlers import HandlerRegistry
 from scheduler.worker.metrics import REGISTRY
-from scheduler.worker.worker import Worker, WorkerTopics
+from scheduler.worker.worker import LOOP_STALL_S, Worker, WorkerTopics
 from tests.support import Component, read_records, wait_for
 from tests.unit.handler_fixtures import EXECUTED
 
@@ -586,3 +586,52 @@ def test_a_fenced_worker_rebuilds_its_consumer_and_takes_its_partitions_back(
         stop.set()
         thread.join(30)
         intruder.close()
+
+
+def test_an_async_handler_blocking_the_job_loop_makes_the_worker_not_ready_until_it_lets_go(
+    topics: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker_topics = WorkerTopics(
+        topics.jobs_topic(APP),
+        topics.worker_group(APP),
+        topics.results_topic,
+        topics.retry_topic,
+        topics.dlq_topic,
+    )
+    wiring = Wiring(topics)
+    consumer = consumer_config(topics.kafka, worker_topics.group, "blocked-worker")
+    worker = Worker(
+        APP,
+        worker_topics,
+        codec=wiring.codec,
+        handlers=HandlerRegistry(registered=[FIXTURES], entry_points=()),
+        producer=wiring.producer("blocked-worker"),
+        consumers=lambda **callbacks: Consumer(consumer, [worker_topics.jobs], **callbacks),
+        kafka_check=Check("kafka", lambda: None),
+        concurrency=2,
+        grace_s=5,
+        name="blocked-worker",
+    )
+    [loop_check] = [check for check in worker.checks() if check.name == "job_loop"]
+
+    def loop_answers() -> bool:
+        try:
+            loop_check.probe()
+        except RuntimeError:
+            return False
+        return True
+
+    blocker = job(f"{FIXTURES}:blocks_the_loop", {"seconds": LOOP_STALL_S + 4})
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,))
+    thread.start()
+    try:
+        assert loop_answers()
+        publish(topics, [blocker])
+        wait_for(lambda: not loop_answers(), 60, "the worker to say its job loop is blocked")
+        wait_for(lambda: "an async handler is blocking it" in caplog.text, 10, "the worker to say so")
+        wait_for(loop_answers, 30, "the job loop to answer again")
+        wait_for(lambda: blocker.run_id in read_outcomes(topics).succeeded, 30, "the blocker's outcome")
+    finally:
+        stop.set()
+        thread.join(30)

@@ -129,3 +129,8 @@ async def _awaited_work(ctx: JobContext) -> dict[str, Any]:
 def returns_coroutine(ctx: JobContext) -> Any:
     """A sync handler that hands back a coroutine (a sync wrapper of async code): its work."""
     return _awaited_work(ctx)
+
+
+async def blocks_the_loop(ctx: JobContext) -> None:
+    """An async handler that blocks its event loop for ``payload["seconds"]`` (a bug to survive)."""
+    time.sleep(float(ctx.payload["seconds"]))
