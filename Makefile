@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps up down status run test test-unit lint bench chaos clean
+.PHONY: install system-deps up down status run test test-unit lint bench chaos clean image
 
 # Debian packages the tests use as real parts: Prometheus (server and promtool) for the alert
 # rules and the scrape test. Installed only when missing; needs root, as on this project's machines.
@@ -68,3 +68,22 @@ bench: up
 # touched) and writes its report to bench/results/chaos/. CHAOS_ARGS passes more flags.
 chaos: install
 	$(BIN)/python -m bench.chaos --jobs $(or $(JOBS),10000) --seed $(or $(SEED),1) $(CHAOS_ARGS)
+
+# The container image, scheduler:<version> and :latest, from the Containerfile (image/build.sh).
+# BASE_IMAGE is used when local or pullable; otherwise (no registry, as on this project's machines)
+# a base is built from Debian's packages with mmdebstrap and `podman import` (image/build-base.sh).
+# Podman runs as root with runc, host networking and explicit ulimits: crun fails on this machine's
+# cgroup layout, and the default nofile/nproc limits are refused. Podman, buildah, mmdebstrap and
+# runc come from Debian's packages, installed when missing.
+IMAGE ?= scheduler
+BASE_IMAGE ?= python:3.11-slim
+DEBIAN_BASE ?= localhost/scheduler-base:bookworm
+PODMAN ?= podman --runtime runc
+PODMAN_BUILD_FLAGS ?= --network host --ulimit nofile=16384:16384 --ulimit nproc=4096:4096
+image:
+	@command -v podman >/dev/null && command -v buildah >/dev/null && command -v mmdebstrap >/dev/null \
+		&& command -v runc >/dev/null || { apt-get update -qq \
+		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman buildah mmdebstrap runc >/dev/null; } 2>/dev/null \
+		|| { echo "error: cannot install Debian's podman, buildah, mmdebstrap and runc packages: run as root with apt" >&2; exit 1; }
+	@IMAGE='$(IMAGE)' BASE_IMAGE='$(BASE_IMAGE)' DEBIAN_BASE='$(DEBIAN_BASE)' PODMAN='$(PODMAN)' \
+		BUILD_FLAGS='$(PODMAN_BUILD_FLAGS)' sh image/build.sh
