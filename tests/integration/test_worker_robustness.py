@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -169,6 +169,40 @@ def start_worker(topics: Settings, settings_env: dict[str, str], tmp_path: Path)
             if worker.proc.poll() is None:
                 worker.proc.kill()
                 worker.proc.wait(10)
+
+
+def in_process_worker(
+    settings: Settings,
+    name: str,
+    *,
+    concurrency: int,
+    grace_s: float,
+    producer: Mapping[str, Any] | None = None,
+    consumer: Mapping[str, Any] | None = None,
+) -> Worker:
+    """A worker of the test app run in this process (its checks and metrics are the test's to read),
+    with the fixture handlers registered and librdkafka settings overridden as the test needs."""
+    worker_topics = WorkerTopics(
+        settings.jobs_topic(APP),
+        settings.worker_group(APP),
+        settings.results_topic,
+        settings.retry_topic,
+        settings.dlq_topic,
+    )
+    wiring = Wiring(settings)
+    config = consumer_config(settings.kafka, worker_topics.group, name, consumer)
+    return Worker(
+        APP,
+        worker_topics,
+        codec=wiring.codec,
+        handlers=HandlerRegistry(registered=[FIXTURES], entry_points=()),
+        producer=wiring.producer(name, producer),
+        consumers=lambda **callbacks: Consumer(config, [worker_topics.jobs], **callbacks),
+        kafka_check=Check("kafka", lambda: None),
+        concurrency=concurrency,
+        grace_s=grace_s,
+        name=name,
+    )
 
 
 def test_refused_and_crashing_handlers_never_end_the_job_loop(
@@ -349,29 +383,13 @@ def test_no_job_runs_while_kafka_refuses_its_start_and_all_run_once_after(
     jobs = [job(f"{FIXTURES}:record") for _ in range(300)]
     publish(settings, jobs)
     concurrency = 4
-    wiring = Wiring(settings)
-    topics = WorkerTopics(
-        settings.jobs_topic(APP),
-        settings.worker_group(APP),
-        settings.results_topic,
-        settings.retry_topic,
-        settings.dlq_topic,
-    )
-    consumer = consumer_config(settings.kafka, topics.group, "robust-worker")
-    worker = Worker(
-        APP,
-        topics,
-        codec=wiring.codec,
-        handlers=HandlerRegistry(registered=[FIXTURES], entry_points=()),
-        # Kafka gives up on each delivery after a second, instead of retrying it itself for minutes.
-        producer=wiring.producer(
-            "robust-worker", {"message.timeout.ms": 1000, "topic.metadata.refresh.interval.ms": 500}
-        ),
-        consumers=lambda **callbacks: Consumer(consumer, [topics.jobs], **callbacks),
-        kafka_check=Check("kafka", lambda: None),
+    # Kafka gives up on each delivery after a second, instead of retrying it itself for minutes.
+    worker = in_process_worker(
+        settings,
+        "robust-worker",
         concurrency=concurrency,
         grace_s=10,
-        name="robust-worker",
+        producer={"message.timeout.ms": 1000, "topic.metadata.refresh.interval.ms": 500},
     )
     EXECUTED.clear()
     stop = threading.Event()
@@ -511,29 +529,10 @@ def test_a_fenced_worker_rebuilds_its_consumer_and_takes_its_partitions_back(
     topics: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     identity = f"{topics.topic_prefix}-fenced"
-    worker_topics = WorkerTopics(
-        topics.jobs_topic(APP),
-        topics.worker_group(APP),
-        topics.results_topic,
-        topics.retry_topic,
-        topics.dlq_topic,
+    worker = in_process_worker(
+        topics, "fenced-worker", concurrency=4, grace_s=5, consumer={"group.instance.id": identity}
     )
-    wiring = Wiring(topics)
-    consumer = consumer_config(
-        topics.kafka, worker_topics.group, "fenced-worker", {"group.instance.id": identity}
-    )
-    worker = Worker(
-        APP,
-        worker_topics,
-        codec=wiring.codec,
-        handlers=HandlerRegistry(registered=[FIXTURES], entry_points=()),
-        producer=wiring.producer("fenced-worker"),
-        consumers=lambda **callbacks: Consumer(consumer, [worker_topics.jobs], **callbacks),
-        kafka_check=Check("kafka", lambda: None),
-        concurrency=4,
-        grace_s=5,
-        name="fenced-worker",
-    )
+    worker_topics = worker.topics
     group_check = worker.checks()[1]
 
     def ready() -> str | None:
@@ -591,27 +590,7 @@ def test_a_fenced_worker_rebuilds_its_consumer_and_takes_its_partitions_back(
 def test_an_async_handler_blocking_the_job_loop_makes_the_worker_not_ready_until_it_lets_go(
     topics: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    worker_topics = WorkerTopics(
-        topics.jobs_topic(APP),
-        topics.worker_group(APP),
-        topics.results_topic,
-        topics.retry_topic,
-        topics.dlq_topic,
-    )
-    wiring = Wiring(topics)
-    consumer = consumer_config(topics.kafka, worker_topics.group, "blocked-worker")
-    worker = Worker(
-        APP,
-        worker_topics,
-        codec=wiring.codec,
-        handlers=HandlerRegistry(registered=[FIXTURES], entry_points=()),
-        producer=wiring.producer("blocked-worker"),
-        consumers=lambda **callbacks: Consumer(consumer, [worker_topics.jobs], **callbacks),
-        kafka_check=Check("kafka", lambda: None),
-        concurrency=2,
-        grace_s=5,
-        name="blocked-worker",
-    )
+    worker = in_process_worker(topics, "blocked-worker", concurrency=2, grace_s=5)
     [loop_check] = [check for check in worker.checks() if check.name == "job_loop"]
 
     def loop_answers() -> bool:
