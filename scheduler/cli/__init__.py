@@ -18,6 +18,7 @@ from scheduler.cli.demo import demo
 from scheduler.cli.dev import dev
 from scheduler.cli.dlq import dlq
 from scheduler.cli.init import init
+from scheduler.cli.migrations import migrations
 from scheduler.cli.produce import produce
 from scheduler.cli.quarantine import quarantine
 from scheduler.cli.run import run
@@ -41,6 +42,7 @@ main.add_command(apps)
 main.add_command(cron)
 main.add_command(dev)
 main.add_command(init)
+main.add_command(migrations)
 main.add_command(schedules)
 main.add_command(runs)
 main.add_command(run)

@@ -44,6 +44,20 @@ def available() -> list[Migration]:
     return found
 
 
+def pending(conn: psycopg.Connection[Any]) -> tuple[list[Migration], list[int]]:
+    """The migrations this code knows that the database has not applied, and the versions the
+    database has that this code does not know (a newer release migrated it: its migrations only add,
+    so this code still runs on it). Reads only; before the first ``init`` everything is pending."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        exists = cur.execute("select to_regclass('schema_migrations') is not null").fetchone()
+        if exists is None or not exists[0]:
+            return available(), []
+        done = {row[0] for row in cur.execute("select version from schema_migrations").fetchall()}
+    known = available()
+    known_versions = {m.version for m in known}
+    return [m for m in known if m.version not in done], sorted(done - known_versions)
+
+
 def migrate(conn: psycopg.Connection[Any]) -> list[Migration]:
     """Apply the migrations not yet recorded, in one transaction; returns those applied now."""
     applied_now: list[Migration] = []

@@ -1,0 +1,95 @@
+"""``scheduler migrations``: is the database's schema the one this release needs?
+
+``scheduler init`` migrates; these only read. ``wait`` is what a Kubernetes init container runs
+(``k8s/``): a component's pod starts only once the migration Job has brought the schema up to this
+image's version, so no component ever runs against a schema older than its code. A schema newer
+than the code (the Job of the next release already ran, the rollout is under way) is fine: a
+migration only adds to the schema, so the previous release goes on working on it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import click
+import psycopg
+
+from scheduler.cli.common import echo_json, fail, wiring_or_exit
+from scheduler.store.migrate import Migration, pending
+from scheduler.wiring import Wiring
+
+POLL_S = 2.0
+
+
+def _status(wiring: Wiring) -> tuple[list[Migration], list[int]]:
+    with wiring.database.connect() as conn:
+        return pending(conn)
+
+
+def _names(missing: list[Migration]) -> str:
+    return ", ".join(f"{m.version:04d}_{m.name}" for m in missing)
+
+
+@click.group()
+def migrations() -> None:
+    """The database schema's version (`scheduler init` applies migrations)."""
+
+
+@migrations.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def status(as_json: bool) -> None:
+    """Show which migrations of this release are applied; exit 1 when some are not."""
+    wiring = wiring_or_exit()
+    try:
+        missing, newer = _status(wiring)
+    except psycopg.OperationalError as exc:
+        fail(f"cannot reach PostgreSQL at {wiring.database.display}: {str(exc).strip().splitlines()[0]}")
+    if as_json:
+        echo_json(
+            {
+                "up_to_date": not missing,
+                "pending": [f"{m.version:04d}_{m.name}" for m in missing],
+                "unknown_applied": newer,
+            }
+        )
+    elif missing:
+        click.echo(f"pending migrations: {_names(missing)} (run `scheduler init`)")
+    else:
+        click.echo("schema up to date")
+    if newer and not as_json:
+        click.echo(f"the database also has migrations newer than this release: {newer}")
+    raise SystemExit(1 if missing else 0)
+
+
+@migrations.command("wait")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0, 86_400),
+    default=300.0,
+    show_default=True,
+    help="Seconds to wait before giving up (exit 1).",
+)
+def wait(timeout: float) -> None:
+    """Wait until every migration of this release is applied (by `scheduler init`, elsewhere).
+
+    PostgreSQL being unreachable is waited out too: the database may be starting alongside.
+    """
+    wiring = wiring_or_exit()
+    deadline = time.monotonic() + timeout
+    said = ""
+    while True:
+        try:
+            missing, _ = _status(wiring)
+            state = f"waiting for migrations: {_names(missing)}" if missing else ""
+        except psycopg.OperationalError as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            state = f"waiting for PostgreSQL at {wiring.database.display}: {reason}"
+        if not state:
+            click.echo("schema up to date")
+            return
+        if state != said:  # one line per change, not one per poll
+            click.echo(state, err=True)
+            said = state
+        if time.monotonic() >= deadline:
+            fail(f"gave up after {timeout:g} s {state}")
+        time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
