@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps up down status run test test-unit lint bench chaos clean image
+.PHONY: install system-deps up down status run test test-unit test-deploy check-manifests k8s-rules lint bench chaos clean image
 
 # Debian packages the tests use as real parts: Prometheus (server and promtool) for the alert
 # rules and the scrape test. Installed only when missing; needs root, as on this project's machines.
@@ -87,3 +87,19 @@ image:
 		|| { echo "error: cannot install Debian's podman, buildah, mmdebstrap and runc packages: run as root with apt" >&2; exit 1; }
 	@IMAGE='$(IMAGE)' BASE_IMAGE='$(BASE_IMAGE)' DEBIAN_BASE='$(DEBIAN_BASE)' PODMAN='$(PODMAN)' \
 		BUILD_FLAGS='$(PODMAN_BUILD_FLAGS)' sh image/build.sh
+
+# k8s/ (docs/deploy.md): every overlay rendered and checked offline: Kubernetes 1.30 schemas
+# strictly (kubernetes-validate), the operators' CRD schemas, and the rules that tie the manifests to
+# the code (tests/deploy/check.py). Needs kubectl with kustomize.
+check-manifests: install
+	@command -v kubectl >/dev/null || { echo "error: kubectl (with kustomize) is needed to render k8s/" >&2; exit 1; }
+	$(BIN)/python -m tests.deploy.check
+
+# The PrometheusRule of k8s/ from monitoring/alerts.yml (the one source); a test fails when stale.
+k8s-rules: install
+	$(BIN)/python -m tests.deploy.prometheusrule
+
+# The manifests run: the image built, then the dev overlay's Jobs and Deployments started from it
+# with podman against the local stack and probed as the kubelet would (tests/deploy/test_manifests_run.py).
+test-deploy: install system-deps image check-manifests
+	$(BIN)/pytest tests/deploy -m deploy $(PYTEST_ARGS)

@@ -1,0 +1,379 @@
+"""``make check-manifests``: every overlay of ``k8s/`` rendered and checked, offline.
+
+- core objects strictly against the Kubernetes 1.30 schemas (kubernetes-validate, which ships them);
+- custom resources strictly against their operators' CRD schemas (``tests/deploy/crds/``);
+- the rules the project relies on that no schema states: names that must agree with the code
+  (topics, consumer groups, the health port, the probes' paths), what every pod must have
+  (security context, probes, resources, a disruption budget, a network policy, no literal secret),
+  and that the KEDA, Strimzi, CloudNativePG and Prometheus Operator objects fit the workloads.
+
+``python -m tests.deploy.check [OVERLAY_DIR ...]`` prints one line per problem and exits 1 if any.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import kubernetes_validate  # type: ignore[import-untyped]
+from kubernetes_validate.utils import SchemaNotFoundError, ValidationError  # type: ignore[import-untyped]
+
+from scheduler.cli.init import CORE_TOPIC_PARTITIONS
+from scheduler.config import load_settings
+from scheduler.kafka.topics import MAX_MESSAGE_BYTES_KEY, TOPIC_MAX_MESSAGE_BYTES
+from tests.deploy.crd_schemas import validate_custom_resource
+from tests.deploy.manifests import (
+    K8S,
+    OVERLAYS,
+    Object,
+    containers,
+    main_container,
+    named_port,
+    of_kind,
+    pod_spec,
+    probes,
+    render,
+    settings_map,
+)
+
+KUBERNETES_VERSION = "1.30.0"
+HEALTH_PATHS = {"startupProbe": "/startup", "livenessProbe": "/live", "readinessProbe": "/ready"}
+COMPONENTS = ("scanner", "relay", "reconciler", "ingestor")
+# What the image's entrypoint runs for each Job (`scheduler <args>`).
+JOB_COMMANDS = {"migrate": ["init"], "app-setup": ["apps", "create"]}
+# Worker stop grace (`--grace`) when the args do not say; the others stop within the same.
+DEFAULT_GRACE_S = 30.0
+SECRET_NAME_RE = re.compile(r"PASSWORD|SECRET|TOKEN|DATABASE_URL|_KEY$")
+
+
+def core_problems(objects: list[Object]) -> list[str]:
+    """Strict validation against the Kubernetes schemas of every object they know; custom resources
+    against the vendored CRD schemas."""
+    problems: list[str] = []
+    for obj in objects:
+        where = f"{obj['kind']} {obj['metadata'].get('name')}"
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except ValidationError as exc:
+            problems.append(f"{where}: {'.'.join(str(p) for p in exc.path) or '(root)'}: {exc.message}")
+        except SchemaNotFoundError:
+            problems += [f"{where}: {error}" for error in validate_custom_resource(obj)]
+    return problems
+
+
+def _labels_match(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _pod_labels(workload: Object) -> Mapping[str, str]:
+    labels: Mapping[str, str] = workload["spec"]["template"]["metadata"].get("labels", {})
+    return labels
+
+
+def _arg(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args and args.index(flag) + 1 < len(args) else None
+
+
+def workload_problems(objects: list[Object]) -> list[str]:
+    """What every Deployment and Job must have, and what must agree with the code."""
+    problems: list[str] = []
+    settings = settings_map(objects)
+    port_setting = settings.get("SCHEDULER_METRICS_PORT")
+    deployments = of_kind(objects, "Deployment")
+    images = {c["image"] for w in of_kind(objects, "Deployment", "Job") for c in containers(w)}
+    if len(images) != 1:
+        problems.append(f"every container should run the one image, found {sorted(images)}")
+    seen_components = set()
+    for workload in of_kind(objects, "Deployment", "Job"):
+        name = f"{workload['kind']} {workload['metadata']['name']}"
+        spec = pod_spec(workload)
+        component = _pod_labels(workload).get("app.kubernetes.io/component", "")
+        seen_components.add(component)
+        pod_security = spec.get("securityContext", {})
+        if not (pod_security.get("runAsNonRoot") and pod_security.get("runAsUser") == 65532):
+            problems.append(f"{name}: the pod must run as non-root uid 65532")
+        if pod_security.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+            problems.append(f"{name}: seccompProfile must be RuntimeDefault")
+        if spec.get("automountServiceAccountToken") is not False:
+            problems.append(f"{name}: no service-account token should be mounted")
+        for container in containers(workload):
+            where = f"{name} container {container['name']}"
+            security = container.get("securityContext", {})
+            if not (
+                security.get("readOnlyRootFilesystem") is True
+                and security.get("allowPrivilegeEscalation") is False
+                and security.get("capabilities", {}).get("drop") == ["ALL"]
+            ):
+                problems.append(
+                    f"{where}: needs a read-only root, no privilege escalation, all capabilities dropped"
+                )
+            if not any(m.get("mountPath") == "/tmp" for m in container.get("volumeMounts", [])):
+                problems.append(f"{where}: the image's only writable path, /tmp, must be a volume")
+            resources = container.get("resources", {})
+            if not (resources.get("requests", {}).get("cpu") and resources.get("limits", {}).get("memory")):
+                problems.append(f"{where}: needs cpu and memory requests and a memory limit")
+            for item in container.get("env", []):
+                if SECRET_NAME_RE.search(item["name"]) and "value" in item:
+                    problems.append(f"{where}: {item['name']} is a literal; it must come from a Secret")
+            if container.get("command"):
+                problems.append(f"{where}: must use the image's entrypoint (`scheduler`), not a command")
+        args: list[str] = main_container(workload).get("args", [])
+        if workload["kind"] == "Job":
+            expected = JOB_COMMANDS.get(component)
+            if expected is None or args[: len(expected)] != expected:
+                problems.append(f"{name}: a Job runs {sorted(JOB_COMMANDS.values())}, not {args}")
+            continue
+        if args[:2] != ["run", component]:
+            problems.append(
+                f"{name}: component {component!r} must run `scheduler run {component}`, not {args}"
+            )
+        container = main_container(workload)
+        found = probes(container)
+        for kind, path in HEALTH_PATHS.items():
+            probe = found.get(kind, {}).get("httpGet")
+            if probe is None or probe.get("path") != path:
+                problems.append(f"{name}: {kind} must GET {path}")
+                continue
+            try:
+                port = named_port(container, probe["port"])
+            except KeyError as exc:
+                problems.append(f"{name}: {kind}: {exc.args[0]}")
+                continue
+            if str(port) != port_setting:
+                problems.append(
+                    f"{name}: {kind} probes port {port}, but SCHEDULER_METRICS_PORT is {port_setting}"
+                )
+        grace = float(_arg(args, "--grace") or DEFAULT_GRACE_S)
+        if spec.get("terminationGracePeriodSeconds", 30) <= grace:
+            problems.append(f"{name}: terminationGracePeriodSeconds must exceed the {grace:g} s drain grace")
+        env_names = {e["name"] for c in containers(workload) for e in c.get("env", [])}
+        if component == "worker" and "SCHEDULER_DATABASE_URL" in env_names:
+            problems.append(f"{name}: workers reach Kafka only; they must not get the database")
+        if component != "worker" and "SCHEDULER_DATABASE_URL" not in env_names:
+            problems.append(f"{name}: needs SCHEDULER_DATABASE_URL from a Secret")
+        if component != "worker" and not any(
+            c.get("args", [])[:2] == ["migrations", "wait"] for c in spec.get("initContainers", [])
+        ):
+            problems.append(f"{name}: needs an init container running `scheduler migrations wait`")
+        if not any(
+            _labels_match(p["spec"]["selector"].get("matchLabels", {}), _pod_labels(workload))
+            for p in of_kind(objects, "PodDisruptionBudget")
+        ):
+            problems.append(f"{name}: no PodDisruptionBudget selects its pods")
+    for component in (*COMPONENTS, "migrate"):
+        if component not in seen_components:
+            problems.append(f"no workload runs the {component}")
+    if not any(_pod_labels(d).get("app.kubernetes.io/component") == "worker" for d in deployments):
+        problems.append("no worker Deployment")
+    return problems
+
+
+def network_problems(objects: list[Object]) -> list[str]:
+    """Default deny for every scheduler pod; ingress only to the metrics port from monitoring; the
+    workers never reach PostgreSQL."""
+    problems: list[str] = []
+    policies = of_kind(objects, "NetworkPolicy")
+    for workload in of_kind(objects, "Deployment", "Job"):
+        labels = _pod_labels(workload)
+        name = f"{workload['kind']} {workload['metadata']['name']}"
+        mine = [p for p in policies if _labels_match(p["spec"]["podSelector"].get("matchLabels", {}), labels)]
+        if not any(
+            set(p["spec"].get("policyTypes", [])) == {"Ingress", "Egress"}
+            and not p["spec"].get("ingress")
+            and not p["spec"].get("egress")
+            for p in mine
+        ):
+            problems.append(f"{name}: no default-deny policy selects it")
+        for policy in mine:
+            for rule in policy["spec"].get("ingress", []):
+                sources = rule.get("from", [])
+                ports = {str(p.get("port")) for p in rule.get("ports", [])}
+                from_monitoring = sources and all(
+                    s.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name")
+                    == "monitoring"
+                    for s in sources
+                )
+                if not (from_monitoring and ports == {"metrics"}):
+                    problems.append(
+                        f"{name}: policy {policy['metadata']['name']} admits ingress other than "
+                        "metrics scrapes"
+                    )
+            reaches_postgres = any(
+                str(p.get("port")) == "5432"
+                for r in policy["spec"].get("egress", [])
+                for p in r.get("ports", [])
+            )
+            if labels.get("app.kubernetes.io/component") == "worker" and reaches_postgres:
+                problems.append(f"{name}: policy {policy['metadata']['name']} lets a worker reach PostgreSQL")
+    return problems
+
+
+def custom_resource_problems(objects: list[Object]) -> list[str]:
+    """The fields of KEDA, Prometheus Operator, Strimzi and CloudNativePG objects the scheduler
+    relies on, checked against the workloads and the code's own names."""
+    problems: list[str] = []
+    env = settings_map(objects)
+    # As the pods would read it: SASL credentials come from the Secret (stand-ins here), certificate
+    # paths exist in the image, not necessarily on this machine.
+    secrets = {"SCHEDULER_KAFKA_SASL_USERNAME": "user", "SCHEDULER_KAFKA_SASL_PASSWORD": "secret"}
+    settings = load_settings(
+        {k: v for k, v in env.items() if not k.startswith("SCHEDULER_KAFKA_SSL")}
+        | (secrets if "SCHEDULER_KAFKA_SASL_MECHANISM" in env else {})
+    )
+    deployments = {d["metadata"]["name"]: d for d in of_kind(objects, "Deployment")}
+    workers = {
+        _arg(main_container(d).get("args", []), "--app"): d
+        for d in deployments.values()
+        if _pod_labels(d).get("app.kubernetes.io/component") == "worker"
+    }
+    partitions: dict[str, int] = {}
+    for job in of_kind(objects, "Job"):
+        args = main_container(job).get("args", [])
+        if args[:2] == ["apps", "create"]:
+            partitions[args[2]] = int(_arg(args, "--partitions") or 6)
+    for app in workers:
+        if app not in partitions:
+            problems.append(f"worker app {app}: no Job registers it (`scheduler apps create {app}`)")
+
+    scaled = of_kind(objects, "ScaledObject")
+    for app, worker in workers.items():
+        mine = [s for s in scaled if s["spec"]["scaleTargetRef"].get("name") == worker["metadata"]["name"]]
+        if len(mine) != 1:
+            problems.append(f"worker app {app}: needs exactly one ScaledObject, found {len(mine)}")
+            continue
+        spec = mine[0]["spec"]
+        (trigger,) = spec["triggers"]
+        meta = trigger["metadata"]
+        assert app is not None
+        expected = {
+            "bootstrapServers": settings.kafka_bootstrap,
+            "consumerGroup": settings.worker_group(app),
+            "topic": settings.jobs_topic(app),
+        }
+        for key, value in expected.items():
+            if meta.get(key) != value:
+                problems.append(
+                    f"ScaledObject of {app}: {key} is {meta.get(key)!r}, the workers use {value!r}"
+                )
+        if trigger["type"] != "kafka":
+            problems.append(f"ScaledObject of {app}: the trigger must be kafka (consumer lag)")
+        if app in partitions and spec.get("maxReplicaCount", 100) > partitions[app]:
+            problems.append(
+                f"ScaledObject of {app}: maxReplicaCount {spec.get('maxReplicaCount')} is above the "
+                f"topic's {partitions[app]} partitions"
+            )
+        if settings.kafka.sasl_mechanism and "authenticationRef" not in trigger:
+            problems.append(f"ScaledObject of {app}: Kafka needs SASL, the trigger has no authenticationRef")
+        auth = trigger.get("authenticationRef", {}).get("name")
+        if auth and not any(t["metadata"]["name"] == auth for t in of_kind(objects, "TriggerAuthentication")):
+            problems.append(f"ScaledObject of {app}: TriggerAuthentication {auth} is not in the manifests")
+
+    monitors = of_kind(objects, "PodMonitor")
+    if not monitors:
+        problems.append("no PodMonitor scrapes the components")
+    for name, deployment in deployments.items():
+        port_names = {p.get("name") for p in main_container(deployment).get("ports", [])}
+        if not any(
+            _labels_match(m["spec"]["selector"].get("matchLabels", {}), _pod_labels(deployment))
+            and any(
+                e.get("port") in port_names and e.get("path") == "/metrics"
+                for e in m["spec"]["podMetricsEndpoints"]
+            )
+            for m in monitors
+        ):
+            problems.append(f"Deployment {name}: no PodMonitor scrapes /metrics on one of its ports")
+    if not of_kind(objects, "PrometheusRule"):
+        problems.append("no PrometheusRule carries the alert rules")
+
+    topics = {t["spec"].get("topicName", t["metadata"]["name"]): t for t in of_kind(objects, "KafkaTopic")}
+    clusters = {k["metadata"]["name"]: k for k in of_kind(objects, "Kafka")}
+    if clusters:
+        for name, kafka in clusters.items():
+            annotations = kafka["metadata"].get("annotations", {})
+            if (
+                annotations.get("strimzi.io/kraft") != "enabled"
+                or annotations.get("strimzi.io/node-pools") != "enabled"
+            ):
+                problems.append(f"Kafka {name}: must run in KRaft mode with node pools")
+            roles = {
+                role
+                for pool in of_kind(objects, "KafkaNodePool")
+                if pool["metadata"].get("labels", {}).get("strimzi.io/cluster") == name
+                for role in pool["spec"]["roles"]
+            }
+            if roles != {"broker", "controller"}:
+                problems.append(
+                    f"Kafka {name}: its node pools must give it brokers and controllers, have {roles}"
+                )
+            if not settings.kafka_bootstrap.startswith(f"{name}-kafka-bootstrap:"):
+                problems.append(f"SCHEDULER_KAFKA_BOOTSTRAP should be {name}-kafka-bootstrap:<port>")
+        wanted = {t: CORE_TOPIC_PARTITIONS for t in settings.core_topics} | {
+            settings.jobs_topic(app): n for app, n in partitions.items()
+        }
+        for topic, count in wanted.items():
+            resource = topics.get(topic)
+            if resource is None:
+                problems.append(f"KafkaTopic {topic}: missing (Strimzi manages this overlay's topics)")
+                continue
+            if resource["spec"].get("partitions") != count:
+                problems.append(
+                    f"KafkaTopic {topic}: {resource['spec'].get('partitions')} partitions, "
+                    f"the scheduler makes {count}"
+                )
+            if str(resource["spec"].get("config", {}).get(MAX_MESSAGE_BYTES_KEY)) != str(
+                TOPIC_MAX_MESSAGE_BYTES
+            ):
+                problems.append(
+                    f"KafkaTopic {topic}: {MAX_MESSAGE_BYTES_KEY} must be {TOPIC_MAX_MESSAGE_BYTES}"
+                )
+            if resource["metadata"].get("labels", {}).get("strimzi.io/cluster") not in clusters:
+                problems.append(f"KafkaTopic {topic}: strimzi.io/cluster names no Kafka of the overlay")
+
+    databases = {c["metadata"]["name"] for c in of_kind(objects, "Cluster")}
+    if databases:
+        refs = {
+            e["valueFrom"]["secretKeyRef"]["name"]
+            for w in of_kind(objects, "Deployment", "Job")
+            for c in containers(w)
+            for e in c.get("env", [])
+            if e["name"] == "SCHEDULER_DATABASE_URL"
+        }
+        expected_refs = {f"{name}-app" for name in databases}
+        if not refs or not refs <= expected_refs:
+            problems.append(
+                f"SCHEDULER_DATABASE_URL comes from {sorted(refs)}, "
+                f"CloudNativePG makes {sorted(expected_refs)}"
+            )
+    return problems
+
+
+CHECKS: tuple[Callable[[list[Object]], list[str]], ...] = (
+    core_problems,
+    workload_problems,
+    network_problems,
+    custom_resource_problems,
+)
+
+
+def problems_of(objects: list[Object]) -> list[str]:
+    return [problem for check in CHECKS for problem in check(objects)]
+
+
+def main(argv: list[str]) -> int:
+    paths = [Path(a) for a in argv] or [K8S / "overlays" / o for o in OVERLAYS]
+    failed = 0
+    for path in paths:
+        objects = render(path)
+        found = problems_of(objects)
+        for problem in found:
+            print(f"{path}: {problem}")
+        failed += len(found)
+        if not found:
+            print(f"{path}: {len(objects)} objects, all checks passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,200 @@
+"""The k8s/ manifests, rendered by kustomize and checked offline: strict Kubernetes 1.30 and CRD
+schemas, and the rules that tie them to the code (tests/deploy/check.py). Each check is also shown
+to fail on a deliberately broken copy, so that none passes by accident."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.deploy.check import problems_of
+from tests.deploy.manifests import K8S, OVERLAYS, ROOT, Object, kubectl, main_container, named, render
+from tests.deploy.prometheusrule import ALERTS, PROMETHEUS_RULE
+from tests.deploy.prometheusrule import render as render_rules
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[Object]]:
+    return {overlay: render(K8S / "overlays" / overlay) for overlay in OVERLAYS}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_overlay_renders_and_passes_every_check(
+    rendered: dict[str, list[Object]], overlay: str
+) -> None:
+    assert problems_of(rendered[overlay]) == []
+
+
+@pytest.mark.parametrize("path", ["base", "workers/default"])
+def test_the_base_and_the_worker_app_render_on_their_own(path: str) -> None:
+    kinds = {o["kind"] for o in render(K8S / path)}
+    assert "Deployment" in kinds
+
+
+def test_no_overlay_carries_a_secret(rendered: dict[str, list[Object]]) -> None:
+    for objects in rendered.values():
+        assert not [o for o in objects if o["kind"] == "Secret"]
+        for config in (o for o in objects if o["kind"] == "ConfigMap"):
+            assert not [k for k in config.get("data", {}) if "PASSWORD" in k or k.endswith("DATABASE_URL")]
+
+
+def test_the_acceptance_command_passes_and_fails_on_a_broken_manifest(tmp_path: Path) -> None:
+    """`kubectl kustomize k8s/overlays/production | kubernetes-validate --strict -k 1.30.0 -`."""
+    validate = shutil.which("kubernetes-validate", path=str(Path(ROOT / ".venv" / "bin")))
+    assert validate is not None
+    rendered = subprocess.run(
+        [kubectl(), "kustomize", str(K8S / "overlays" / "production")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    good = subprocess.run(
+        [validate, "--strict", "-k", "1.30.0", "-"], input=rendered, capture_output=True, text=True
+    )
+    assert good.returncode == 0, good.stdout + good.stderr
+    broken = rendered.replace("  replicas: 3\n", "  replicas: 3\n  replcas: 3\n", 1)
+    assert broken != rendered
+    bad = subprocess.run(
+        [validate, "--strict", "-k", "1.30.0", "-"], input=broken, capture_output=True, text=True
+    )
+    assert bad.returncode != 0 and "replcas" in bad.stdout + bad.stderr
+
+
+def _deployment(objects: list[Object], name: str = "scheduler-scanner") -> Object:
+    return named(objects, "Deployment", name)
+
+
+def _scaled(objects: list[Object]) -> Object:
+    return next(o for o in objects if o["kind"] == "ScaledObject")
+
+
+def _topic(objects: list[Object], name: str) -> Object:
+    return next(o for o in objects if o["kind"] == "KafkaTopic" and o["spec"]["topicName"] == name)
+
+
+def _set(
+    path: str, value: object, target: Callable[[list[Object]], Object] = _deployment
+) -> Callable[[list[Object]], None]:
+    def mutate(objects: list[Object]) -> None:
+        node: object = target(objects)
+        *parents, last = path.split(".")
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]  # type: ignore[index]
+        if value is None:
+            del node[last]  # type: ignore[attr-defined]
+        elif isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value  # type: ignore[index]
+
+    return mutate
+
+
+def _add_worker_database(objects: list[Object]) -> None:
+    worker = _deployment(objects, "scheduler-worker-default")
+    main_container(worker)["env"].append(
+        {
+            "name": "SCHEDULER_DATABASE_URL",
+            "valueFrom": {"secretKeyRef": {"name": "scheduler-db-app", "key": "uri"}},
+        }
+    )
+
+
+def _open_ingress(objects: list[Object]) -> None:
+    named(objects, "NetworkPolicy", "scheduler-metrics")["spec"]["ingress"][0]["from"] = [
+        {"ipBlock": {"cidr": "0.0.0.0/0"}}
+    ]
+
+
+def _literal_password(objects: list[Object]) -> None:
+    main_container(_deployment(objects))["env"].append(
+        {"name": "SCHEDULER_KAFKA_SASL_PASSWORD", "value": "hunter2"}
+    )
+
+
+def _drop_pdb(objects: list[Object]) -> None:
+    objects.remove(named(objects, "PodDisruptionBudget", "scheduler-relay"))
+
+
+SPEC = "spec.template.spec"
+CONTAINER = f"{SPEC}.containers.0"
+BROKEN: dict[str, tuple[Callable[[list[Object]], None], str]] = {
+    "misspelled core field": (_set("spec.replcas", 1), "replcas"),
+    "probe on a path the code does not serve": (
+        _set(f"{CONTAINER}.readinessProbe.httpGet.path", "/healthz"),
+        "/ready",
+    ),
+    "probe on a port the container does not declare": (
+        _set(f"{CONTAINER}.livenessProbe.httpGet.port", "http"),
+        "http",
+    ),
+    "container port not the process's": (
+        _set(f"{CONTAINER}.ports.0.containerPort", 8080),
+        "SCHEDULER_METRICS_PORT",
+    ),
+    "args of another component": (_set(f"{CONTAINER}.args", ["run", "relay"]), "scheduler run scanner"),
+    "writable root filesystem": (
+        _set(f"{CONTAINER}.securityContext.readOnlyRootFilesystem", False),
+        "read-only",
+    ),
+    "root user": (_set(f"{SPEC}.securityContext.runAsUser", 0), "65532"),
+    "grace shorter than the drain": (
+        _set(f"{SPEC}.terminationGracePeriodSeconds", 20),
+        "terminationGracePeriodSeconds",
+    ),
+    "no memory limit": (_set(f"{CONTAINER}.resources.limits", None), "memory"),
+    "no wait for the schema": (_set(f"{SPEC}.initContainers", None), "migrations wait"),
+    "literal secret": (_literal_password, "literal"),
+    "worker given the database": (_add_worker_database, "workers reach Kafka only"),
+    "ingress from anywhere": (_open_ingress, "ingress other than metrics"),
+    "no disruption budget": (_drop_pdb, "PodDisruptionBudget"),
+    "more worker pods than partitions": (
+        _set("spec.maxReplicaCount", 7, _scaled),
+        "above the topic's 6 partitions",
+    ),
+    "lag of another consumer group": (
+        _set("spec.triggers.0.metadata.consumerGroup", "sched.default", _scaled),
+        "consumerGroup",
+    ),
+    "misspelled ScaledObject field": (_set("spec.maxReplicaCounts", 2, _scaled), "maxReplicaCounts"),
+    "topic with other partitions": (
+        _set("spec.partitions", 3, lambda o: _topic(o, "sched.results")),
+        "partitions",
+    ),
+    "misspelled KafkaTopic field": (_set("spec.replcas", 1, lambda o: _topic(o, "sched.dlq")), "replcas"),
+    "Kafka without KRaft": (
+        _set("metadata.annotations", {}, lambda o: named(o, "Kafka", "scheduler-kafka")),
+        "KRaft",
+    ),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(BROKEN))
+def test_a_broken_manifest_fails_the_checks(rendered: dict[str, list[Object]], breakage: str) -> None:
+    objects = copy.deepcopy(rendered["dev"])
+    mutate, expected = BROKEN[breakage]
+    mutate(objects)
+    problems = problems_of(objects)
+    assert any(expected in p for p in problems), problems
+
+
+def test_the_prometheus_rule_is_the_alert_rules_file(tmp_path: Path) -> None:
+    assert PROMETHEUS_RULE.read_text(encoding="utf-8") == render_rules(), (
+        "k8s/base/prometheusrule.yaml is stale: run `make k8s-rules`"
+    )
+    rendered = render(K8S / "overlays" / "production")
+    (rule,) = [o for o in rendered if o["kind"] == "PrometheusRule"]
+    assert rule["spec"] == yaml.safe_load(ALERTS.read_text(encoding="utf-8"))
+    extracted = tmp_path / "rules.yml"
+    extracted.write_text(yaml.safe_dump(rule["spec"]))
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool is missing (Debian's prometheus package: make system-deps)"
+    checked = subprocess.run([promtool, "check", "rules", str(extracted)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {sum(len(g['rules']) for g in rule['spec']['groups'])} rules found" in checked.stdout

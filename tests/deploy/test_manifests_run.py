@@ -1,0 +1,348 @@
+"""The manifests run: the dev overlay's Deployments and Jobs, started from the built image with podman
+against the local stack, exactly as rendered, and probed as the kubelet would probe them.
+
+Each workload becomes one "pod": its init containers run one after another to completion, then its
+container starts with the rendered args, environment (ConfigMap values, the test's Secret values,
+the downward API's pod name) and security context (uid, read-only root, /tmp as its volume, no
+capabilities, no new privileges). Every pod starts at once, so the components' init containers
+really wait for the migration Job; the Jobs must complete; every Deployment must pass its startup,
+readiness and liveness probes on the path and port the manifest names; then one schedule, created
+by a Kafka command through the running ingestor, must run and succeed; and every container must
+stop on SIGTERM within its termination grace period with exit status 0.
+
+Two things differ from a cluster, both through kustomize in an overlay of the test's own over
+``k8s/overlays/dev``: the Kafka address is the local stack's and the topic prefix is the test's.
+With host networking every container would bind the same metrics port, so each is given its own
+through ``SCHEDULER_METRICS_PORT`` after checking that the manifest's probes, its container port and
+the ConfigMap's port are one and the same number.
+
+Needs the image (``make image``) and podman: ``make test-deploy`` builds the one and runs this.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shlex
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from scheduler.kafka.transport import TopicAdmin
+from tests.conftest import StackInfo
+from tests.deploy.manifests import (
+    K8S,
+    Object,
+    SecretRef,
+    container_env,
+    main_container,
+    named_port,
+    of_kind,
+    pod_spec,
+    probes,
+    render,
+    settings_map,
+)
+from tests.support import wait_for
+
+pytestmark = pytest.mark.deploy
+
+PODMAN = shlex.split(os.environ.get("PODMAN", "podman --runtime runc"))
+# What podman needs on this project's machines (the Makefile's PODMAN_BUILD_FLAGS, for `run`).
+PODMAN_RUN_FLAGS = ["--network", "host", "--ulimit", "nofile=16384:16384", "--ulimit", "nproc=4096:4096"]
+NAMESPACE = "scheduler-dev"
+CONTAINER_LOG_LINES = 40
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def podman(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*PODMAN, *args], capture_output=True, text=True, timeout=timeout_s)
+
+
+@dataclass
+class Pod:
+    """One workload of the render, run the way the kubelet would run one of its pods."""
+
+    workload: Object
+    objects: list[Object]
+    secrets: dict[SecretRef, str]
+    run_id: str
+    host_port: int | None = None
+    started: list[str] = field(default_factory=list)
+    failure: str | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def kind(self) -> str:
+        return str(self.workload["kind"])
+
+    @property
+    def name(self) -> str:
+        return str(self.workload["metadata"]["name"])
+
+    @property
+    def pod_name(self) -> str:
+        return f"{self.name}-{self.run_id}"
+
+    def podman_args(self, container: Object, name: str) -> list[str]:
+        spec = pod_spec(self.workload)
+        env = container_env(
+            self.objects, container, secrets=self.secrets, pod_name=self.pod_name, namespace=NAMESPACE
+        )
+        if self.host_port is not None and "SCHEDULER_METRICS_PORT" in env:
+            env["SCHEDULER_METRICS_PORT"] = str(self.host_port)
+        pod_security, security = spec.get("securityContext", {}), container.get("securityContext", {})
+        user = security.get("runAsUser", pod_security.get("runAsUser"))
+        group = security.get("runAsGroup", pod_security.get("runAsGroup"))
+        args = [*PODMAN_RUN_FLAGS, "--name", name, "--user", f"{user}:{group}"]
+        if security.get("readOnlyRootFilesystem"):
+            args.append("--read-only")
+        if security.get("allowPrivilegeEscalation") is False:
+            args += ["--security-opt", "no-new-privileges"]
+        for cap in security.get("capabilities", {}).get("drop", []):
+            args += ["--cap-drop", cap.lower()]
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for mount in container.get("volumeMounts", []):
+            volume = volumes[mount["name"]]
+            assert "emptyDir" in volume, f"{self.name}: only emptyDir volumes are emulated"
+            args += ["--tmpfs", f"{mount['mountPath']}:rw,mode=1777,size=64m"]
+        for key, value in env.items():
+            args += ["--env", f"{key}={value}"]
+        return [*args, container["image"], *container.get("args", [])]
+
+    def run_to_completion(self, container: Object, deadline: float) -> None:
+        """An init container, or a Job's: run again after a failure (restartPolicy OnFailure, the
+        kubelet's restarts of init containers) until it exits 0."""
+        attempt = 0
+        while True:
+            attempt += 1
+            name = f"{self.pod_name}-{container['name']}-{attempt}"
+            self.started.append(name)
+            done = podman(
+                "run", *self.podman_args(container, name), timeout_s=max(1.0, deadline - time.monotonic())
+            )
+            if done.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name} never exited 0; last: {done.returncode} {done.stderr[-2000:]}")
+            time.sleep(min(2.0 * attempt, 10.0))
+
+    def run(self, deadline: float) -> None:
+        try:
+            for container in pod_spec(self.workload).get("initContainers", []):
+                self.run_to_completion(container, deadline)
+            container = main_container(self.workload)
+            if self.kind == "Job":
+                self.run_to_completion(container, deadline)
+            else:
+                name = f"{self.pod_name}-{container['name']}"
+                self.started.append(name)
+                done = podman("run", "--detach", *self.podman_args(container, name))
+                assert done.returncode == 0, f"{name}: podman run failed: {done.stderr}"
+        except BaseException as exc:  # reported by the test's thread, with the container logs
+            self.failure = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.done.set()
+
+    def logs(self) -> str:
+        text = []
+        for name in self.started:
+            out = podman("logs", "--tail", str(CONTAINER_LOG_LINES), name)
+            text.append(f"--- {name}\n{out.stdout}{out.stderr}")
+        return "\n".join(text)
+
+
+def probe_ok(port: int, path: str, timeout_s: float) -> bool:
+    """The kubelet's httpGet: any status from 200 to 399 is a success."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as response:
+            status: int = response.status
+            return 200 <= status < 400
+    except urllib.error.HTTPError as exc:
+        return 200 <= exc.code < 400
+    except OSError:
+        return False
+
+
+def image_present(image: str) -> bool:
+    return podman("image", "exists", image).returncode == 0
+
+
+def test_the_dev_overlay_runs_from_the_image(
+    stack: StackInfo, empty_database_url: str, tmp_path: Path
+) -> None:
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        json.dumps(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(K8S / "overlays" / "dev", overlay)],
+                "configMapGenerator": [
+                    {
+                        "name": "scheduler-settings",
+                        "behavior": "merge",
+                        "literals": [
+                            f"SCHEDULER_KAFKA_BOOTSTRAP={stack.kafka_bootstrap}",
+                            f"SCHEDULER_TOPIC_PREFIX={prefix}",
+                        ],
+                    }
+                ],
+            }
+        )
+    )
+    objects = render(overlay)
+    workloads = of_kind(objects, "Job", "Deployment")
+    images = {main_container(w)["image"] for w in workloads}
+    assert len(images) == 1
+    (image,) = images
+    assert image_present(image), (
+        f"image {image} is missing: build it with `make image` (make test-deploy does)"
+    )
+    # The test's Secret: CloudNativePG's scheduler-db-app, key uri, as the dev overlay reads it.
+    secrets = {SecretRef("scheduler-db-app", "uri"): empty_database_url}
+    settings = settings_map(objects)
+    run_id = uuid.uuid4().hex[:6]
+    pods: list[Pod] = []
+    for workload in workloads:
+        pod = Pod(workload, objects, secrets, run_id)
+        if workload["kind"] == "Deployment":
+            container = main_container(workload)
+            for kind, probe in probes(container).items():
+                declared = named_port(container, probe["httpGet"]["port"])
+                assert str(declared) == settings["SCHEDULER_METRICS_PORT"], (
+                    f"{pod.name}: {kind} port {declared} is not the SCHEDULER_METRICS_PORT "
+                    "the process listens on"
+                )
+            pod.host_port = free_port()
+        pods.append(pod)
+
+    began = time.monotonic()
+    deadline = began + 300
+    threads = [threading.Thread(target=p.run, args=(deadline,), daemon=True) for p in pods]
+    try:
+        for thread in threads:
+            thread.start()
+
+        def report() -> str:
+            return "\n".join(f"{p.name}: {p.failure or 'ok'}\n{p.logs()}" for p in pods)
+
+        def within(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+            """wait_for, with every container's last log lines when it times out."""
+            try:
+                wait_for(condition, timeout_s, what, interval_s=0.5)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{report()}") from None
+
+        jobs = [p for p in pods if p.kind == "Job"]
+        for pod in jobs:
+            assert pod.done.wait(max(1.0, deadline - time.monotonic())), (
+                f"Job {pod.name} did not complete\n{report()}"
+            )
+            assert pod.failure is None, f"Job {pod.name} failed: {pod.failure}\n{report()}"
+        jobs_done = time.monotonic() - began
+
+        for pod in (p for p in pods if p.kind == "Deployment"):
+            assert pod.done.wait(max(1.0, deadline - time.monotonic())), (
+                f"{pod.name} never started\n{report()}"
+            )
+            assert pod.failure is None, f"{pod.name}: {pod.failure}\n{report()}"
+            container = main_container(pod.workload)
+            assert pod.host_port is not None
+            port: int = pod.host_port
+            for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+                probe = probes(container)[kind]
+                path: str = probe["httpGet"]["path"]
+                budget = probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
+                timeout: float = probe.get("timeoutSeconds", 1)
+                within(
+                    functools.partial(probe_ok, port, path, timeout),
+                    min(budget, max(1.0, deadline - time.monotonic())),
+                    f"{pod.name}: {kind} GET {path} on its metrics port",
+                )
+        ready = time.monotonic() - began
+
+        # One schedule, by a Kafka command through the running ingestor, to a finished run.
+        env = {
+            **os.environ,
+            "SCHEDULER_DATABASE_URL": empty_database_url,
+            "SCHEDULER_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
+            "SCHEDULER_TOPIC_PREFIX": prefix,
+        }
+        run_at = (datetime.now(UTC) + timedelta(seconds=2)).isoformat()
+        command = {
+            "schedule_key": "first-job",
+            "app": "default",
+            "operation": "create",
+            "spec": {
+                "kind": "delayed",
+                "run_at": run_at,
+                "handler": "builtin:noop",
+                "payload": {"from": "k8s"},
+            },
+        }
+        produced = subprocess.run(
+            [str(Path(os.environ.get("VIRTUAL_ENV", ".venv")) / "bin" / "scheduler"), "produce", "--json"],
+            input=json.dumps(command) + "\n",
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert produced.returncode == 0, produced.stderr
+
+        def succeeded() -> bool:
+            with psycopg.connect(empty_database_url) as conn:
+                row = conn.execute(
+                    "select r.state from runs r join schedules s on s.id = r.schedule_id "
+                    "join schedule_keys k on k.schedule_id = s.id where k.schedule_key = 'first-job'"
+                ).fetchone()
+            return row is not None and row[0] == "succeeded"
+
+        within(succeeded, 120, "the schedule's run succeeded")
+        first_job = time.monotonic() - began
+
+        # SIGTERM, as on a rollout: every component stops within its grace period, cleanly.
+        for pod in (p for p in pods if p.kind == "Deployment"):
+            grace = int(pod_spec(pod.workload).get("terminationGracePeriodSeconds", 30))
+            name = pod.started[-1]
+            stopping = time.monotonic()
+            stopped = podman("stop", "--time", str(grace), name, timeout_s=grace + 30)
+            took = time.monotonic() - stopping
+            status = podman("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip()
+            assert stopped.returncode == 0 and status == "0", (
+                f"{name}: exit {status} after SIGTERM\n{pod.logs()}"
+            )
+            assert took < grace, f"{name} took {took:.1f} s to stop (grace {grace} s)"
+        print(
+            f"\nmanifest run: {len(jobs)} Jobs complete in {jobs_done:.1f} s, "
+            f"{len(pods) - len(jobs)} Deployments ready in {ready:.1f} s, "
+            f"first job succeeded at {first_job:.1f} s"
+        )
+    finally:
+        names = [n for p in pods for n in p.started]
+        if names:
+            podman("rm", "--force", "--time", "5", *names, timeout_s=120)
+        for thread in threads:
+            thread.join(timeout=30)
+        admin = TopicAdmin(stack.kafka_bootstrap)
+        admin.delete_topics([t for t in admin.topics() if t.startswith(f"{prefix}.")])
