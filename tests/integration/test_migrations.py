@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -99,3 +100,61 @@ def test_init_creates_the_core_topics(settings_env: dict[str, str], settings: Se
         f"{settings.topic_prefix}.{suffix}"
         for suffix in ("schedules", "schedules.rejected", "results", "retry", "dlq")
     )
+
+
+def _migrations_cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SCHEDULER, "migrations", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"SCHEDULER_DATABASE_URL": url, "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_migrations_status_tells_a_pending_schema_from_a_current_one(empty_database_url: str) -> None:
+    before = _migrations_cli(empty_database_url, "status", "--json")
+    assert before.returncode == 1
+    assert before.stdout and not before.stderr
+    pending = json.loads(before.stdout)
+    assert pending["up_to_date"] is False
+    assert pending["pending"] == [f"{m.version:04d}_{m.name}" for m in available()]
+    with connect(empty_database_url) as conn:
+        migrate(conn)
+        # A later release's migration already applied (its Job ran first): this release still runs.
+        conn.execute("insert into schema_migrations (version, name) values (9999, 'from_the_future')")
+        conn.commit()
+    after = _migrations_cli(empty_database_url, "status")
+    assert after.returncode == 0, after.stderr
+    assert "schema up to date" in after.stdout and "9999" in after.stdout
+
+
+def test_migrations_wait_returns_once_another_process_migrates(empty_database_url: str) -> None:
+    waiting = subprocess.Popen(
+        [SCHEDULER, "migrations", "wait", "--timeout", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"SCHEDULER_DATABASE_URL": empty_database_url, "PATH": "/usr/bin:/bin"},
+    )
+    try:
+        # It says what it waits for before anything is migrated.
+        assert waiting.stderr is not None
+        assert "waiting for migrations: 0001_" in waiting.stderr.readline()
+        assert waiting.poll() is None
+        with connect(empty_database_url) as conn:
+            migrate(conn)
+        out, _ = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0 and "schema up to date" in out
+
+
+def test_migrations_wait_gives_up_on_an_unreachable_database_in_one_line_without_its_password() -> None:
+    done = _migrations_cli("postgresql://sched:hunter2@127.0.0.1:1/scheduler", "wait", "--timeout", "1")
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith(
+        "error: gave up after 1 s waiting for PostgreSQL at postgresql://sched@127.0.0.1:1/"
+    )
+    assert "hunter2" not in done.stderr + done.stdout
