@@ -8,8 +8,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from scheduler.cli.common import database, echo_json, fail, uuid_arg, wiring_or_exit
+from scheduler.cli.common import actor, database, echo_json, fail, parse_instant, uuid_arg, wiring_or_exit
 from scheduler.domain.run_state import RunState
+from scheduler.reconcile.replay import Replayer
 from scheduler.store import runs as store
 
 RUN_STATES = tuple(str(s) for s in RunState)
@@ -57,3 +58,52 @@ def get(run_id: UUID) -> None:
     if row is None:
         fail(f"no run {run_id}")
     echo_json(row)
+
+
+@runs.command("redispatch")
+@click.option(
+    "--dispatched-before",
+    "before",
+    required=True,
+    metavar="TIME",
+    help="ISO 8601: runs Kafka acknowledged before this moment, i.e. when the topics were lost.",
+)
+@click.option("--app")
+@click.option("--limit", type=click.IntRange(1, 10_000_000), default=100_000, show_default=True)
+@click.option("--dry-run", is_flag=True, help="Print what would be sent again; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def redispatch(before: str, app: str | None, limit: int, dry_run: bool, as_json: bool) -> None:
+    """Send dispatched runs that no worker started through the pipeline again (after Kafka's topics
+    were lost: their job messages went with them). Each gets a new attempt number and its message
+    in the outbox; if the old message was not lost after all, its outcome is fenced off and counted
+    as a duplicate."""
+    moment = parse_instant(before, "--dispatched-before")
+    wiring = wiring_or_exit()
+    replayer = Replayer(wiring.settings, wiring.dispatcher)
+    with database(wiring) as conn:
+        if dry_run:
+            lost = replayer.lost(conn, moment, app, limit)
+            rows = [
+                {
+                    "id": r.run.id,
+                    "app": r.run.app,
+                    "attempt": r.run.attempt,
+                    "dispatched_at": r.run.dispatched_at,
+                }
+                for r in lost
+            ]
+            if as_json:
+                echo_json(rows)
+            else:
+                click.echo(f"would redispatch {len(rows)} runs")
+            return
+        moved = 0
+        while moved < limit:
+            done = replayer.redispatch(conn, moment, app, min(500, limit - moved), actor())
+            if not done:
+                break
+            moved += done
+    if as_json:
+        echo_json({"redispatched": moved})
+    else:
+        click.echo(f"redispatched {moved} runs")

@@ -5,6 +5,10 @@ scheduled_for) stays true), gets the next attempt number as its fencing token an
 of its schedule's ``max_attempts``, and its message goes to the outbox, from where the relay,
 a worker and the reconciler treat it like any other attempt. Each replay is written to
 ``audit_log`` with who did it; a run replayed once is not replayed again unless forced.
+
+Redispatching is the same move for runs that are ``dispatched`` but whose job messages are gone
+(Kafka's topics were lost and rebuilt): runs Kafka acknowledged before a cut-off the operator
+gives, that no worker started. Their budget grows by one, since the lost attempt never ran.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import psycopg
 from scheduler.config import Settings
 from scheduler.scan.dispatch import JobDispatcher, attempt_deadline
 from scheduler.store import dlq, scan
-from scheduler.store.dlq import DeadRun
+from scheduler.store.dlq import ResendableRun
 from scheduler.store.scan import NextAttempt
 
 Row = dict[str, Any]
@@ -40,7 +44,9 @@ class Replayer:
     def __init__(self, settings: Settings, dispatcher: JobDispatcher | None = None) -> None:
         self.dispatcher = dispatcher or JobDispatcher(settings)
 
-    def candidates(self, conn: psycopg.Connection[Row], where: ReplayFilter, limit: int) -> list[DeadRun]:
+    def candidates(
+        self, conn: psycopg.Connection[Row], where: ReplayFilter, limit: int
+    ) -> list[ResendableRun]:
         """What a replay would take now; changes nothing (the locks end with the rollback)."""
         with conn.transaction(force_rollback=True):
             return self._select(conn, where, limit)
@@ -54,7 +60,26 @@ class Replayer:
                 scan.notify_outbox(conn)
         return replayed
 
-    def _select(self, conn: psycopg.Connection[Row], where: ReplayFilter, limit: int) -> list[DeadRun]:
+    def lost(
+        self, conn: psycopg.Connection[Row], before: datetime, app: str | None, limit: int
+    ) -> list[ResendableRun]:
+        """What a redispatch would take now; changes nothing."""
+        with conn.transaction(force_rollback=True):
+            return dlq.lost_runs_for_redispatch(conn, before=before, app=app, limit=limit)
+
+    def redispatch(
+        self, conn: psycopg.Connection[Row], before: datetime, app: str | None, limit: int, actor: str
+    ) -> int:
+        """Send up to ``limit`` lost runs again in one transaction; returns how many."""
+        with conn.transaction():
+            lost = dlq.lost_runs_for_redispatch(conn, before=before, app=app, limit=limit)
+            attempts = [self._next_attempt(run, budget=run.run.max_attempts + 1) for run in lost]
+            moved = dlq.replay_runs(conn, attempts, actor, from_state="dispatched", action="redispatch")
+            if moved:
+                scan.notify_outbox(conn)
+        return moved
+
+    def _select(self, conn: psycopg.Connection[Row], where: ReplayFilter, limit: int) -> list[ResendableRun]:
         return dlq.dead_runs_for_replay(
             conn,
             app=where.app,
@@ -66,11 +91,13 @@ class Replayer:
             limit=limit,
         )
 
-    def _next_attempt(self, dead: DeadRun) -> tuple[NextAttempt, int]:
+    def _next_attempt(self, dead: ResendableRun, budget: int | None = None) -> tuple[NextAttempt, int]:
         run = dead.run
         attempt = run.attempt + 1
-        # A fresh budget counted on from the attempts spent: attempt numbers only grow (fencing).
-        job = dataclasses.replace(dead.job, max_attempts=run.attempt + dead.budget)
+        # By default a fresh budget counted on from the attempts spent: attempt numbers only grow
+        # (fencing).
+        max_attempts = budget if budget is not None else run.attempt + dead.budget
+        job = dataclasses.replace(dead.job, max_attempts=max_attempts)
         message = self.dispatcher.message(
             run_id=run.id,
             schedule_id=run.schedule_id,

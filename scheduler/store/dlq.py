@@ -1,4 +1,5 @@
-"""Dead runs for the operator: list them, and replay them through the normal pipeline."""
+"""Dead runs for the operator: list them, and replay them through the normal pipeline; and runs whose
+job messages were lost with Kafka's topics, sent again the same way."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ Row = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
-class DeadRun:
-    """A dead run a replay may take, locked until the replay's transaction ends."""
+class ResendableRun:
+    """A run a replay (dead) or a redispatch (lost) may take, locked until its transaction ends."""
 
     run: Run
     job: ExecutionSettings
@@ -42,7 +43,7 @@ def dead_runs_for_replay(
     until: datetime | None,
     force: bool,
     limit: int,
-) -> list[DeadRun]:
+) -> list[ResendableRun]:
     rows = conn.execute(
         query("dead_runs_for_replay"),
         {
@@ -55,13 +56,33 @@ def dead_runs_for_replay(
             "limit": limit,
         },
     ).fetchall()
-    return [DeadRun(run_from_row(row), execution_from_row(row), row["budget"], row["now"]) for row in rows]
+    return [
+        ResendableRun(run_from_row(row), execution_from_row(row), row["budget"], row["now"]) for row in rows
+    ]
+
+
+def lost_runs_for_redispatch(
+    conn: psycopg.Connection[Row], *, before: datetime, app: str | None, limit: int
+) -> list[ResendableRun]:
+    """Dispatched runs never started whose messages may have been lost with Kafka's topics."""
+    rows = conn.execute(
+        query("lost_runs_for_redispatch"), {"before": before, "app": app, "limit": limit}
+    ).fetchall()
+    return [
+        ResendableRun(run_from_row(row), execution_from_row(row), row["budget"], row["now"]) for row in rows
+    ]
 
 
 def replay_runs(
-    conn: psycopg.Connection[Row], attempts: Sequence[tuple[NextAttempt, int]], actor: str
+    conn: psycopg.Connection[Row],
+    attempts: Sequence[tuple[NextAttempt, int]],
+    actor: str,
+    *,
+    from_state: str = "dead",
+    action: str = "replay",
 ) -> int:
-    """Replay each (next attempt, its max_attempts); returns how many runs were replayed."""
+    """Move each run from ``from_state`` to its (next attempt, max_attempts), its message in the
+    outbox, audited as ``action``; returns how many runs moved."""
     if not attempts:
         return 0
     row = conn.execute(
@@ -76,6 +97,8 @@ def replay_runs(
             "values": [a.message.value for a, _ in attempts],
             "headers": [Jsonb(a.message.headers) for a, _ in attempts],
             "actor": actor,
+            "from_state": from_state,
+            "action": action,
         },
     ).fetchone()
     return int(row["replayed"]) if row else 0

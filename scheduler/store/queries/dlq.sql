@@ -41,9 +41,26 @@ select r.*, s.handler, s.payload, s.timeout_ms, s.max_attempts as budget, s.back
  limit %(limit)s::int
    for update of r skip locked;
 
+-- name: lost_runs_for_redispatch
+-- Runs Kafka acknowledged before the cut-off that no worker ever started, and that have no message
+-- waiting in the outbox: after the topics were lost, their job messages went with them. Locked
+-- like dead_runs_for_replay.
+select r.*, s.handler, s.payload, s.timeout_ms, s.max_attempts as budget, s.backoff_base_ms,
+       s.backoff_max_ms, now() as now
+  from runs r
+  join schedules s on s.id = r.schedule_id
+ where r.state = 'dispatched'
+   and r.dispatched_at < %(before)s::timestamptz
+   and (%(app)s::text is null or r.app = %(app)s::text)
+   and not exists (select 1 from outbox o where o.run_id = r.id)
+ order by r.dispatched_at, r.id
+ limit %(limit)s::int
+   for update of r skip locked;
+
 -- name: replay_runs
--- Each replayed run gets a new attempt number (so late outcomes of its old attempts stay fenced
--- off), a fresh budget of its schedule's max_attempts, its message in the outbox, and an audit row.
+-- Each replayed (dead) or redispatched (lost) run gets a new attempt number (so late outcomes of
+-- its old attempts stay fenced off), the attempt budget given, its message in the outbox, and an
+-- audit row naming the action.
 with replay as (
     select *
       from unnest(%(ids)b::uuid[], %(attempts)b::int[], %(max_attempts)b::int[],
@@ -56,12 +73,12 @@ with replay as (
            lease_expires_at = n.lease_expires_at, next_attempt_at = null, dispatched_at = null,
            started_at = null, finished_at = null, worker = null, error = null, version = r.version + 1
       from replay n
-     where r.id = n.id and r.state = 'dead'
+     where r.id = n.id and r.state = %(from_state)s::text
     returning r.id, r.attempt
 ), audited as (
     insert into audit_log (actor, action, entity, entity_id, old_value, new_value)
-    select %(actor)s::text, 'replay', 'run', m.id::text,
-           jsonb_build_object('state', 'dead', 'attempt', m.attempt - 1),
+    select %(actor)s::text, %(action)s::text, 'run', m.id::text,
+           jsonb_build_object('state', %(from_state)s::text, 'attempt', m.attempt - 1),
            jsonb_build_object('state', 'pending', 'attempt', m.attempt)
       from moved m
 ), queued as (
