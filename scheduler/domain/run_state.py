@@ -75,7 +75,9 @@ _OUTCOMES = frozenset({RunState.RUNNING, RunState.RETRY_WAIT, RunState.SUCCEEDED
 
 TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
     RunState.PENDING: _OUTCOMES | {RunState.DISPATCHED},
-    RunState.DISPATCHED: _OUTCOMES,
+    # dispatched -> pending: an operator's redispatch of a run whose job message was lost with
+    # Kafka's topics (`scheduler runs redispatch`), as a new attempt, like a replay.
+    RunState.DISPATCHED: _OUTCOMES | {RunState.PENDING},
     # running -> running is a heartbeat: it extends the lease and changes nothing else.
     RunState.RUNNING: _OUTCOMES,
     # The attempt that failed is still the run's current one until the scanner re-dispatches, and

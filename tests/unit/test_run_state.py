@@ -50,6 +50,7 @@ def test_schedule_enums_are_spelled_as_in_the_design() -> None:
         ("retry_wait", "dead"),  # a late non-retryable error of the current attempt
         ("retry_wait", "retry_wait"),  # the worker's own retry decision after the sweeper's
         ("dead", "pending"),  # DLQ replay
+        ("dispatched", "pending"),  # redispatch of a run whose job message was lost with Kafka
     ],
 )
 def test_allowed_moves(current: str, target: str) -> None:
@@ -65,7 +66,7 @@ def test_allowed_moves(current: str, target: str) -> None:
         ("skipped", "pending"),
         ("dead", "succeeded"),
         ("retry_wait", "running"),  # a late heartbeat of the attempt that failed
-        ("dispatched", "pending"),
+        ("running", "pending"),  # a started run goes back only through its lease's expiry
         ("running", "dispatched"),
         ("pending", "skipped"),
         ("pending", "cancelled"),  # no component cancels runs

@@ -73,7 +73,9 @@ with replay as (
            lease_expires_at = n.lease_expires_at, next_attempt_at = null, dispatched_at = null,
            started_at = null, finished_at = null, worker = null, error = null, version = r.version + 1
       from replay n
-     where r.id = n.id and r.state = %(from_state)s::text
+     -- Each run was selected and locked (FOR UPDATE) in this transaction as dead, or as dispatched
+     -- and lost; the guard only keeps any other state out.
+     where r.id = n.id and r.state in ('dead', 'dispatched')
     returning r.id, r.attempt
 ), audited as (
     insert into audit_log (actor, action, entity, entity_id, old_value, new_value)
