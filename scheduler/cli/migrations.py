@@ -19,11 +19,21 @@ from scheduler.store.migrate import Migration, pending
 from scheduler.wiring import Wiring
 
 POLL_S = 2.0
+# A server that accepts and never answers must not hold a check past its --timeout.
+CONNECT_TIMEOUT_S = 10
 
 
-def _status(wiring: Wiring) -> tuple[list[Migration], list[int]]:
-    with wiring.database.connect() as conn:
+def _status(wiring: Wiring, timeout_s: float = CONNECT_TIMEOUT_S) -> tuple[list[Migration], list[int]]:
+    # libpq counts connect_timeout in whole seconds, and 1 is its least.
+    seconds = max(1, min(CONNECT_TIMEOUT_S, int(timeout_s)))
+    with psycopg.connect(wiring.database.conninfo, connect_timeout=seconds) as conn:
         return pending(conn)
+
+
+def _reason(exc: psycopg.Error) -> str:
+    """libpq's first line (it names host and port, never the password), or the error's class."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _names(missing: list[Migration]) -> str:
@@ -38,12 +48,16 @@ def migrations() -> None:
 @migrations.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def status(as_json: bool) -> None:
-    """Show which migrations of this release are applied; exit 1 when some are not."""
+    """Show which migrations of this release are applied; exit 1 when some are not, 2 when the
+    database cannot be read."""
     wiring = wiring_or_exit()
     try:
         missing, newer = _status(wiring)
-    except psycopg.OperationalError as exc:
-        fail(f"cannot reach PostgreSQL at {wiring.database.display}: {str(exc).strip().splitlines()[0]}")
+    except psycopg.Error as exc:
+        fail(
+            f"cannot read the schema version from PostgreSQL at {wiring.database.display}: {_reason(exc)}",
+            code=2,
+        )
     if as_json:
         echo_json(
             {
@@ -79,11 +93,11 @@ def wait(timeout: float) -> None:
     said = ""
     while True:
         try:
-            missing, _ = _status(wiring)
+            missing, _ = _status(wiring, deadline - time.monotonic())
             state = f"waiting for migrations: {_names(missing)}" if missing else ""
-        except psycopg.OperationalError as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            state = f"waiting for PostgreSQL at {wiring.database.display}: {reason}"
+        except psycopg.Error as exc:
+            # Unreachable, refused, or not yet allowed to read: all may be put right meanwhile.
+            state = f"waiting for PostgreSQL at {wiring.database.display}: {_reason(exc)}"
         if not state:
             click.echo("schema up to date")
             return

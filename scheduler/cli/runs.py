@@ -12,6 +12,7 @@ from scheduler.cli.common import actor, database, echo_json, fail, parse_instant
 from scheduler.domain.run_state import RunState
 from scheduler.reconcile.replay import Replayer
 from scheduler.store import runs as store
+from scheduler.store.schedules import db_now
 
 RUN_STATES = tuple(str(s) for s in RunState)
 
@@ -81,6 +82,13 @@ def redispatch(before: str, app: str | None, limit: int, dry_run: bool, as_json:
     wiring = wiring_or_exit()
     replayer = Replayer(wiring.settings, wiring.dispatcher)
     with database(wiring) as conn:
+        # The relay stamps a redispatched run with the time Kafka acknowledges it: a cut-off later
+        # than now would take the same runs again, batch after batch. The database's clock decides.
+        with conn.transaction(force_rollback=True):  # each batch below commits on its own
+            now = db_now(conn)
+        if moment > now:
+            fail(f"--dispatched-before {moment.isoformat()} is in the future (the database's time is "
+                 f"{now.isoformat()}): give the moment Kafka's topics were lost", code=2)  # fmt: skip
         if dry_run:
             lost = replayer.lost(conn, moment, app, limit)
             rows = [

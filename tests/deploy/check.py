@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -27,6 +29,7 @@ from tests.deploy.crd_schemas import validate_custom_resource
 from tests.deploy.manifests import (
     K8S,
     OVERLAYS,
+    ROOT,
     Object,
     containers,
     main_container,
@@ -39,6 +42,7 @@ from tests.deploy.manifests import (
 )
 
 KUBERNETES_VERSION = "1.30.0"
+_VARIABLE_RE = re.compile(r"\b(SCHEDULER_[A-Z0-9_]*[A-Z0-9])\b")
 HEALTH_PATHS = {"startupProbe": "/startup", "livenessProbe": "/live", "readinessProbe": "/ready"}
 COMPONENTS = ("scanner", "relay", "reconciler", "ingestor")
 # What the image's entrypoint runs for each Job (`scheduler <args>`).
@@ -46,6 +50,13 @@ JOB_COMMANDS = {"migrate": ["init"], "app-setup": ["apps", "create"]}
 # Worker stop grace (`--grace`) when the args do not say; the others stop within the same.
 DEFAULT_GRACE_S = 30.0
 SECRET_NAME_RE = re.compile(r"PASSWORD|SECRET|TOKEN|DATABASE_URL|_KEY$")
+
+
+@functools.cache
+def known_variables() -> frozenset[str]:
+    """Every SCHEDULER_* name the package's code mentions, and the *_FILE form of its secrets."""
+    found = {m for path in (ROOT / "scheduler").rglob("*.py") for m in _VARIABLE_RE.findall(path.read_text())}
+    return frozenset(found | {f"{name}_FILE" for name in found if "PASSWORD" in name})
 
 
 def core_problems(objects: list[Object]) -> list[str]:
@@ -86,10 +97,41 @@ def workload_problems(objects: list[Object]) -> list[str]:
     if len(images) != 1:
         problems.append(f"every container should run the one image, found {sorted(images)}")
     seen_components = set()
+    host = settings.get("SCHEDULER_METRICS_HOST", "0.0.0.0")
+    if host not in ("0.0.0.0", "::"):
+        problems.append(f"SCHEDULER_METRICS_HOST={host}: the kubelet and Prometheus probe the pod's address")
+    for key in settings:
+        if key.startswith("SCHEDULER_") and key not in known_variables():
+            problems.append(f"settings ConfigMap: {key} is no variable the scheduler reads")
+    for namespace in of_kind(objects, "Namespace"):
+        level = namespace["metadata"].get("labels", {}).get("pod-security.kubernetes.io/enforce")
+        if level not in ("baseline", "restricted"):
+            problems.append(f"Namespace {namespace['metadata']['name']}: Pod Security must be enforced")
+    for budget in of_kind(objects, "PodDisruptionBudget"):
+        if budget["spec"].get("unhealthyPodEvictionPolicy") != "AlwaysAllow":
+            problems.append(
+                f"PodDisruptionBudget {budget['metadata']['name']}: unready pods (PostgreSQL or Kafka "
+                "down) must stay evictable: unhealthyPodEvictionPolicy AlwaysAllow"
+            )
+        if "minAvailable" in budget["spec"]:
+            problems.append(f"PodDisruptionBudget {budget['metadata']['name']}: use maxUnavailable")
     for workload in of_kind(objects, "Deployment", "Job"):
         name = f"{workload['kind']} {workload['metadata']['name']}"
         spec = pod_spec(workload)
         component = _pod_labels(workload).get("app.kubernetes.io/component", "")
+        selector = workload["spec"].get("selector", {}).get("matchLabels", {})
+        if workload["kind"] == "Deployment" and not _labels_match(selector, _pod_labels(workload)):
+            problems.append(f"{name}: its selector does not match its pod template's labels")
+        database_refs = {
+            json.dumps(e["valueFrom"], sort_keys=True)
+            for c in containers(workload)
+            for e in c.get("env", [])
+            if e["name"] == "SCHEDULER_DATABASE_URL"
+        }
+        if len(database_refs) > 1:
+            problems.append(
+                f"{name}: its containers read SCHEDULER_DATABASE_URL from different Secrets or keys"
+            )
         seen_components.add(component)
         pod_security = spec.get("securityContext", {})
         if not (pod_security.get("runAsNonRoot") and pod_security.get("runAsUser") == 65532):
@@ -175,6 +217,8 @@ def network_problems(objects: list[Object]) -> list[str]:
     workers never reach PostgreSQL."""
     problems: list[str] = []
     policies = of_kind(objects, "NetworkPolicy")
+    bootstrap = settings_map(objects).get("SCHEDULER_KAFKA_BOOTSTRAP", "")
+    kafka_port = bootstrap.split(",")[0].rpartition(":")[2]
     for workload in of_kind(objects, "Deployment", "Job"):
         labels = _pod_labels(workload)
         name = f"{workload['kind']} {workload['metadata']['name']}"
@@ -207,6 +251,20 @@ def network_problems(objects: list[Object]) -> list[str]:
             )
             if labels.get("app.kubernetes.io/component") == "worker" and reaches_postgres:
                 problems.append(f"{name}: policy {policy['metadata']['name']} lets a worker reach PostgreSQL")
+            if any(not r.get("to") and not r.get("ports") for r in policy["spec"].get("egress", [])):
+                problems.append(f"{name}: policy {policy['metadata']['name']} allows all egress")
+        egress_ports = {
+            str(port.get("port"))
+            for p in mine
+            for r in p["spec"].get("egress", [])
+            for port in r.get("ports", [])
+        }
+        needed = {"53": "DNS", kafka_port: "Kafka"}
+        if labels.get("kafka-pg-scheduler/database") == "client":
+            needed["5432"] = "PostgreSQL"
+        for port, what in needed.items():
+            if port not in egress_ports:
+                problems.append(f"{name}: no policy lets it reach {what} (port {port})")
     return problems
 
 
@@ -219,7 +277,7 @@ def custom_resource_problems(objects: list[Object]) -> list[str]:
     # paths exist in the image, not necessarily on this machine.
     secrets = {"SCHEDULER_KAFKA_SASL_USERNAME": "user", "SCHEDULER_KAFKA_SASL_PASSWORD": "secret"}
     settings = load_settings(
-        {k: v for k, v in env.items() if not k.startswith("SCHEDULER_KAFKA_SSL")}
+        {k: v for k, v in env.items() if not k.startswith(("SCHEDULER_KAFKA_SSL", "SCHEDULER_DATABASE_SSL"))}
         | (secrets if "SCHEDULER_KAFKA_SASL_MECHANISM" in env else {})
     )
     deployments = {d["metadata"]["name"]: d for d in of_kind(objects, "Deployment")}
@@ -257,6 +315,11 @@ def custom_resource_problems(objects: list[Object]) -> list[str]:
                 problems.append(
                     f"ScaledObject of {app}: {key} is {meta.get(key)!r}, the workers use {value!r}"
                 )
+        if spec["scaleTargetRef"].get("kind", "Deployment") != "Deployment":
+            problems.append(f"ScaledObject of {app}: it must scale the worker Deployment")
+        for key in ("lagThreshold", "activationLagThreshold"):
+            if not str(meta.get(key, "1")).isdigit():
+                problems.append(f"ScaledObject of {app}: {key} {meta.get(key)!r} is not a whole number")
         if trigger["type"] != "kafka":
             problems.append(f"ScaledObject of {app}: the trigger must be kafka (consumer lag)")
         if app in partitions and spec.get("maxReplicaCount", 100) > partitions[app]:
@@ -284,6 +347,18 @@ def custom_resource_problems(objects: list[Object]) -> list[str]:
             for m in monitors
         ):
             problems.append(f"Deployment {name}: no PodMonitor scrapes /metrics on one of its ports")
+    for monitor in monitors:
+        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+            targets = {r.get("targetLabel"): r.get("sourceLabels") for r in endpoint.get("relabelings", [])}
+            for label, source in (
+                ("component", "app_kubernetes_io_component"),
+                ("app", "kafka_pg_scheduler_app"),
+            ):
+                if targets.get(label) != [f"__meta_kubernetes_pod_label_{source}"]:
+                    problems.append(
+                        f"PodMonitor {monitor['metadata']['name']}: the alert rules need the target label "
+                        f"{label} from the pods' labels"
+                    )
     if not of_kind(objects, "PrometheusRule"):
         problems.append("no PrometheusRule carries the alert rules")
 
@@ -307,8 +382,10 @@ def custom_resource_problems(objects: list[Object]) -> list[str]:
                 problems.append(
                     f"Kafka {name}: its node pools must give it brokers and controllers, have {roles}"
                 )
-            if not settings.kafka_bootstrap.startswith(f"{name}-kafka-bootstrap:"):
-                problems.append(f"SCHEDULER_KAFKA_BOOTSTRAP should be {name}-kafka-bootstrap:<port>")
+            # With the namespace: KEDA resolves the same address from a namespace of its own.
+            service = f"{name}-kafka-bootstrap.{kafka['metadata'].get('namespace', 'default')}.svc"
+            if not settings.kafka_bootstrap.startswith(f"{service}:"):
+                problems.append(f"SCHEDULER_KAFKA_BOOTSTRAP should be {service}:<port>")
         wanted = {t: CORE_TOPIC_PARTITIONS for t in settings.core_topics} | {
             settings.jobs_topic(app): n for app, n in partitions.items()
         }

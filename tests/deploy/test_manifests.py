@@ -122,6 +122,40 @@ def _drop_pdb(objects: list[Object]) -> None:
     objects.remove(named(objects, "PodDisruptionBudget", "scheduler-relay"))
 
 
+def _settings(key: str, value: str) -> Callable[[list[Object]], None]:
+    def mutate(objects: list[Object]) -> None:
+        next(o for o in objects if o["metadata"]["name"].startswith("scheduler-settings"))["data"][key] = (
+            value
+        )
+
+    return mutate
+
+
+def _drop(kind: str, name: str) -> Callable[[list[Object]], None]:
+    def mutate(objects: list[Object]) -> None:
+        objects.remove(named(objects, kind, name))
+
+    return mutate
+
+
+def _allow_all_egress(objects: list[Object]) -> None:
+    named(objects, "NetworkPolicy", "scheduler-worker-targets-default")["spec"]["egress"] = [{}]
+
+
+def _other_secret_in_init(objects: list[Object]) -> None:
+    init = _deployment(objects)["spec"]["template"]["spec"]["initContainers"][0]
+    (url,) = [e for e in init["env"] if e["name"] == "SCHEDULER_DATABASE_URL"]
+    url["valueFrom"]["secretKeyRef"]["key"] = "password"
+
+
+def _other_selector(objects: list[Object]) -> None:
+    _deployment(objects)["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] = "relay"
+
+
+def _podmonitor(objects: list[Object]) -> Object:
+    return named(objects, "PodMonitor", "scheduler")
+
+
 SPEC = "spec.template.spec"
 CONTAINER = f"{SPEC}.containers.0"
 BROKEN: dict[str, tuple[Callable[[list[Object]], None], str]] = {
@@ -168,6 +202,35 @@ BROKEN: dict[str, tuple[Callable[[list[Object]], None], str]] = {
         "partitions",
     ),
     "misspelled KafkaTopic field": (_set("spec.replcas", 1, lambda o: _topic(o, "sched.dlq")), "replcas"),
+    "metrics only on loopback": (_settings("SCHEDULER_METRICS_HOST", "127.0.0.1"), "SCHEDULER_METRICS_HOST"),
+    "a variable the code does not read": (_settings("SCHEDULER_DATABASE_SSLMOD", "require"), "SSLMOD"),
+    "selector not matching the template": (_other_selector, "selector"),
+    "no DNS": (_drop("NetworkPolicy", "scheduler-dns"), "DNS"),
+    "no way to Kafka": (_drop("NetworkPolicy", "scheduler-kafka"), "Kafka (port 9092)"),
+    "no way to PostgreSQL": (_drop("NetworkPolicy", "scheduler-postgres"), "PostgreSQL (port 5432)"),
+    "a worker allowed all egress": (_allow_all_egress, "allows all egress"),
+    "init container reading another key": (_other_secret_in_init, "different Secrets or keys"),
+    "alert labels not relabelled": (
+        _set("spec.podMetricsEndpoints.0.relabelings", [], _podmonitor),
+        "component",
+    ),
+    "scaling a StatefulSet": (_set("spec.scaleTargetRef.kind", "StatefulSet", _scaled), "worker Deployment"),
+    "a lag threshold that is no number": (
+        _set("spec.triggers.0.metadata.lagThreshold", "lots", _scaled),
+        "lots",
+    ),
+    "Pod Security not enforced": (
+        _set("metadata.labels", {}, lambda o: named(o, "Namespace", "scheduler-dev")),
+        "Pod Security",
+    ),
+    "budget blocking drains in an outage": (
+        _set(
+            "spec.unhealthyPodEvictionPolicy",
+            None,
+            lambda o: named(o, "PodDisruptionBudget", "scheduler-relay"),
+        ),
+        "AlwaysAllow",
+    ),
     "Kafka without KRaft": (
         _set("metadata.annotations", {}, lambda o: named(o, "Kafka", "scheduler-kafka")),
         "KRaft",

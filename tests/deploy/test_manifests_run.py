@@ -63,7 +63,25 @@ PODMAN = shlex.split(os.environ.get("PODMAN", "podman --runtime runc"))
 # What podman needs on this project's machines (the Makefile's PODMAN_BUILD_FLAGS, for `run`).
 PODMAN_RUN_FLAGS = ["--network", "host", "--ulimit", "nofile=16384:16384", "--ulimit", "nproc=4096:4096"]
 NAMESPACE = "scheduler-dev"
+# Every container of one test run carries it, so that all are found and removed, whatever failed.
+RUN_LABEL = "kafka-pg-scheduler.test-run"
 CONTAINER_LOG_LINES = 40
+
+
+def pod_address() -> str:
+    """An address of this machine other than loopback, which the probes use as a kubelet would use
+    the pod's: a process listening on 127.0.0.1 only must fail them. Loopback when there is none."""
+    try:
+        listed = subprocess.run(
+            ["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True
+        )
+    except OSError:  # no iproute2
+        return "127.0.0.1"
+    for line in listed.stdout.splitlines():
+        fields = line.split()
+        if "inet" in fields:
+            return fields[fields.index("inet") + 1].split("/")[0]
+    return "127.0.0.1"
 
 
 def free_port() -> int:
@@ -84,6 +102,7 @@ class Pod:
     objects: list[Object]
     secrets: dict[SecretRef, str]
     run_id: str
+    stop: threading.Event
     host_port: int | None = None
     started: list[str] = field(default_factory=list)
     failure: str | None = None
@@ -111,7 +130,8 @@ class Pod:
         pod_security, security = spec.get("securityContext", {}), container.get("securityContext", {})
         user = security.get("runAsUser", pod_security.get("runAsUser"))
         group = security.get("runAsGroup", pod_security.get("runAsGroup"))
-        args = [*PODMAN_RUN_FLAGS, "--name", name, "--user", f"{user}:{group}"]
+        args = [*PODMAN_RUN_FLAGS, "--name", name, "--label", f"{RUN_LABEL}={self.run_id}"]
+        args += ["--user", f"{user}:{group}"]
         if security.get("readOnlyRootFilesystem"):
             args.append("--read-only")
         if security.get("allowPrivilegeEscalation") is False:
@@ -134,9 +154,14 @@ class Pod:
         while True:
             attempt += 1
             name = f"{self.pod_name}-{container['name']}-{attempt}"
+            if self.stop.is_set():
+                raise AssertionError(f"{name}: the test stopped")
             self.started.append(name)
             done = podman(
-                "run", *self.podman_args(container, name), timeout_s=max(1.0, deadline - time.monotonic())
+                "run",
+                "--rm",
+                *self.podman_args(container, name),
+                timeout_s=max(1.0, deadline - time.monotonic()),
             )
             if done.returncode == 0:
                 return
@@ -153,6 +178,8 @@ class Pod:
                 self.run_to_completion(container, deadline)
             else:
                 name = f"{self.pod_name}-{container['name']}"
+                if self.stop.is_set():
+                    raise AssertionError(f"{name}: the test stopped")
                 self.started.append(name)
                 done = podman("run", "--detach", *self.podman_args(container, name))
                 assert done.returncode == 0, f"{name}: podman run failed: {done.stderr}"
@@ -169,10 +196,10 @@ class Pod:
         return "\n".join(text)
 
 
-def probe_ok(port: int, path: str, timeout_s: float) -> bool:
+def probe_ok(address: str, port: int, path: str, timeout_s: float) -> bool:
     """The kubelet's httpGet: any status from 200 to 399 is a success."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as response:
+        with urllib.request.urlopen(f"http://{address}:{port}{path}", timeout=timeout_s) as response:
             status: int = response.status
             return 200 <= status < 400
     except urllib.error.HTTPError as exc:
@@ -181,8 +208,20 @@ def probe_ok(port: int, path: str, timeout_s: float) -> bool:
         return False
 
 
-def image_present(image: str) -> bool:
-    return podman("image", "exists", image).returncode == 0
+def image_problem(image: str) -> str | None:
+    """Why the image cannot stand for this checkout: missing, or built from another commit."""
+    if podman("image", "exists", image).returncode != 0:
+        return f"image {image} is missing: build it with `make image` (make test-deploy does)"
+    label = '{{ index .Labels "org.opencontainers.image.revision" }}'
+    built = podman("image", "inspect", "--format", label, image).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=K8S
+    ).stdout.strip()
+    if head and built.removesuffix("-dirty") != head:
+        return (
+            f"image {image} was built from {built or 'another revision'}, this checkout is {head}: make image"
+        )
+    return None
 
 
 def test_the_dev_overlay_runs_from_the_image(
@@ -215,16 +254,17 @@ def test_the_dev_overlay_runs_from_the_image(
     images = {main_container(w)["image"] for w in workloads}
     assert len(images) == 1
     (image,) = images
-    assert image_present(image), (
-        f"image {image} is missing: build it with `make image` (make test-deploy does)"
-    )
+    problem = image_problem(image)
+    assert problem is None, problem
     # The test's Secret: CloudNativePG's scheduler-db-app, key uri, as the dev overlay reads it.
     secrets = {SecretRef("scheduler-db-app", "uri"): empty_database_url}
     settings = settings_map(objects)
     run_id = uuid.uuid4().hex[:6]
+    stop = threading.Event()
+    address = pod_address()
     pods: list[Pod] = []
     for workload in workloads:
-        pod = Pod(workload, objects, secrets, run_id)
+        pod = Pod(workload, objects, secrets, run_id, stop)
         if workload["kind"] == "Deployment":
             container = main_container(workload)
             for kind, probe in probes(container).items():
@@ -275,7 +315,7 @@ def test_the_dev_overlay_runs_from_the_image(
                 budget = probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
                 timeout: float = probe.get("timeoutSeconds", 1)
                 within(
-                    functools.partial(probe_ok, port, path, timeout),
+                    functools.partial(probe_ok, address, port, path, timeout),
                     min(budget, max(1.0, deadline - time.monotonic())),
                     f"{pod.name}: {kind} GET {path} on its metrics port",
                 )
@@ -339,10 +379,12 @@ def test_the_dev_overlay_runs_from_the_image(
             f"first job succeeded at {first_job:.1f} s"
         )
     finally:
-        names = [n for p in pods for n in p.started]
-        if names:
-            podman("rm", "--force", "--time", "5", *names, timeout_s=120)
+        # No pod starts another container from now on; then every one of this run goes.
+        stop.set()
         for thread in threads:
-            thread.join(timeout=30)
+            thread.join(timeout=120)
+        left = podman("ps", "--all", "--quiet", "--filter", f"label={RUN_LABEL}={run_id}").stdout.split()
+        if left:
+            podman("rm", "--force", "--time", "5", *left, timeout_s=120)
         admin = TopicAdmin(stack.kafka_bootstrap)
         admin.delete_topics([t for t in admin.topics() if t.startswith(f"{prefix}.")])

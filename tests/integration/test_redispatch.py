@@ -111,3 +111,9 @@ def test_a_bad_cut_off_is_one_line_and_changes_nothing(settings_env: dict[str, s
     assert done.returncode == 2
     assert "--dispatched-before" in done.stderr and "ISO 8601" in done.stderr
     assert "Traceback" not in done.stderr
+    # A cut-off after now would take the runs it just sent again, once the relay stamps them.
+    future = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    ahead = redispatch(settings_env, "--dispatched-before", future)
+    assert ahead.returncode == 2
+    assert ahead.stderr.startswith("error: --dispatched-before") and "in the future" in ahead.stderr
+    assert len(ahead.stderr.strip().splitlines()) == 1
