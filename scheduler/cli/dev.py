@@ -17,14 +17,19 @@ def dev() -> None:
 
 
 @dev.command()
-def up() -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only (as `dev status --json`).")
+def up(as_json: bool) -> None:
     """Start PostgreSQL and Kafka (idempotent); returns once both answer."""
     stack = LocalStack(settings_or_exit())
     try:
         stack.up(notice=lambda line: click.echo(f"notice: {line}", err=True))
     except StackError as exc:
         fail(str(exc))
-    for part in stack.status():
+    parts = stack.status()
+    if as_json:
+        click.echo(json.dumps([p.__dict__ for p in parts]))
+        return
+    for part in parts:
         click.echo(f"{part.name:<9} running  pid {part.pid}  port {part.port}")
 
 
@@ -54,7 +59,12 @@ def status(as_json: bool) -> None:
 
 
 @dev.command()
-def env() -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the variables as one JSON object.")
+def env(as_json: bool) -> None:
     """Print shell `export` lines for the local stack."""
-    for name, value in LocalStack(settings_or_exit()).env().items():
+    variables = LocalStack(settings_or_exit()).env()
+    if as_json:
+        click.echo(json.dumps(variables))
+        return
+    for name, value in variables.items():
         click.echo(f"export {name}={shlex.quote(value)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 import psycopg
 
-from scheduler.cli.common import fail, wiring_or_exit
+from scheduler.cli.common import echo_json, fail, wiring_or_exit
 from scheduler.kafka.topics import ensure_sized_topics
 from scheduler.kafka.transport import KafkaUnavailable, TransportError
 from scheduler.store import schedules
@@ -46,7 +46,8 @@ def prepare_topics(wiring: Wiring) -> tuple[list[str], list[str]]:
 
 
 @click.command()
-def init() -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def init(as_json: bool) -> None:
     """Migrate the database and create the core topics (safe to run any number of times)."""
     wiring = wiring_or_exit()
     try:
@@ -58,6 +59,9 @@ def init() -> None:
         fail(f"cannot reach Kafka at {wiring.settings.kafka_bootstrap}: {exc}")
     except TransportError as exc:
         fail(f"Kafka refused a topic change: {exc}")
+    if as_json:
+        echo_json({"migrations_applied": applied, "topics_created": created, "topics_resized": resized})
+        return
     click.echo(f"migrations applied: {', '.join(applied) or 'none (up to date)'}")
     click.echo(f"topics created: {', '.join(created) or 'none (all exist)'}")
     if resized:

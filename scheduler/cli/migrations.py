@@ -83,7 +83,8 @@ def status(as_json: bool) -> None:
     show_default=True,
     help="Seconds to wait before giving up (exit 1).",
 )
-def wait(timeout: float) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only (when up to date).")
+def wait(timeout: float, as_json: bool) -> None:
     """Wait until every migration of this release is applied (by `scheduler init`, elsewhere).
 
     PostgreSQL being unreachable is waited out too: the database may be starting alongside.
@@ -99,7 +100,10 @@ def wait(timeout: float) -> None:
             # Unreachable, refused, or not yet allowed to read: all may be put right meanwhile.
             state = f"waiting for PostgreSQL at {wiring.database.display}: {_reason(exc)}"
         if not state:
-            click.echo("schema up to date")
+            if as_json:
+                echo_json({"up_to_date": True})
+            else:
+                click.echo("schema up to date")
             return
         if state != said:  # one line per change, not one per poll
             click.echo(state, err=True)

@@ -52,7 +52,8 @@ def list_(schedule_id: UUID | None, app: str | None, state: str | None, limit: i
 
 @runs.command("get")
 @click.argument("run_id", type=uuid_arg)
-def get(run_id: UUID) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only (as without it).")
+def get(run_id: UUID, as_json: bool) -> None:
     """Print one run with its attempts as JSON."""
     with database(wiring_or_exit()) as conn:
         row = store.get_run(conn, run_id)

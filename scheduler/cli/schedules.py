@@ -105,12 +105,18 @@ def schedules() -> None:
     """Schedules: immediate, delayed or cron, in any time zone."""
 
 
+# These commands print JSON and nothing else: --json is accepted so that every command that prints
+# data takes it, and scripts need not know which ones would print a table.
+json_only = click.option("--json", "as_json", is_flag=True, help="Print JSON only (as without it).")
+
+
 @schedules.command("create")
 @click.option("--app", required=True)
 @click.option("--now", "now_", is_flag=True, help="Fire once, now.")
 @click.option("--at", "at", help="Fire once at this ISO 8601 time.")
 @click.option("--cron", "cron", help="Fire on this cron expression (5 or 6 fields, seconds first).")
 @_spec_options(creating=True)
+@json_only
 def create(
     app: str,
     now_: bool,
@@ -123,6 +129,7 @@ def create(
     jitter: float,
     start: str | None,
     end: str | None,
+    as_json: bool,
     **options: Any,
 ) -> None:
     """Create a schedule and print it as JSON."""
@@ -158,6 +165,7 @@ def create(
 @click.option("--cron", "cron", help="Make it a cron schedule on this expression.")
 @_spec_options(creating=False)
 @click.option("--expect-version", type=int, help="Fail unless the schedule is at this version.")
+@json_only
 def update(
     schedule_id: UUID,
     at: str | None,
@@ -170,6 +178,7 @@ def update(
     start: str | None,
     end: str | None,
     expect_version: int | None,
+    as_json: bool,
     **options: Any,
 ) -> None:
     """Change a schedule: the options given replace their values, the others stay; prints it as JSON.
@@ -231,7 +240,8 @@ def _stored_spec(row: dict[str, Any]) -> ScheduleSpec:
 
 @schedules.command("get")
 @click.argument("schedule_id", type=uuid_arg)
-def get(schedule_id: UUID) -> None:
+@json_only
+def get(schedule_id: UUID, as_json: bool) -> None:
     """Print one schedule as JSON."""
     with database(wiring_or_exit()) as conn:
         row = store.get_schedule(conn, schedule_id)
@@ -268,7 +278,8 @@ def _versioned(name: str, operation: Any, help_text: str) -> click.Command:
     @click.command(name, help=help_text)
     @click.argument("schedule_id", type=uuid_arg)
     @click.option("--expect-version", type=int, help="Fail unless the schedule is at this version.")
-    def command(schedule_id: UUID, expect_version: int | None) -> None:
+    @json_only
+    def command(schedule_id: UUID, expect_version: int | None, as_json: bool) -> None:
         with database(wiring_or_exit()) as conn:
             echo_json(shown(operation(conn, schedule_id, actor(), expect_version)))
 
@@ -288,7 +299,8 @@ schedules.add_command(_versioned("cancel", service.cancel, "Cancel a schedule fo
 
 @schedules.command("trigger")
 @click.argument("schedule_id", type=uuid_arg)
-def trigger(schedule_id: UUID) -> None:
+@json_only
+def trigger(schedule_id: UUID, as_json: bool) -> None:
     """Fire a schedule now, outside its timetable; prints the new run id."""
     wiring = wiring_or_exit()
     with database(wiring) as conn:

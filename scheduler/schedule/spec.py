@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -72,6 +73,10 @@ class ScheduleSpec:
     misfire_policy: str = MisfirePolicy.FIRE_ONCE
     overlap_policy: str = OverlapPolicy.ALLOW
     jitter_ms: int = 0
+
+
+# Any id will do to check the form of an expression with H: none is hashed for real with it.
+SYNTAX_CHECK_ID = uuid.UUID(int=0)
 
 
 def validate_app_name(name: str) -> str:
@@ -207,7 +212,9 @@ def validate(spec: ScheduleSpec) -> ScheduleSpec:
         if not spec.cron:
             raise InvalidSchedule("a cron schedule needs a cron expression")
         try:
-            CronSchedule.of(spec.cron, spec.tz)
+            # H is checked here for its form only; the schedule's own id picks its values when its
+            # fires are computed (first_fire and the scanner), once the id exists.
+            CronSchedule.of(spec.cron, spec.tz, schedule_id=SYNTAX_CHECK_ID)
         except InvalidCronExpression as exc:
             raise InvalidSchedule(str(exc)) from None
     elif spec.cron is not None:

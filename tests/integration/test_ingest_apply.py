@@ -16,6 +16,7 @@ import pytest
 from psycopg import sql
 
 from scheduler.config import Settings
+from scheduler.domain.cron import CronSchedule
 from scheduler.ingest.apply import BatchResult, RecordedRejection, apply_batch
 from scheduler.ingest.commands import Consumed, decode_command
 from scheduler.kafka.avro import AvroCodec
@@ -483,3 +484,20 @@ def test_an_update_command_fixes_a_schedule_in_error(
     assert result.applied == 1
     row = by_key(conn, "k")
     assert (row["state"], row["error"], row["errored_at"], row["tz"]) == ("active", None, None, "Asia/Tokyo")
+
+
+def test_a_create_with_jenkins_h_fires_at_the_minute_its_own_id_hashes_to(
+    conn: psycopg.Connection[Row], settings: Settings, topic: Topic
+) -> None:
+    batch = [topic.message(command(f"h{i}", f"spread-{i}", spec=spec(cron="H H * * *"))) for i in range(20)]
+    result = ingest(conn, settings, batch)
+    assert codes(result) == []
+    fires = set()
+    for i in range(20):
+        row = by_key(conn, f"spread-{i}")
+        expected = CronSchedule.of("H H * * *", "UTC", schedule_id=row["id"]).next_fire_after(
+            row["created_at"]
+        )
+        assert row["next_fire_at"] == expected
+        fires.add((expected.hour, expected.minute))
+    assert len(fires) > 1, "H spreads schedules over the day by their ids"

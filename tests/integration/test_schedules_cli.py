@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from scheduler.config import Settings
+from scheduler.domain.cron import CronSchedule
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.store import connect
 from scheduler.wiring import Wiring
@@ -279,3 +280,34 @@ def test_an_app_that_declares_its_handlers_refuses_any_other(cli: Cli, settings:
             r["action"] for r in conn.execute("select action from audit_log where entity = 'app' order by id")
         ]
     assert actions == ["create", "handlers", "handlers"]
+
+
+def test_a_cron_with_jenkins_h_is_created_and_hashed_by_its_own_id(cli: Cli, app: str) -> None:
+    created = cli.json(
+        "schedules", "create", "--app", app, "--cron", "H H(0-5) * * *", "--handler", "builtin:noop"
+    )
+    expected = CronSchedule.of("H H(0-5) * * *", "UTC", schedule_id=created["id"]).next_fire_after(
+        parse(created["created_at"])
+    )
+    assert parse(created["next_fire_at"]) == expected and expected.hour <= 5
+    # Updated to another H expression, it is hashed by the same id.
+    updated = cli.json("schedules", "update", created["id"], "--cron", "H/15 * * * *")
+    assert parse(updated["next_fire_at"]) == CronSchedule.of(
+        "H/15 * * * *", "UTC", schedule_id=created["id"]
+    ).next_fire_after(parse(updated["updated_at"]))
+    bad = cli("schedules", "create", "--app", app, "--cron", "H(70-80) * * * *", "--handler", "builtin:noop")
+    assert bad.returncode != 0 and "H(a-b) needs 0 <= a <= b <= 59" in bad.stderr
+
+
+def test_json_is_accepted_by_the_commands_that_always_print_it(cli: Cli, app: str) -> None:
+    created = cli.json(
+        "schedules", "create", "--app", app, "--cron", "0 3 * * *", "--handler", "builtin:noop", "--json"
+    )
+    assert cli.json("schedules", "get", created["id"], "--json") == created
+    paused = cli.json("schedules", "pause", created["id"], "--json")
+    assert paused["state"] == "paused" and paused["version"] == created["version"] + 1
+    triggered = cli.json("schedules", "trigger", created["id"], "--json")
+    assert triggered["schedule_id"] == created["id"]
+    assert cli.json("runs", "get", triggered["run_id"], "--json")["id"] == triggered["run_id"]
+    assert cli.json("schedules", "update", created["id"], "--name", "nightly", "--json")["name"] == "nightly"
+    assert cli.json("init", "--json")["migrations_applied"] == []
