@@ -17,7 +17,7 @@ import psycopg
 
 from scheduler.config import ConfigError, Settings, load_settings
 from scheduler.kafka.transport import KafkaUnavailable
-from scheduler.schedule.service import AppConflict, InvalidTransition, ScheduleNotFound
+from scheduler.schedule.service import AppConflict, InvalidTransition, KeyConflict, ScheduleNotFound
 from scheduler.schedule.spec import InvalidSchedule
 from scheduler.store.schedules import VersionConflict
 from scheduler.wiring import Wiring
@@ -95,7 +95,7 @@ def database(wiring: Wiring) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         fail("the database has no scheduler schema: run `scheduler init` first")
     except InvalidSchedule as exc:
         fail(str(exc), code=2)
-    except (ScheduleNotFound, VersionConflict, InvalidTransition, AppConflict) as exc:
+    except (ScheduleNotFound, VersionConflict, InvalidTransition, AppConflict, KeyConflict) as exc:
         fail(str(exc))
     except KafkaUnavailable as exc:
         fail(f"cannot reach Kafka at {wiring.settings.kafka_bootstrap}: {exc}")

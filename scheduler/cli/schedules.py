@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import click
+import psycopg
 from rich.console import Console
 from rich.table import Table
 
@@ -34,7 +35,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def shown(row: dict[str, Any]) -> dict[str, Any]:
-    return {name: row.get(name) for name in SCHEDULE_FIELDS}
+    """A schedule as the CLI prints it; with its key where the row carries one (create, get)."""
+    names = (
+        [*SCHEDULE_FIELDS[:2], "schedule_key", *SCHEDULE_FIELDS[2:]]
+        if "schedule_key" in row
+        else SCHEDULE_FIELDS
+    )
+    return {name: row.get(name) for name in names}
 
 
 def _payload(text: str) -> Any:
@@ -115,6 +122,11 @@ json_only = click.option("--json", "as_json", is_flag=True, help="Print JSON onl
 @click.option("--now", "now_", is_flag=True, help="Fire once, now.")
 @click.option("--at", "at", help="Fire once at this ISO 8601 time.")
 @click.option("--cron", "cron", help="Fire on this cron expression (5 or 6 fields, seconds first).")
+@click.option(
+    "--key",
+    "schedule_key",
+    help="The schedule's key in its app, by which Kafka commands address it [default: its id].",
+)
 @_spec_options(creating=True)
 @json_only
 def create(
@@ -130,6 +142,7 @@ def create(
     start: str | None,
     end: str | None,
     as_json: bool,
+    schedule_key: str | None,
     **options: Any,
 ) -> None:
     """Create a schedule and print it as JSON."""
@@ -156,7 +169,7 @@ def create(
         overlap_policy=options["overlap"],
     )
     with database(wiring_or_exit()) as conn:
-        echo_json(shown(service.create_schedule(conn, spec, actor())))
+        echo_json(shown(service.create_schedule(conn, spec, actor(), schedule_key=schedule_key)))
 
 
 @schedules.command("update")
@@ -239,15 +252,29 @@ def _stored_spec(row: dict[str, Any]) -> ScheduleSpec:
 
 
 @schedules.command("get")
-@click.argument("schedule_id", type=uuid_arg)
+@click.argument("schedule", metavar="ID|APP/KEY")
 @json_only
-def get(schedule_id: UUID, as_json: bool) -> None:
-    """Print one schedule as JSON."""
+def get(schedule: str, as_json: bool) -> None:
+    """Print one schedule as JSON, with its key; name it by id or by its app and key."""
     with database(wiring_or_exit()) as conn:
-        row = store.get_schedule(conn, schedule_id)
-    if row is None:
-        fail(f"no schedule {schedule_id}")
+        schedule_id = _schedule_id(conn, schedule)
+        row = store.get_schedule(conn, schedule_id) if schedule_id else None
+        if schedule_id is None or row is None:
+            fail(f"no schedule {schedule}")
+        row |= {"schedule_key": store.schedule_key_of(conn, schedule_id)}
     echo_json(shown(row))
+
+
+def _schedule_id(conn: psycopg.Connection[dict[str, Any]], schedule: str) -> UUID | None:
+    """An id, or the id of the schedule an ``app/key`` names (the key may itself hold a ``/``)."""
+    try:
+        return UUID(schedule)
+    except ValueError:
+        pass
+    app, slash, key = schedule.partition("/")
+    if not slash or not app or not key:
+        raise click.BadParameter(f"{schedule!r} is neither an id (a UUID) nor APP/KEY", param_hint="schedule")
+    return store.schedule_id_by_key(conn, app, key)
 
 
 @schedules.command("list")

@@ -37,6 +37,7 @@ from scheduler.schedule.spec import (
     validate,
     validate_app_name,
     validate_handler_refs,
+    validate_schedule_key,
 )
 from scheduler.store import scan, schedules
 from scheduler.store.entities import schedule_from_row
@@ -56,6 +57,10 @@ class ScheduleNotFound(LookupError):
 
 class InvalidTransition(ValueError):
     """E.g. resuming a cancelled schedule."""
+
+
+class KeyConflict(ValueError):
+    """The app already has a schedule of that key."""
 
 
 class AppConflict(ValueError):
@@ -149,9 +154,18 @@ def first_fire(spec: ScheduleSpec, schedule_id: uuid.UUID, now: datetime) -> dat
 
 
 def create_schedule(
-    conn: psycopg.Connection[Row], spec: ScheduleSpec, actor: str, schedule_id: uuid.UUID | None = None
+    conn: psycopg.Connection[Row],
+    spec: ScheduleSpec,
+    actor: str,
+    schedule_id: uuid.UUID | None = None,
+    schedule_key: str | None = None,
 ) -> Row:
+    """Create a schedule with its key (the id, when none is given), so that Kafka commands can
+    address it; raises :class:`KeyConflict` when the app already has that key. The row returned
+    carries ``schedule_key``."""
     validate(spec)
+    if schedule_key is not None:
+        validate_schedule_key(schedule_key)
     schedule_id = schedule_id or uuid.uuid4()
     attributes = {
         "scheduler.app": spec.app,
@@ -159,11 +173,18 @@ def create_schedule(
         "job.type": spec.handler,
     }
     with start_span_from_traceparent(SCHEDULE_CREATE, None, attributes=attributes) as span:
-        return _create(conn, spec, actor, schedule_id, traceparent_of_span(span))
+        return _create(
+            conn, spec, actor, schedule_id, schedule_key or str(schedule_id), traceparent_of_span(span)
+        )
 
 
 def _create(
-    conn: psycopg.Connection[Row], spec: ScheduleSpec, actor: str, schedule_id: uuid.UUID, traceparent: str
+    conn: psycopg.Connection[Row],
+    spec: ScheduleSpec,
+    actor: str,
+    schedule_id: uuid.UUID,
+    schedule_key: str,
+    traceparent: str,
 ) -> Row:
     with conn.transaction():
         _app_of(conn, spec)
@@ -178,6 +199,9 @@ def _create(
                 "traceparent": traceparent,
             },
         )
+        if not schedules.insert_schedule_key(conn, spec.app, schedule_key, schedule_id):
+            raise KeyConflict(f"app {spec.app!r} already has a schedule with key {schedule_key!r}")
+        row = row | {"schedule_key": schedule_key}
         schedules.audit(conn, actor, "create", "schedule", str(schedule_id), None, row)
         schedules.notify_due(conn)
     return row

@@ -79,6 +79,16 @@ class ScheduleSpec:
 SYNTAX_CHECK_ID = uuid.UUID(int=0)
 
 
+MAX_KEY_LENGTH = 200
+
+
+def validate_schedule_key(key: str) -> str:
+    """A schedule key as Kafka commands name it: 1 to 200 characters PostgreSQL can store."""
+    if not 1 <= len(key) <= MAX_KEY_LENGTH:
+        raise InvalidSchedule(f"schedule key must be 1 to {MAX_KEY_LENGTH} characters, got {len(key)}")
+    return check_text(key, "schedule key")
+
+
 def validate_app_name(name: str) -> str:
     if not APP_NAME_RE.fullmatch(name):
         raise InvalidSchedule(

@@ -75,6 +75,26 @@ def get_schedule(conn: psycopg.Connection[Row], schedule_id: UUID) -> Row | None
     return conn.execute(query("get_schedule"), {"id": schedule_id}).fetchone()
 
 
+def insert_schedule_key(
+    conn: psycopg.Connection[Row], app: str, schedule_key: str, schedule_id: UUID
+) -> bool:
+    """False when the app already has a schedule of that key."""
+    row = conn.execute(
+        query("insert_schedule_key"), {"app": app, "schedule_key": schedule_key, "schedule_id": schedule_id}
+    ).fetchone()
+    return row is not None
+
+
+def schedule_key_of(conn: psycopg.Connection[Row], schedule_id: UUID) -> str | None:
+    row = conn.execute(query("schedule_key_of"), {"schedule_id": schedule_id}).fetchone()
+    return None if row is None else str(row["schedule_key"])
+
+
+def schedule_id_by_key(conn: psycopg.Connection[Row], app: str, schedule_key: str) -> UUID | None:
+    row = conn.execute(query("schedule_id_by_key"), {"app": app, "schedule_key": schedule_key}).fetchone()
+    return None if row is None else UUID(str(row["schedule_id"]))
+
+
 def list_schedules(
     conn: psycopg.Connection[Row], app: str | None = None, state: str | None = None, limit: int = 1000
 ) -> list[Row]:

@@ -21,6 +21,8 @@ from scheduler.ingest.apply import BatchResult, RecordedRejection, apply_batch
 from scheduler.ingest.commands import Consumed, decode_command
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import ScheduleCommand, ScheduleOperation, ScheduleSpec
+from scheduler.schedule import service
+from scheduler.schedule.spec import ScheduleSpec as CliSpec
 from scheduler.store import connect, schedules
 from scheduler.store.ingest import Source
 
@@ -501,3 +503,15 @@ def test_a_create_with_jenkins_h_fires_at_the_minute_its_own_id_hashes_to(
         assert row["next_fire_at"] == expected
         fires.add((expected.hour, expected.minute))
     assert len(fires) > 1, "H spreads schedules over the day by their ids"
+
+
+def test_a_command_reaches_a_schedule_the_cli_created_by_its_id_as_key(
+    conn: psycopg.Connection[Row], settings: Settings, topic: Topic
+) -> None:
+    created = service.create_schedule(
+        conn, CliSpec(app=APP, kind="cron", cron="0 3 * * *", handler="builtin:noop"), "cli:someone"
+    )
+    assert created["schedule_key"] == str(created["id"])
+    result = ingest(conn, settings, [topic.message(command("p1", str(created["id"]), "pause"))])
+    assert codes(result) == []
+    assert by_key(conn, str(created["id"]))["state"] == "paused"

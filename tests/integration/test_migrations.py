@@ -158,3 +158,30 @@ def test_migrations_wait_gives_up_on_an_unreachable_database_in_one_line_without
         "error: gave up after 1 s waiting for PostgreSQL at postgresql://sched@127.0.0.1:1/"
     )
     assert "hunter2" not in done.stderr + done.stdout
+
+
+def test_schedules_made_before_keys_were_given_to_all_get_their_id_as_key(empty_database_url: str) -> None:
+    with connect(empty_database_url) as conn:
+        conn.execute(
+            "create table schema_migrations (version integer primary key, name text not null, "
+            "applied_at timestamptz not null default now())"
+        )
+        for migration in available()[:5]:
+            conn.execute(migration.sql())
+            conn.execute("insert into schema_migrations values (%s, %s)", (migration.version, migration.name))
+        conn.execute("insert into apps (name, partitions) values ('old', 1)")
+        keyless = conn.execute(
+            "insert into schedules (id, app, name, kind, handler) "
+            "values (gen_random_uuid(), 'old', 'a', 'immediate', 'builtin:noop') returning id"
+        ).fetchone()
+        keyed = conn.execute(
+            "insert into schedules (id, app, name, kind, handler) "
+            "values (gen_random_uuid(), 'old', 'b', 'immediate', 'builtin:noop') returning id"
+        ).fetchone()
+        assert keyless is not None and keyed is not None
+        conn.execute("insert into schedule_keys values ('old', 'from-kafka', %s)", (keyed["id"],))
+        conn.commit()
+        assert [m.version for m in migrate(conn)] == [m.version for m in available()[5:]]
+        rows = conn.execute("select schedule_id, schedule_key from schedule_keys").fetchall()
+    keys = {row["schedule_id"]: row["schedule_key"] for row in rows}
+    assert keys == {keyless["id"]: str(keyless["id"]), keyed["id"]: "from-kafka"}

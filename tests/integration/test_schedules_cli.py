@@ -311,3 +311,30 @@ def test_json_is_accepted_by_the_commands_that_always_print_it(cli: Cli, app: st
     assert cli.json("runs", "get", triggered["run_id"], "--json")["id"] == triggered["run_id"]
     assert cli.json("schedules", "update", created["id"], "--name", "nightly", "--json")["name"] == "nightly"
     assert cli.json("init", "--json")["migrations_applied"] == []
+
+
+def test_every_schedule_has_a_key_by_which_it_is_found(cli: Cli, app: str) -> None:
+    keyed = cli.json(
+        "schedules", "create", "--app", app, "--now", "--handler", "builtin:noop", "--key", "invoice-7"
+    )
+    assert keyed["schedule_key"] == "invoice-7"
+    assert cli.json("schedules", "get", f"{app}/invoice-7")["id"] == keyed["id"]
+    assert cli.json("schedules", "get", keyed["id"])["schedule_key"] == "invoice-7"
+    # Without --key, the id is the key.
+    plain = cli.json("schedules", "create", "--app", app, "--cron", "0 3 * * *", "--handler", "builtin:noop")
+    assert plain["schedule_key"] == plain["id"]
+    assert cli.json("schedules", "get", f"{app}/{plain['id']}")["id"] == plain["id"]
+    # A key is its app's once; nothing is created the second time.
+    again = cli(
+        "schedules", "create", "--app", app, "--now", "--handler", "builtin:noop", "--key", "invoice-7"
+    )
+    assert again.returncode == 1
+    assert again.stderr.strip() == f"error: app '{app}' already has a schedule with key 'invoice-7'"
+    assert len(cli.json("schedules", "list", "--app", app, "--json")) == 2
+    refused = cli(
+        "schedules", "create", "--app", app, "--now", "--handler", "builtin:noop", "--key", "x" * 201
+    )
+    assert refused.returncode == 2 and "1 to 200 characters" in refused.stderr
+    missing = cli("schedules", "get", f"{app}/no-such-key")
+    assert missing.returncode == 1 and missing.stderr.strip() == f"error: no schedule {app}/no-such-key"
+    assert cli("schedules", "get", "not-an-id").returncode == 2

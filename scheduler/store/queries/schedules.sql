@@ -78,3 +78,16 @@ select pg_notify('scheduler_due', '');
 
 -- name: db_now
 select now() as now;
+
+-- name: insert_schedule_key
+-- The key of a schedule just created; nothing when the app already has a schedule of that key.
+insert into schedule_keys (app, schedule_key, schedule_id)
+values (%(app)s::text, %(schedule_key)s::text, %(schedule_id)s::uuid)
+on conflict do nothing
+returning schedule_key;
+
+-- name: schedule_key_of
+select schedule_key from schedule_keys where schedule_id = %(schedule_id)s::uuid;
+
+-- name: schedule_id_by_key
+select schedule_id from schedule_keys where app = %(app)s::text and schedule_key = %(schedule_key)s::text;
