@@ -26,7 +26,7 @@ CONNECT_TIMEOUT_S = 10
 def _status(wiring: Wiring, timeout_s: float = CONNECT_TIMEOUT_S) -> tuple[list[Migration], list[int]]:
     # libpq counts connect_timeout in whole seconds, and 1 is its least.
     seconds = max(1, min(CONNECT_TIMEOUT_S, int(timeout_s)))
-    with psycopg.connect(wiring.database.conninfo, connect_timeout=seconds) as conn:
+    with wiring.database.connect(connect_timeout=seconds) as conn:
         return pending(conn)
 
 

@@ -7,6 +7,8 @@ the database's ``now()``, never from a process clock.
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 from psycopg.rows import dict_row
 
@@ -15,8 +17,16 @@ from scheduler.store.sql import query
 __all__ = ["connect", "query"]
 
 
-def connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[dict[str, object]]:
-    conn = psycopg.connect(url, autocommit=autocommit, row_factory=dict_row, application_name="scheduler")
+def connect(
+    url: str, *, autocommit: bool = False, connect_timeout: int | None = None
+) -> psycopg.Connection[dict[str, object]]:
+    """``connect_timeout`` (whole seconds, libpq's) bounds a server that accepts and never answers;
+    None leaves the URL's own, or none."""
+    # Keyword arguments are merged into the connection string, over the URL's own.
+    extra: dict[str, Any] = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
+    conn = psycopg.connect(
+        url, autocommit=autocommit, row_factory=dict_row, application_name="scheduler", **extra
+    )
     # No server-side prepared statements: a batch statement runs once per batch, so planning it
     # costs little, while a cached generic plan built on "1 row" estimates can cost seconds a batch.
     conn.prepare_threshold = None

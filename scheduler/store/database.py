@@ -23,8 +23,10 @@ class Database:
         self.conninfo = conninfo
         self.display = display
 
-    def connect(self, *, autocommit: bool = False) -> psycopg.Connection[dict[str, Any]]:
-        return connect(self.conninfo, autocommit=autocommit)
+    def connect(
+        self, *, autocommit: bool = False, connect_timeout: int | None = None
+    ) -> psycopg.Connection[dict[str, Any]]:
+        return connect(self.conninfo, autocommit=autocommit, connect_timeout=connect_timeout)
 
     def wakeup(self, channel: LiteralString) -> Wakeup:
         return Wakeup(self.conninfo, channel)
