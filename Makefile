@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps up down status run test test-unit test-deploy check-manifests k8s-rules lint bench chaos clean image
+.PHONY: proto install system-deps up down status run test test-unit test-deploy check-manifests k8s-rules lint bench chaos clean image
 
 # Debian packages the tests use as real parts: Prometheus (server and promtool) for the alert
 # rules and the scrape test. Installed only when missing; needs root, as on this project's machines.
@@ -24,6 +24,12 @@ $(INSTALLED): pyproject.toml constraints.txt
 	touch $(INSTALLED)
 
 install: $(INSTALLED)
+
+# The API's generated code (scheduler/v1/), committed; tests/unit/test_proto.py fails when it is
+# not what proto/scheduler/v1/scheduler.proto generates.
+proto: install
+	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=. --pyi_out=. --grpc_python_out=. \
+		proto/scheduler/v1/scheduler.proto
 
 up: install
 	$(BIN)/scheduler dev up

@@ -63,6 +63,63 @@ class ConfigError(ValueError):
     """A ``SCHEDULER_*`` variable has a value the scheduler cannot use."""
 
 
+HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
+KEY_PAIR_ALGORITHMS = (
+    "RS256",
+    "RS384",
+    "RS512",
+    "PS256",
+    "PS384",
+    "PS512",
+    "ES256",
+    "ES384",
+    "ES512",
+    "EdDSA",
+)
+# Below this an HS256 secret can be guessed offline from any token it signed (RFC 7518 §3.2).
+MIN_JWT_SECRET_BYTES = 32
+
+
+@dataclass(frozen=True)
+class JwtSettings:
+    """How the API verifies bearer tokens: an HMAC secret, or the public keys of a JWKS (a file or an
+    https URL), never both; the algorithms a token may use are pinned to the key's kind."""
+
+    secret: str | None = None
+    jwks: str | None = None
+    algorithms: tuple[str, ...] = ()
+    issuer: str | None = None
+    audience: str | None = None
+    roles_claim: str = "roles"
+    apps_claim: str = "apps"
+    leeway_s: float = 30.0
+
+    @property
+    def configured(self) -> bool:
+        return self.secret is not None or self.jwks is not None
+
+    def __repr__(self) -> str:
+        shown = {f.name: getattr(self, f.name) for f in fields(self)} | {
+            "secret": None if self.secret is None else "(set)"
+        }
+        return f"JwtSettings({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
+
+
+# Requests per principal and method class, as (count, period in seconds); a bucket holds `count`
+# tokens (its burst) and refills at count/period a second. SCHEDULER_API_RATE_LIMITS overrides any.
+DEFAULT_RATE_LIMITS: dict[str, tuple[int, float]] = {
+    "create": (100, 60.0),
+    "create_batch": (20, 60.0),
+    "update": (100, 60.0),
+    "delete": (100, 60.0),
+    "get": (500, 60.0),
+    "list": (500, 60.0),
+    "trigger": (10, 60.0),
+    "replay": (10, 60.0),
+}
+_PERIODS = {"s": 1.0, "sec": 1.0, "min": 60.0, "h": 3600.0, "hour": 3600.0}
+
+
 def _project_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
@@ -96,6 +153,15 @@ class Settings:
     metrics_port: int | None = None
     # All interfaces by default: a pod's probes and Prometheus reach it on the pod's address.
     metrics_host: str = "0.0.0.0"
+    # The API (`scheduler run api`): HTTP/JSON and gRPC, on all interfaces by default.
+    api_host: str = "0.0.0.0"
+    api_port: int = 8080
+    grpc_port: int = 50051
+    jwt: JwtSettings = field(default_factory=JwtSettings)
+    rate_limits: tuple[tuple[str, int, float], ...] = tuple(
+        (name, count, period) for name, (count, period) in DEFAULT_RATE_LIMITS.items()
+    )
+    api_pool_size: int = 10
 
     def __repr__(self) -> str:
         # database_url may hold a password; KafkaConnection's own repr leaves its secrets out.
@@ -305,6 +371,58 @@ def _group_instance_id(env: Mapping[str, str]) -> str | None:
     return value
 
 
+def _jwt_settings(env: Mapping[str, str]) -> JwtSettings:
+    secret = _secret(env, "SCHEDULER_JWT_SECRET")
+    jwks = env.get("SCHEDULER_JWT_JWKS") or None
+    if secret is not None and jwks is not None:
+        raise ConfigError("set SCHEDULER_JWT_SECRET (HS256) or SCHEDULER_JWT_JWKS (RS256/ES256), not both")
+    if secret is not None and len(secret.encode()) < MIN_JWT_SECRET_BYTES:
+        raise ConfigError(f"SCHEDULER_JWT_SECRET must be at least {MIN_JWT_SECRET_BYTES} bytes")
+    if jwks is not None and not jwks.startswith(("https://", "http://")) and not Path(jwks).is_file():
+        raise ConfigError(f"SCHEDULER_JWT_JWKS={jwks!r} is neither an http(s) URL nor a readable file")
+    raw = env.get("SCHEDULER_JWT_ALGORITHMS") or ""
+    algorithms = tuple(a.strip() for a in raw.split(",") if a.strip())
+    if not algorithms:
+        algorithms = ("HS256",) if secret is not None else ("RS256", "ES256") if jwks is not None else ()
+    allowed = HMAC_ALGORITHMS if secret is not None else KEY_PAIR_ALGORITHMS
+    for algorithm in algorithms:
+        if algorithm not in allowed:
+            kind = "SCHEDULER_JWT_SECRET (HMAC)" if secret is not None else "SCHEDULER_JWT_JWKS (key pairs)"
+            raise ConfigError(
+                f"SCHEDULER_JWT_ALGORITHMS: {algorithm!r} cannot be used with {kind}; "
+                f"choose from {', '.join(allowed)}"
+            )
+    return JwtSettings(
+        secret=secret,
+        jwks=jwks,
+        algorithms=algorithms,
+        issuer=env.get("SCHEDULER_JWT_ISSUER") or None,
+        audience=env.get("SCHEDULER_JWT_AUDIENCE") or None,
+        roles_claim=env.get("SCHEDULER_JWT_ROLES_CLAIM") or "roles",
+        apps_claim=env.get("SCHEDULER_JWT_APPS_CLAIM") or "apps",
+        leeway_s=_float(env, "SCHEDULER_JWT_LEEWAY_S", 30.0, 0.0, 300.0),
+    )
+
+
+def _rate_limits(env: Mapping[str, str]) -> tuple[tuple[str, int, float], ...]:
+    """``create=100/min,trigger=10/min``: the classes named replace their defaults."""
+    limits = dict(DEFAULT_RATE_LIMITS)
+    raw = env.get("SCHEDULER_API_RATE_LIMITS") or ""
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        name, _, rule = item.partition("=")
+        count, _, unit = rule.partition("/")
+        name, unit = name.strip(), unit.strip() or "min"
+        if name not in limits or not count.strip().isdigit() or unit not in _PERIODS or int(count) < 1:
+            raise ConfigError(
+                f"SCHEDULER_API_RATE_LIMITS: {item!r} must be CLASS=N/s|min|h with N >= 1, CLASS one of "
+                f"{', '.join(DEFAULT_RATE_LIMITS)}"
+            )
+        limits[name] = (int(count), _PERIODS[unit])
+    return tuple((name, count, period) for name, (count, period) in limits.items())
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate the settings; raises :class:`ConfigError` with one line on bad input."""
     env = os.environ if env is None else env
@@ -354,4 +472,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         group_instance_id=_group_instance_id(env),
         metrics_port=metrics_port,
         metrics_host=env.get("SCHEDULER_METRICS_HOST") or "0.0.0.0",
+        api_host=env.get("SCHEDULER_API_HOST") or "0.0.0.0",
+        api_port=_int(env, "SCHEDULER_API_PORT", 8080, 0, 65535),
+        grpc_port=_int(env, "SCHEDULER_GRPC_PORT", 50051, 0, 65535),
+        jwt=_jwt_settings(env),
+        rate_limits=_rate_limits(env),
+        api_pool_size=_int(env, "SCHEDULER_API_POOL_SIZE", 10, 1, 200),
     )

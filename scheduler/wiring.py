@@ -225,9 +225,28 @@ class Wiring:
             name=name,
         )
 
+    def api(self, http_socket: socket.socket) -> list[Service]:
+        """The API on ``http_socket`` (bound by the caller) and ``SCHEDULER_GRPC_PORT``, and its
+        retention sweep; raises ``ValueError`` when no JWT key is configured."""
+        from scheduler.api.auth import Authenticator
+        from scheduler.api.server import ApiServer, RetentionSweep
+        from scheduler.api.service import SchedulerApi
+
+        s = self.settings
+        authenticator = Authenticator(s.jwt)
+        pool = self.database.pool(s.api_pool_size)
+        api = SchedulerApi(s, pool, authenticator, self.dispatcher)
+        grpc_host = f"[{s.api_host}]" if ":" in s.api_host else s.api_host
+        server = ApiServer(
+            api, pool, http_socket, f"{grpc_host}:{s.grpc_port}", self.database, workers=s.api_pool_size
+        )
+        return [server, RetentionSweep(self.database)]
+
     def registry_of(self, component: str) -> CollectorRegistry:
         """The metrics registry a component's ``/metrics`` serves: its own metrics only."""
-        if component == "scanner":
+        if component == "api":
+            from scheduler.api.metrics import REGISTRY
+        elif component == "scanner":
             from scheduler.scan.metrics import REGISTRY
         elif component == "relay":
             from scheduler.relay.metrics import REGISTRY

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import click
 
 from scheduler.cli.common import fail, settings_or_exit
+from scheduler.config import Settings
 from scheduler.runtime.process import run_component
 from scheduler.runtime.service import Service
 from scheduler.schedule.spec import InvalidSchedule, validate_app_name
@@ -34,8 +35,9 @@ def _serve(
     build: Callable[[Wiring], list[Service]],
     metrics_port: int | None,
     grace_s: float = 30.0,
+    settings: Settings | None = None,
 ) -> None:
-    settings = settings_or_exit()
+    settings = settings or settings_or_exit()
     try:
         configure_logging(component)
     except ValueError as exc:
@@ -95,6 +97,58 @@ def reconciler(metrics_port: int | None) -> None:
 def ingestor(metrics_port: int | None) -> None:
     """Apply schedule commands from Kafka to PostgreSQL; publish the rejected ones."""
     _serve("ingestor", lambda w: [w.ingestor()], metrics_port)
+
+
+@run.command()
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="HTTP/JSON port [default: SCHEDULER_API_PORT, 8080].",
+)
+@click.option(
+    "--grpc-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="gRPC port [default: SCHEDULER_GRPC_PORT, 50051].",
+)
+@metrics_port_option
+def api(port: int | None, grpc_port: int | None, metrics_port: int | None) -> None:
+    """Serve the API (gRPC and HTTP/JSON, with an OpenAPI document at /openapi.json)."""
+    import dataclasses
+
+    from scheduler.api.server import listen
+
+    settings = settings_or_exit()
+    if not settings.jwt.configured:
+        fail(
+            "the API needs a key to verify tokens: set SCHEDULER_JWT_SECRET (HS256) or SCHEDULER_JWT_JWKS "
+            "(a JWKS file or URL, RS256/ES256)",
+            code=2,
+        )
+    settings = dataclasses.replace(
+        settings,
+        api_port=settings.api_port if port is None else port,
+        grpc_port=settings.grpc_port if grpc_port is None else grpc_port,
+    )
+    try:
+        http_socket = listen(settings.api_host, settings.api_port)
+    except OSError as exc:
+        fail(
+            f"api: cannot listen on {settings.api_host}:{settings.api_port} "
+            f"(--port or SCHEDULER_API_PORT, SCHEDULER_API_HOST): {exc.strerror or exc}"
+        )
+    try:
+        probe = listen(settings.api_host, settings.grpc_port) if settings.grpc_port else None
+    except OSError as exc:
+        http_socket.close()
+        fail(
+            f"api: cannot listen on {settings.api_host}:{settings.grpc_port} "
+            f"(--grpc-port or SCHEDULER_GRPC_PORT): {exc.strerror or exc}"
+        )
+    if probe is not None:
+        probe.close()  # gRPC binds its own socket; this only turned a taken port into one line
+    _serve("api", lambda wiring: wiring.api(http_socket), metrics_port, grace_s=30.0, settings=settings)
 
 
 handler_option = click.option(

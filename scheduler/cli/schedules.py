@@ -23,6 +23,7 @@ from scheduler.schedule.spec import (
     InvalidSchedule,
     ScheduleSpec,
     parse_payload,
+    stored_spec,
 )
 from scheduler.store import schedules as store
 
@@ -205,7 +206,7 @@ def update(
         row = store.get_schedule(conn, schedule_id)
         if row is None:
             fail(f"no schedule {schedule_id}")
-        spec = _stored_spec(row)
+        spec = stored_spec(row)
         changes: dict[str, Any] = {
             "name": options["name"],
             "tz": options["tz"],
@@ -227,28 +228,6 @@ def update(
             changes |= {"kind": ScheduleKind.DELAYED, "cron": None, "run_at": parse_instant(at, "--at")}
         spec = dataclasses.replace(spec, **{k: v for k, v in changes.items() if v is not None})
         echo_json(shown(service.update_schedule(conn, schedule_id, spec, actor(), expect_version)))
-
-
-def _stored_spec(row: dict[str, Any]) -> ScheduleSpec:
-    return ScheduleSpec(
-        app=row["app"],
-        handler=row["handler"],
-        kind=row["kind"],
-        name=row["name"],
-        cron=row["cron"],
-        tz=row["tz"],
-        run_at=row["run_at"],
-        start_at=row["start_at"],
-        end_at=row["end_at"],
-        payload=row["payload"],
-        max_attempts=row["max_attempts"],
-        backoff_base_ms=row["backoff_base_ms"],
-        backoff_max_ms=row["backoff_max_ms"],
-        timeout_ms=row["timeout_ms"],
-        misfire_policy=row["misfire_policy"],
-        overlap_policy=row["overlap_policy"],
-        jitter_ms=row["jitter_ms"],
-    )
 
 
 @schedules.command("get")

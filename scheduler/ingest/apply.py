@@ -96,6 +96,7 @@ def _new_schedule(command: ValidCommand, schedule_id: uuid.UUID, now: datetime) 
         next_fire_at=service.first_fire(spec, schedule_id, now),
         actor=command.actor,
         traceparent=command.consumed.traceparent,
+        description=spec.description,
     )
 
 

@@ -47,11 +47,12 @@ class ChildSpec:
 
 
 def pipeline_children(
-    apps: Sequence[str], workers: int, concurrency: int, handlers: Sequence[str] = ()
+    apps: Sequence[str], workers: int, concurrency: int, handlers: Sequence[str] = (), api: bool = False
 ) -> list[ChildSpec]:
     """Every component of the pipeline, with ``workers`` worker processes for each app, each
-    running the builtins and ``handlers`` (besides what SCHEDULER_HANDLERS registers)."""
-    children = [ChildSpec(name, (name,)) for name in PIPELINE]
+    running the builtins and ``handlers`` (besides what SCHEDULER_HANDLERS registers), and the API
+    when ``api``."""
+    children = [ChildSpec(name, (name,)) for name in (*PIPELINE, *(("api",) if api else ()))]
     registered = tuple(arg for handler in handlers for arg in ("--handler", handler))
     for app in apps:
         for index in range(1, workers + 1):

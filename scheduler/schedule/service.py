@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -39,8 +40,9 @@ from scheduler.schedule.spec import (
     validate_handler_refs,
     validate_schedule_key,
 )
-from scheduler.store import scan, schedules
+from scheduler.store import api, ingest, scan, schedules
 from scheduler.store.entities import schedule_from_row
+from scheduler.store.ingest import NewKeyedSchedule
 from scheduler.store.scan import NewRun
 from scheduler.telemetry.tracing import SCHEDULE_CREATE, start_span_from_traceparent, traceparent_of_span
 
@@ -159,10 +161,11 @@ def create_schedule(
     actor: str,
     schedule_id: uuid.UUID | None = None,
     schedule_key: str | None = None,
+    enabled: bool = True,
 ) -> Row:
     """Create a schedule with its key (the id, when none is given), so that Kafka commands can
     address it; raises :class:`KeyConflict` when the app already has that key. The row returned
-    carries ``schedule_key``."""
+    carries ``schedule_key``. A schedule created disabled is paused."""
     validate(spec)
     if schedule_key is not None:
         validate_schedule_key(schedule_key)
@@ -173,9 +176,8 @@ def create_schedule(
         "job.type": spec.handler,
     }
     with start_span_from_traceparent(SCHEDULE_CREATE, None, attributes=attributes) as span:
-        return _create(
-            conn, spec, actor, schedule_id, schedule_key or str(schedule_id), traceparent_of_span(span)
-        )
+        key = schedule_key or str(schedule_id)
+        return _create(conn, spec, actor, schedule_id, key, traceparent_of_span(span), enabled)
 
 
 def _create(
@@ -185,6 +187,7 @@ def _create(
     schedule_id: uuid.UUID,
     schedule_key: str,
     traceparent: str,
+    enabled: bool,
 ) -> Row:
     with conn.transaction():
         _app_of(conn, spec)
@@ -194,9 +197,10 @@ def _create(
             spec_columns(spec)
             | {
                 "id": schedule_id,
-                "name": spec.name or f"{spec.kind}-{str(schedule_id)[:8]}",
+                "name": spec.name or _default_name(spec, schedule_id),
                 "next_fire_at": first_fire(spec, schedule_id, now),
                 "traceparent": traceparent,
+                "enabled": enabled,
             },
         )
         if not schedules.insert_schedule_key(conn, spec.app, schedule_key, schedule_id):
@@ -205,6 +209,92 @@ def _create(
         schedules.audit(conn, actor, "create", "schedule", str(schedule_id), None, row)
         schedules.notify_due(conn)
     return row
+
+
+MAX_BATCH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class NewSchedule:
+    """One schedule of a batch create: its spec, its key (None: its id) and whether it is enabled."""
+
+    spec: ScheduleSpec
+    schedule_key: str | None = None
+    enabled: bool = True
+
+
+class InvalidBatchItem(InvalidSchedule):
+    """One schedule of a batch is invalid; nothing of the batch was created."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(f"schedules[{index}]: {reason}")
+        self.index = index
+
+
+def create_schedules(conn: psycopg.Connection[Row], batch: Sequence[NewSchedule], actor: str) -> list[Row]:
+    """Create every schedule of ``batch`` in one transaction, or none: a bulk load in a few
+    statements whatever its size (apps, the inserts of schedules, keys and audit rows, the rows
+    created). Raises :class:`InvalidBatchItem` or :class:`KeyConflict` naming the first refused."""
+    if not 1 <= len(batch) <= MAX_BATCH:
+        raise InvalidSchedule(f"a batch holds 1 to {MAX_BATCH} schedules, got {len(batch)}")
+    keys: dict[tuple[str, str], int] = {}
+    ids: list[uuid.UUID] = []
+    for index, item in enumerate(batch):
+        try:
+            validate(item.spec)
+            if item.schedule_key is not None:
+                validate_schedule_key(item.schedule_key)
+        except InvalidSchedule as exc:
+            raise InvalidBatchItem(index, str(exc)) from None
+        ids.append(uuid.uuid4())
+        key = (item.spec.app, item.schedule_key or str(ids[-1]))
+        if key in keys:
+            raise KeyConflict(f"schedules[{index}]: key {key[1]!r} of app {key[0]!r} is given twice")
+        keys[key] = index
+    with conn.transaction():
+        declared = ingest.known_apps(conn, {item.spec.app for item in batch})
+        now = schedules.db_now(conn)
+        new: list[NewKeyedSchedule] = []
+        for index, (item, schedule_id) in enumerate(zip(batch, ids, strict=True)):
+            spec = item.spec
+            try:
+                if spec.app not in declared:
+                    raise UnknownApp(
+                        f"unknown app {spec.app!r}: create it first with `scheduler apps create`"
+                    )
+                check_declared_handler(spec.handler, spec.app, declared[spec.app])
+                next_fire_at = first_fire(spec, schedule_id, now)
+                payload = encoded_payload(spec.payload)
+            except InvalidSchedule as exc:
+                raise InvalidBatchItem(index, str(exc)) from None
+            columns = spec_columns(spec) | {
+                "name": spec.name or _default_name(spec, schedule_id),
+                "payload": payload,
+            }
+            new.append(
+                NewKeyedSchedule(
+                    **columns,
+                    id=schedule_id,
+                    schedule_key=item.schedule_key or str(schedule_id),
+                    next_fire_at=next_fire_at,
+                    actor=actor,
+                    enabled=item.enabled,
+                )
+            )
+        created = ingest.create_keyed_schedules(conn, new)
+        if len(created) < len(new):
+            first = next(n for n in new if n.id not in created)
+            raise KeyConflict(
+                f"schedules[{keys[(first.app, first.schedule_key)]}]: app {first.app!r} already has a "
+                f"schedule with key {first.schedule_key!r}"
+            )
+        schedules.notify_due(conn)
+        rows = {row["id"]: row for row in api.schedules_with_keys(conn, ids)}
+    return [rows[schedule_id] for schedule_id in ids]
+
+
+def _default_name(spec: ScheduleSpec, schedule_id: uuid.UUID) -> str:
+    return f"{spec.kind}-{str(schedule_id)[:8]}"
 
 
 UPDATABLE = (ScheduleState.ACTIVE, ScheduleState.PAUSED, ScheduleState.ERROR)

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -39,6 +39,7 @@ MAX_PAYLOAD_BYTES = 1024 * 1024
 # (json in the workers, jsonb in PostgreSQL, a recursive handler) stays far from its own limit.
 MAX_PAYLOAD_DEPTH = 100
 MAX_NAME_LENGTH = 200
+MAX_DESCRIPTION_LENGTH = 2000
 MAX_HANDLER_LENGTH = 300
 # Retry waits and fire jitter are stored as integer milliseconds; a day is far beyond any sensible
 # setting and well inside the column's range.
@@ -73,6 +74,7 @@ class ScheduleSpec:
     misfire_policy: str = MisfirePolicy.FIRE_ONCE
     overlap_policy: str = OverlapPolicy.ALLOW
     jitter_ms: int = 0
+    description: str | None = None
 
 
 # Any id will do to check the form of an expression with H: none is hashed for real with it.
@@ -201,13 +203,24 @@ def _aware(moment: datetime | None, what: str) -> None:
 
 def validate(spec: ScheduleSpec) -> ScheduleSpec:
     """Return ``spec`` if it can be stored as it is, else raise :class:`InvalidSchedule`."""
-    texts = {"app": spec.app, "name": spec.name, "handler": spec.handler, "cron": spec.cron, "tz": spec.tz}
+    texts = {
+        "app": spec.app,
+        "name": spec.name,
+        "description": spec.description,
+        "handler": spec.handler,
+        "cron": spec.cron,
+        "tz": spec.tz,
+    }
     for what, text in texts.items():
         if text is not None:
             check_text(text, what)
     validate_app_name(spec.app)
     if spec.name is not None and not 1 <= len(spec.name) <= MAX_NAME_LENGTH:
         raise InvalidSchedule(f"name must be 1 to {MAX_NAME_LENGTH} characters, got {len(spec.name)}")
+    if spec.description is not None and len(spec.description) > MAX_DESCRIPTION_LENGTH:
+        raise InvalidSchedule(
+            f"description must be at most {MAX_DESCRIPTION_LENGTH} characters, got {len(spec.description)}"
+        )
     if spec.kind not in KINDS:
         raise InvalidSchedule(f"kind {spec.kind!r} must be one of {', '.join(KINDS)}")
     if len(spec.handler) > MAX_HANDLER_LENGTH or not HANDLER_RE.fullmatch(spec.handler):
@@ -261,3 +274,27 @@ def validate(spec: ScheduleSpec) -> ScheduleSpec:
 def spec_columns(spec: ScheduleSpec) -> dict[str, Any]:
     """The schedule table's columns as the spec sets them (the caller adds id, name and next fire)."""
     return dataclasses.asdict(spec)
+
+
+def stored_spec(row: Mapping[str, Any]) -> ScheduleSpec:
+    """The spec of a stored schedule (its row), as an update starts from."""
+    return ScheduleSpec(
+        app=row["app"],
+        handler=row["handler"],
+        kind=row["kind"],
+        name=row["name"],
+        description=row.get("description"),
+        cron=row["cron"],
+        tz=row["tz"],
+        run_at=row["run_at"],
+        start_at=row["start_at"],
+        end_at=row["end_at"],
+        payload=row["payload"],
+        max_attempts=row["max_attempts"],
+        backoff_base_ms=row["backoff_base_ms"],
+        backoff_max_ms=row["backoff_max_ms"],
+        timeout_ms=row["timeout_ms"],
+        misfire_policy=row["misfire_policy"],
+        overlap_policy=row["overlap_policy"],
+        jitter_ms=row["jitter_ms"],
+    )

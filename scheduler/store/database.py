@@ -10,6 +10,8 @@ import threading
 from typing import Any, LiteralString
 
 import psycopg
+import psycopg_pool
+from psycopg.rows import dict_row
 
 from scheduler.runtime.service import Check
 from scheduler.store import connect
@@ -27,6 +29,27 @@ class Database:
         self, *, autocommit: bool = False, connect_timeout: int | None = None
     ) -> psycopg.Connection[dict[str, Any]]:
         return connect(self.conninfo, autocommit=autocommit, connect_timeout=connect_timeout)
+
+    def pool(
+        self, size: int, timeout_s: float = 10.0
+    ) -> psycopg_pool.ConnectionPool[psycopg.Connection[dict[str, Any]]]:
+        """A pool of autocommit connections for request-serving components (the API), opened at
+        once; a connection waited for longer than ``timeout_s`` raises ``PoolTimeout``. Its
+        connections are made as :meth:`connect` makes them."""
+        return psycopg_pool.ConnectionPool(
+            self.conninfo,
+            min_size=min(2, size),
+            max_size=size,
+            timeout=timeout_s,
+            kwargs={
+                "autocommit": True,
+                "row_factory": dict_row,
+                "application_name": "scheduler",
+                "prepare_threshold": None,
+            },
+            open=True,
+            name="api",
+        )
 
     def wakeup(self, channel: LiteralString) -> Wakeup:
         return Wakeup(self.conninfo, channel)

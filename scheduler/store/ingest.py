@@ -67,6 +67,8 @@ class NewKeyedSchedule:
     """None: due at the database's now (immediate)."""
     actor: str
     traceparent: str | None = None  # the command's trace context, which a one-shot's run continues
+    description: str | None = None
+    enabled: bool = True  # False: created paused
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +175,8 @@ def create_keyed_schedules(conn: psycopg.Connection[Row], new: Sequence[NewKeyed
             "next_fire_at": [n.next_fire_at for n in new],
             "actors": [n.actor for n in new],
             "traceparents": [n.traceparent for n in new],
+            "descriptions": [n.description for n in new],
+            "enabled": [n.enabled for n in new],
         },
     ).fetchall()
     return {r["id"] for r in rows}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -41,8 +42,10 @@ def list_dead(
     since: datetime | None = None,
     until: datetime | None = None,
     limit: int = 100,
+    apps: Sequence[str] | None = None,
 ) -> list[Row]:
+    """``apps``: only these apps' dead letters (None: any app's)."""
+    params = {"app": app, "schedule_id": schedule_id, "since": since, "until": until, "limit": limit}
     return conn.execute(
-        query("list_dead"),
-        {"app": app, "schedule_id": schedule_id, "since": since, "until": until, "limit": limit},
+        query("list_dead"), params | {"apps": None if apps is None else list(apps)}
     ).fetchall()

@@ -65,7 +65,7 @@ def replace_schedule_spec(conn: psycopg.Connection[Row], values: Row) -> Row | N
 
 
 def insert_schedule(conn: psycopg.Connection[Row], values: Row) -> Row:
-    params = {"traceparent": None} | values | {"payload": Jsonb(values["payload"])}
+    params = {"traceparent": None, "enabled": True} | values | {"payload": Jsonb(values["payload"])}
     row = conn.execute(query("insert_schedule"), params).fetchone()
     assert row is not None
     return row

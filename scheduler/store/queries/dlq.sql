@@ -1,11 +1,13 @@
 -- name: list_dead
--- Dead runs (mirrored from .dlq or swept), newest first, with the undecodable letters beside them.
+-- Dead runs (mirrored from .dlq or swept), newest first, with the undecodable letters beside them;
+-- `apps` (the API's scope) null: any app.
 select * from (
     select r.id::text as id, 'run' as kind, r.app, r.schedule_id, r.attempt, r.error,
            r.finished_at as dead_at, r.worker
       from runs r
      where r.state = 'dead'
        and (%(app)s::text is null or r.app = %(app)s::text)
+       and (%(apps)s::text[] is null or r.app = any(%(apps)s::text[]))
        and (%(schedule_id)s::uuid is null or r.schedule_id = %(schedule_id)s::uuid)
        and (%(since)s::timestamptz is null or r.finished_at >= %(since)s::timestamptz)
        and (%(until)s::timestamptz is null or r.finished_at < %(until)s::timestamptz)
@@ -14,6 +16,7 @@ select * from (
       from dead_letters d
      where %(schedule_id)s::uuid is null
        and (%(app)s::text is null or d.app = %(app)s::text)
+       and (%(apps)s::text[] is null or d.app = any(%(apps)s::text[]))
        and (%(since)s::timestamptz is null or d.received_at >= %(since)s::timestamptz)
        and (%(until)s::timestamptz is null or d.received_at < %(until)s::timestamptz)
 ) dead

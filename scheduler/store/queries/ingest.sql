@@ -63,22 +63,23 @@ with new as (
                   %(max_attempts)s::int[], %(backoff_base_ms)s::int[], %(backoff_max_ms)s::int[],
                   %(timeout_ms)s::int[], %(misfire_policies)s::text[], %(overlap_policies)s::text[],
                   %(jitter_ms)s::int[], %(next_fire_at)s::timestamptz[], %(actors)s::text[],
-                  %(traceparents)s::text[])
+                  %(traceparents)s::text[], %(descriptions)s::text[], %(enabled)s::bool[])
            as n(id, app, schedule_key, name, kind, cron, tz, run_at, start_at, end_at, handler, payload,
                 max_attempts, backoff_base_ms, backoff_max_ms, timeout_ms, misfire_policy, overlap_policy,
-                jitter_ms, next_fire_at, actor, traceparent)
+                jitter_ms, next_fire_at, actor, traceparent, description, enabled)
 ), keyed as (
     insert into schedule_keys (app, schedule_key, schedule_id)
     select app, schedule_key, id from new order by app, schedule_key
     on conflict do nothing
     returning schedule_id
 ), inserted as (
-    insert into schedules (id, app, name, kind, cron, tz, run_at, start_at, end_at, handler, payload,
-                           max_attempts, backoff_base_ms, backoff_max_ms, timeout_ms, misfire_policy,
-                           overlap_policy, jitter_ms, state, next_fire_at, traceparent)
-    select n.id, n.app, n.name, n.kind, n.cron, n.tz, n.run_at, n.start_at, n.end_at, n.handler,
-           n.payload::jsonb, n.max_attempts, n.backoff_base_ms, n.backoff_max_ms, n.timeout_ms,
-           n.misfire_policy, n.overlap_policy, n.jitter_ms, 'active',
+    insert into schedules (id, app, name, description, kind, cron, tz, run_at, start_at, end_at, handler,
+                           payload, max_attempts, backoff_base_ms, backoff_max_ms, timeout_ms,
+                           misfire_policy, overlap_policy, jitter_ms, state, next_fire_at, traceparent)
+    select n.id, n.app, n.name, n.description, n.kind, n.cron, n.tz, n.run_at, n.start_at, n.end_at,
+           n.handler, n.payload::jsonb, n.max_attempts, n.backoff_base_ms, n.backoff_max_ms, n.timeout_ms,
+           n.misfire_policy, n.overlap_policy, n.jitter_ms,
+           case when n.enabled then 'active' else 'paused' end,
            -- An immediate schedule is due at the database's now, as in insert_schedule.
            coalesce(n.next_fire_at, now()), n.traceparent
       from new n

@@ -1,12 +1,15 @@
 -- name: insert_schedule
-insert into schedules (id, app, name, kind, cron, tz, run_at, start_at, end_at, handler, payload,
-                       max_attempts, backoff_base_ms, backoff_max_ms, timeout_ms, misfire_policy,
+insert into schedules (id, app, name, description, kind, cron, tz, run_at, start_at, end_at, handler,
+                       payload, max_attempts, backoff_base_ms, backoff_max_ms, timeout_ms, misfire_policy,
                        overlap_policy, jitter_ms, state, next_fire_at, traceparent)
-values (%(id)s::uuid, %(app)s::text, %(name)s::text, %(kind)s::text, %(cron)s::text, %(tz)s::text,
-        %(run_at)s::timestamptz, %(start_at)s::timestamptz, %(end_at)s::timestamptz, %(handler)s::text,
-        %(payload)s::jsonb, %(max_attempts)s::int, %(backoff_base_ms)s::int, %(backoff_max_ms)s::int,
-        %(timeout_ms)s::int, %(misfire_policy)s::text, %(overlap_policy)s::text, %(jitter_ms)s::int,
-        'active',
+values (%(id)s::uuid, %(app)s::text, %(name)s::text, %(description)s::text, %(kind)s::text, %(cron)s::text,
+        %(tz)s::text, %(run_at)s::timestamptz, %(start_at)s::timestamptz, %(end_at)s::timestamptz,
+        %(handler)s::text, %(payload)s::jsonb, %(max_attempts)s::int, %(backoff_base_ms)s::int,
+        %(backoff_max_ms)s::int, %(timeout_ms)s::int, %(misfire_policy)s::text, %(overlap_policy)s::text,
+        %(jitter_ms)s::int,
+        -- Paused when created disabled; it keeps its first fire time, judged by its misfire policy
+        -- on resume like any paused schedule.
+        case when %(enabled)s::bool then 'active' else 'paused' end,
         -- An immediate schedule is due at the database's now, not at a client's clock.
         coalesce(%(next_fire_at)s::timestamptz, now()),
         %(traceparent)s::text)
@@ -42,6 +45,7 @@ returning *;
 -- in error whose spec now computes is active again; a paused one stays paused.
 update schedules
    set name = %(name)s::text,
+       description = %(description)s::text,
        kind = %(kind)s::text,
        cron = %(cron)s::text,
        tz = %(tz)s::text,

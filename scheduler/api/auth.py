@@ -1,0 +1,249 @@
+"""Who is calling: JWT bearer tokens verified with PyJWT, and what their roles and apps allow.
+
+The algorithms a token may use are pinned by configuration to the kind of key configured (HMAC for
+a secret, key pairs for a JWKS), so ``alg: none`` and an HS256 token "signed" with an RSA public key
+are refused before any signature is checked. ``exp`` and ``sub`` are required; ``nbf``, ``iss`` and
+``aud`` are checked (the last two when configured) with a small leeway for clock skew.
+
+Roles: ``SCHEDULER_ADMIN`` may do everything, ``SCHEDULER_USER`` may read, trigger, create and change
+schedules (not cancel them, nor replay dead letters), ``SCHEDULER_VIEWER`` may only read. Apps: the
+token's apps claim lists the apps it may see (``*``: all); an admin's token without one sees all.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum, StrEnum
+from pathlib import Path
+from typing import Any
+
+import jwt
+
+from scheduler.api.errors import ApiError, Code
+from scheduler.config import JwtSettings
+
+JWKS_FILE_RECHECK_S = 10.0
+JWKS_URL_LIFESPAN_S = 300
+JWKS_URL_TIMEOUT_S = 5
+MAX_TOKEN_BYTES = 16 * 1024
+ALL_APPS = "*"
+
+
+class Role(StrEnum):
+    ADMIN = "SCHEDULER_ADMIN"
+    USER = "SCHEDULER_USER"
+    VIEWER = "SCHEDULER_VIEWER"
+
+
+class Access(Enum):
+    READ = "read"
+    TRIGGER = "trigger"
+    WRITE = "write"  # create, update, pause, resume
+    ADMIN = "admin"  # cancel (delete), replay dead letters
+
+
+GRANTS: dict[Role, frozenset[Access]] = {
+    Role.ADMIN: frozenset(Access),
+    Role.USER: frozenset({Access.READ, Access.TRIGGER, Access.WRITE}),
+    Role.VIEWER: frozenset({Access.READ}),
+}
+
+
+@dataclass(frozen=True)
+class Principal:
+    subject: str
+    issuer: str | None
+    roles: frozenset[Role]
+    apps: frozenset[str] | None
+    """The apps it may see; None: every app."""
+
+    @property
+    def key(self) -> str:
+        """Who the rate limits and idempotency keys count: a subject is unique within its issuer."""
+        return f"{self.issuer or ''}|{self.subject}"
+
+    @property
+    def actor(self) -> str:
+        """Who the audit log names."""
+        return f"api:{self.subject}"
+
+    def may(self, access: Access) -> bool:
+        return any(access in GRANTS[role] for role in self.roles)
+
+    def sees(self, app: str | None) -> bool:
+        return self.apps is None or (app is not None and app in self.apps)
+
+    def scope(self) -> list[str] | None:
+        """The apps a listing may show (None: any)."""
+        return None if self.apps is None else sorted(self.apps)
+
+
+def _unauthenticated(reason: str) -> ApiError:
+    return ApiError(Code.UNAUTHENTICATED, reason)
+
+
+def _claim(claims: dict[str, Any], path: str) -> Any:
+    """A claim by dotted path (``realm_access.roles``), as identity providers nest them."""
+    value: Any = claims
+    for part in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _names(value: Any) -> list[str]:
+    """A claim holding names: a list of strings, or one string of names separated by spaces or commas."""
+    if isinstance(value, str):
+        return [name for name in value.replace(",", " ").split() if name]
+    if isinstance(value, list):
+        return [name for name in value if isinstance(name, str)]
+    return []
+
+
+class _JwksFile:
+    """The keys of a JWKS file, read again when the file changes (a rotated, mounted Secret)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._checked = 0.0
+        self._mtime: float | None = None
+        self._keys: dict[str | None, jwt.PyJWK] = {}
+
+    def key(self, kid: str | None) -> jwt.PyJWK:
+        with self._lock:
+            if time.monotonic() - self._checked > JWKS_FILE_RECHECK_S or kid not in self._keys:
+                self._reload()
+            keys = self._keys
+        if kid in keys:
+            return keys[kid]
+        if kid is None and len(keys) == 1:
+            return next(iter(keys.values()))
+        raise _unauthenticated("the token's signing key is not among the configured keys")
+
+    def _reload(self) -> None:
+        self._checked = time.monotonic()
+        try:
+            mtime = self.path.stat().st_mtime
+            if mtime == self._mtime:
+                return
+            keys = jwt.PyJWKSet.from_dict(json.loads(self.path.read_text(encoding="utf-8"))).keys
+        except (OSError, ValueError, jwt.PyJWKSetError) as exc:
+            if self._keys:
+                return  # keep the keys that worked; the file may be mid-rotation
+            raise _unauthenticated(f"the configured keys cannot be read ({type(exc).__name__})") from None
+        self._mtime = mtime
+        self._keys = {key.key_id: key for key in keys}
+
+
+class Authenticator:
+    def __init__(self, settings: JwtSettings) -> None:
+        if not settings.configured:
+            raise ValueError("no JWT key configured")
+        self.settings = settings
+        self._file: _JwksFile | None = None
+        self._client: jwt.PyJWKClient | None = None
+        if settings.jwks is not None:
+            if settings.jwks.startswith(("https://", "http://")):
+                self._client = jwt.PyJWKClient(
+                    settings.jwks, cache_keys=True, lifespan=JWKS_URL_LIFESPAN_S, timeout=JWKS_URL_TIMEOUT_S
+                )
+            else:
+                self._file = _JwksFile(settings.jwks)
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        """The principal of an ``Authorization: Bearer <token>`` value; raises UNAUTHENTICATED."""
+        if not authorization:
+            raise _unauthenticated("a bearer token is required (Authorization: Bearer <token>)")
+        scheme, _, token = authorization.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise _unauthenticated("the Authorization header must be 'Bearer <token>'")
+        if len(token) > MAX_TOKEN_BYTES:
+            raise _unauthenticated("the token is too long")
+        claims = self._verify(token)
+        return self._principal(claims)
+
+    def _verify(self, token: str) -> dict[str, Any]:
+        s = self.settings
+        try:
+            header = jwt.get_unverified_header(token)
+            algorithm = header.get("alg")
+            if algorithm not in s.algorithms:
+                raise _unauthenticated(
+                    f"the token's algorithm {str(algorithm)[:20]!r} is not accepted "
+                    f"(accepted: {', '.join(s.algorithms)})"
+                )
+            key: Any = s.secret
+            if self._file is not None:
+                key = self._file.key(header.get("kid"))
+            elif self._client is not None:
+                key = self._client.get_signing_key_from_jwt(token)
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                key,
+                algorithms=list(s.algorithms),
+                audience=s.audience,
+                issuer=s.issuer,
+                leeway=s.leeway_s,
+                options={"require": ["exp", "sub"], "verify_aud": s.audience is not None},
+            )
+        except jwt.ExpiredSignatureError:
+            raise _unauthenticated("the token has expired") from None
+        except jwt.ImmatureSignatureError:
+            raise _unauthenticated("the token is not valid yet (nbf)") from None
+        except jwt.InvalidAudienceError:
+            raise _unauthenticated("the token is for another audience") from None
+        except jwt.InvalidIssuerError:
+            raise _unauthenticated("the token is from another issuer") from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise _unauthenticated(f"the token has no {exc.claim!r} claim") from None
+        except jwt.PyJWKClientError:
+            raise _unauthenticated("the token's signing key cannot be found") from None
+        except jwt.InvalidTokenError as exc:
+            # Signature, format, algorithm: PyJWT's messages name the check, never the token.
+            raise _unauthenticated(f"the token is not valid ({type(exc).__name__})") from None
+        if not isinstance(claims.get("sub"), str) or not claims["sub"]:
+            raise _unauthenticated("the token's 'sub' claim must be a non-empty string")
+        return claims
+
+    def _principal(self, claims: dict[str, Any]) -> Principal:
+        s = self.settings
+        roles = frozenset(Role(name) for name in _names(_claim(claims, s.roles_claim)) if name in set(Role))
+        apps_claim = _claim(claims, s.apps_claim)
+        apps = _names(apps_claim)
+        every_app = ALL_APPS in apps or (apps_claim is None and Role.ADMIN in roles)
+        scope = None if every_app else frozenset(apps)
+        issuer = claims.get("iss")
+        return Principal(
+            subject=str(claims["sub"])[:200],
+            issuer=issuer if isinstance(issuer, str) else None,
+            roles=roles,
+            apps=scope,
+        )
+
+
+def issue_token(
+    secret: str,
+    subject: str,
+    roles: Iterable[Role | str],
+    apps: Iterable[str] | None,
+    ttl_s: float = 3600.0,
+    **claims: Any,
+) -> str:
+    """An HS256 token for the demo and the tests: the API itself never issues tokens to clients."""
+    now = int(time.time())
+    body: dict[str, Any] = {
+        "sub": subject,
+        "iat": now,
+        "exp": now + int(ttl_s),
+        "roles": [str(r) for r in roles],
+    }
+    if apps is not None:
+        body["apps"] = list(apps)
+    return jwt.encode(body | claims, secret, algorithm="HS256")

@@ -1,0 +1,185 @@
+"""The HTTP/JSON transport: FastAPI routes from the route table, each parsing its request into the
+RPC's request message (path, query, ``Idempotency-Key`` header and JSON body, by protobuf's JSON
+mapping) and answering the response message in the same mapping, or the error body.
+
+The application service is synchronous (PostgreSQL through a pool): calls run on the executor
+shared with the gRPC transport, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable
+from concurrent.futures import Executor
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from scheduler.api.errors import ApiError, Code, invalid
+from scheduler.api.messages import as_dict
+from scheduler.api.openapi import document
+from scheduler.api.routes import ROUTES, Route
+from scheduler.api.service import METHODS, SchedulerApi
+
+# A schedule's payload may be 1 MiB, and JSON escaping can double it; a batch holds up to 1,000.
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+MAX_BATCH_REQUEST_BYTES = 32 * 1024 * 1024
+_PARSE_FIELD_RE = re.compile(r"Failed to parse (\w+) field")
+_NO_FIELD_RE = re.compile(r'has no field named "([^"]{0,80})')
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    body = {
+        "error": {
+            "code": error.code.value,
+            "message": error.message,
+            "details": error.details,
+            "timestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        }
+    }
+    headers: dict[str, str] = {}
+    if error.code == Code.RATE_LIMITED:
+        headers["Retry-After"] = str(error.details.get("retry_after_seconds", 1))
+    if error.code == Code.UNAUTHENTICATED:
+        headers["WWW-Authenticate"] = 'Bearer realm="scheduler"'
+    return JSONResponse(body, status_code=error.http_status, headers=headers)
+
+
+def parse_message(data: dict[str, Any], message_type: type[Message]) -> Message:
+    """``data`` by protobuf's JSON mapping; one line naming the field (never its value) otherwise."""
+    message = message_type()
+    try:
+        json_format.ParseDict(data, message)
+    except json_format.ParseError as exc:
+        text = str(exc)
+        unknown = _NO_FIELD_RE.search(text)
+        if unknown:
+            raise invalid(f"unknown field {unknown.group(1)!r}", field=unknown.group(1)) from None
+        names = _PARSE_FIELD_RE.findall(text)
+        if names:
+            raise invalid(
+                f"field {names[-1]!r} has a value of the wrong type or form", field=names[-1]
+            ) from None
+        raise invalid("the request does not match the API's JSON form") from None
+    except (ValueError, TypeError, RecursionError):
+        raise invalid("the request does not match the API's JSON form") from None
+    return message
+
+
+def _query_value(field: Any, text: str) -> Any:
+    """A query parameter's text as the JSON value of ``field`` (a FieldDescriptor)."""
+    if field.type == FieldDescriptor.TYPE_INT32:
+        try:
+            return int(text)
+        except ValueError:
+            raise invalid(f"query parameter {field.name!r} must be an integer", field=field.name) from None
+    if field.type == FieldDescriptor.TYPE_BOOL:
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise invalid(f"query parameter {field.name!r} must be true or false", field=field.name)
+        return text.lower() in ("true", "1")
+    return text  # strings, and Timestamps in RFC 3339 (parsed with the message)
+
+
+async def _body(request: Request, limit: int) -> dict[str, Any]:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(
+            Code.PAYLOAD_TOO_LARGE, f"the request is larger than {limit} bytes", {"limit_bytes": limit}
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(
+                Code.PAYLOAD_TOO_LARGE, f"the request is larger than {limit} bytes", {"limit_bytes": limit}
+            )
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise invalid("the request body is not JSON") from None
+    if not isinstance(data, dict):
+        raise invalid("the request body must be a JSON object")
+    return data
+
+
+async def _request_message(route: Route, request: Request) -> Message:
+    method = METHODS[route.method]
+    fields = method.request.DESCRIPTOR.fields_by_name
+    limit = MAX_BATCH_REQUEST_BYTES if route.method == "CreateSchedules" else MAX_REQUEST_BYTES
+    data = await _body(request, limit) if route.body else {}
+    for name in route.path_fields + route.query:
+        if name in data:
+            where = "path" if name in route.path_fields else "query"
+            raise invalid(f"{name} is given in the {where}, not in the body", field=name)
+    for name in route.path_fields:
+        data[name] = request.path_params[name]
+    for name in route.query:
+        if name in request.query_params:
+            data[name] = _query_value(fields[name], request.query_params[name])
+    key = request.headers.get("idempotency-key")
+    if key is not None and "idempotency_key" in fields:
+        if data.get("idempotency_key", key) != key:
+            raise invalid("the Idempotency-Key header and the body's idempotency_key differ")
+        data["idempotency_key"] = key
+    return parse_message(data, method.request)
+
+
+def _endpoint(api: SchedulerApi, executor: Executor, route: Route) -> Callable[[Request], Any]:
+    async def endpoint(request: Request) -> Response:
+        try:
+            message = await _request_message(route, request)
+            loop = asyncio.get_running_loop()
+            authorization = request.headers.get("authorization")
+            response = await loop.run_in_executor(executor, api.call, route.method, authorization, message)
+        except ApiError as error:
+            return error_response(error)
+        return JSONResponse(as_dict(response))
+
+    endpoint.__name__ = route.method
+    return endpoint
+
+
+def create_app(api: SchedulerApi, executor: Executor, serving: Callable[[], bool]) -> FastAPI:
+    """The ASGI application; ``serving()`` answers /v1/health (it may block: it runs on ``executor``)."""
+    app = FastAPI(
+        title="scheduler.v1.SchedulerService", openapi_url="/openapi.json", docs_url="/docs", redoc_url=None
+    )
+    spec = document()
+    app.openapi = lambda: spec  # type: ignore[method-assign]
+    for route in ROUTES:
+        app.add_api_route(
+            route.path, _endpoint(api, executor, route), methods=[route.verb], include_in_schema=False
+        )
+
+    async def health(request: Request) -> Response:
+        ok = await asyncio.get_running_loop().run_in_executor(executor, serving)
+        return JSONResponse({"status": "SERVING" if ok else "NOT_SERVING"}, status_code=200 if ok else 503)
+
+    app.add_api_route("/v1/health", health, methods=["GET"], include_in_schema=False)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:
+            return error_response(
+                ApiError(Code.NOT_FOUND, f"no {request.method} on {request.url.path[:200]}")
+            )
+        return error_response(ApiError(Code.NOT_FOUND, f"no such path {request.url.path[:200]}"))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        return error_response(ApiError(Code.INTERNAL, "internal error; the server's log has the details"))
+
+    return app

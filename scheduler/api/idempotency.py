@@ -1,0 +1,73 @@
+"""Idempotency keys: the same key with the same request returns the first response for 24 hours.
+
+The key is claimed in the transaction that does the work (:func:`scheduler.store.api.claim_idempotency_key`),
+so of concurrent duplicates one does the work while the others wait on its row and then return its
+response; the same key with another request is refused. A request that fails leaves no key behind
+(its transaction rolled back), so it may be retried with the same key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from scheduler.api.errors import ApiError, Code
+from scheduler.api.messages import as_dict
+from scheduler.store import api as store
+
+Row = dict[str, Any]
+M = TypeVar("M", bound=Message)
+TTL_S = 24 * 3600.0
+MAX_KEY_LENGTH = 200
+
+
+def request_hash(method: str, request: Message) -> str:
+    """What identifies a request: its method and fields, the key itself left out."""
+    copy = type(request)()
+    copy.CopyFrom(request)
+    copy.ClearField("idempotency_key")
+    return hashlib.sha256(method.encode() + b"\0" + copy.SerializeToString(deterministic=True)).hexdigest()
+
+
+def once(
+    conn: psycopg.Connection[Row],
+    principal: str,
+    method: str,
+    request: Message,
+    response_type: type[M],
+    work: Callable[[], M],
+) -> M:
+    """``work()`` in one transaction with the claim of the request's key, or the first response."""
+    # Every idempotent method's request has the field; Message itself does not declare it.
+    key: str = getattr(request, "idempotency_key")  # noqa: B009
+    if not key:
+        return work()
+    if len(key) > MAX_KEY_LENGTH:
+        raise ApiError(
+            Code.INVALID_ARGUMENT,
+            f"idempotency key must be 1 to {MAX_KEY_LENGTH} characters",
+            {"field": "idempotency_key"},
+        )
+    digest = request_hash(method, request)
+    with conn.transaction():
+        if store.claim_idempotency_key(conn, principal, method, key, digest, TTL_S):
+            response = work()
+            store.record_response(conn, principal, method, key, as_dict(response))
+            return response
+        first = store.first_response(conn, principal, method, key)
+    if first is None or first["response"] is None:
+        # Claimed and committed without a response cannot happen (both are in one transaction);
+        # a row swept between the two statements can: the client retries and gets a fresh claim.
+        raise ApiError(Code.FAILED_PRECONDITION, "the idempotency key's first request is unfinished; retry")
+    if first["request_hash"] != digest:
+        raise ApiError(
+            Code.IDEMPOTENCY_KEY_REUSED,
+            "this idempotency key was used with another request; use a new key for a new request",
+            {"field": "idempotency_key"},
+        )
+    return json_format.ParseDict(first["response"], response_type())

@@ -1,0 +1,367 @@
+"""Rows as the API's messages, and requests as schedule specs: the one mapping both transports use.
+
+A payload is a ``google.protobuf.Value``, whose numbers are doubles; a whole number within a
+double's exact range is read as an integer, so a payload sent as ``{"n": 1}`` is stored, sent to
+the handler and returned as ``{"n": 1}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf.message import Message
+
+from scheduler.api.errors import ApiError, Code, invalid
+from scheduler.domain.schedule import ScheduleKind, ScheduleState
+from scheduler.schedule.spec import MAX_PAYLOAD_BYTES, InvalidSchedule, ScheduleSpec, encoded_payload
+from scheduler.v1 import scheduler_pb2 as pb
+
+Row = Mapping[str, Any]
+EXACT_INTEGER = 2**53
+# Any string of a request beyond what any field takes (names 200, handlers 300, descriptions
+# 2,000): refused before it reaches validation or a statement.
+MAX_STRING_LENGTH = 4096
+
+
+# --- values ---------------------------------------------------------------------------------------
+
+
+def timestamp(moment: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if moment is None:
+        return None
+    message = timestamp_pb2.Timestamp()
+    message.FromDatetime(moment.astimezone(UTC))
+    return message
+
+
+def moment_of(message: Message, field: str) -> datetime | None:
+    """A Timestamp field as an aware datetime; None when not set."""
+    if not message.HasField(field):
+        return None
+    value: timestamp_pb2.Timestamp = getattr(message, field)
+    try:
+        return value.ToDatetime(tzinfo=UTC)
+    except (ValueError, OverflowError):
+        raise invalid(f"{field} is not a representable time", field=field) from None
+
+
+def _integral(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and abs(value) < EXACT_INTEGER:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
+
+
+def payload_of(message: Message, field: str = "payload") -> Any:
+    """A Value field as JSON data ({} when not set); 413 past the payload limit."""
+    if not message.HasField(field):
+        return {}
+    value = _integral(json_format.MessageToDict(getattr(message, field)))
+    try:
+        encoded_payload(value)
+    except InvalidSchedule as exc:
+        if "limit" in str(exc):
+            raise ApiError(Code.PAYLOAD_TOO_LARGE, str(exc), {"limit_bytes": MAX_PAYLOAD_BYTES}) from None
+        raise ApiError(Code.INVALID_SCHEDULE, str(exc), {"field": field}) from None
+    return value
+
+
+def json_value(data: Any) -> struct_pb2.Value:
+    value = struct_pb2.Value()
+    json_format.ParseDict(data, value)
+    return value
+
+
+def as_dict(message: Message) -> dict[str, Any]:
+    """A message in its JSON form (what HTTP sends, and what idempotency keys keep)."""
+    data = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return _integral_values(message, data)
+
+
+def _integral_values(message: Message, data: dict[str, Any]) -> dict[str, Any]:
+    """Whole numbers of the Value fields as integers, at any depth of nested messages."""
+    for field, value in message.ListFields():
+        name = field.name
+        if name not in data:
+            continue
+        if field.message_type is not None and field.message_type.full_name == "google.protobuf.Value":
+            data[name] = _integral(data[name])
+        elif field.message_type is not None and field.message_type.full_name.startswith("scheduler."):
+            if field.is_repeated:
+                data[name] = [_integral_values(m, d) for m, d in zip(value, data[name], strict=True)]
+            else:
+                data[name] = _integral_values(value, data[name])
+    return data
+
+
+def check_strings(message: Message, path: str = "") -> None:
+    """Refuse any string longer than any field takes, at any depth (payloads are checked apart)."""
+    for field, value in message.ListFields():
+        name = f"{path}{field.name}"
+        if field.type == field.TYPE_STRING:
+            for text in value if field.is_repeated else [value]:
+                if len(text) > MAX_STRING_LENGTH:
+                    raise invalid(f"{name} is longer than {MAX_STRING_LENGTH} characters", field=name)
+        elif field.message_type is not None and field.message_type.full_name.startswith("scheduler."):
+            for index, item in enumerate(value if field.is_repeated else [value]):
+                check_strings(item, f"{name}[{index}]." if field.is_repeated else f"{name}.")
+
+
+def uuid_of(text: str, what: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        raise invalid(f"{what} {text[:80]!r} is not an id (a UUID)", field=what) from None
+
+
+def optional_uuid(text: str, what: str) -> UUID | None:
+    return uuid_of(text, what) if text else None
+
+
+# --- cursors --------------------------------------------------------------------------------------
+
+
+def encode_cursor(*parts: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps(parts).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, arity: int) -> list[str] | None:
+    """The parts of a cursor this API gave; None for none. A cursor is only a position: whatever
+    it holds, the caller's scope and filters still apply to the page."""
+    if not cursor:
+        return None
+    try:
+        parts = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        parts = None
+    if not isinstance(parts, list) or len(parts) != arity or not all(isinstance(p, str) for p in parts):
+        raise invalid("cursor is not one this API gave (pass next_cursor as it came)", field="cursor")
+    return parts
+
+
+def instant_of(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise invalid("cursor is not one this API gave", field="cursor") from None
+    if moment.tzinfo is None:
+        raise invalid("cursor is not one this API gave", field="cursor")
+    return moment
+
+
+def page_limit(limit: int, default: int = 50, maximum: int = 500) -> int:
+    if limit == 0:
+        return default
+    if not 1 <= limit <= maximum:
+        raise invalid(f"limit must be 1 to {maximum}, got {limit}", field="limit")
+    return limit
+
+
+# --- rows as messages -----------------------------------------------------------------------------
+
+
+def _seconds(ms: int) -> float:
+    return ms / 1000
+
+
+def schedule_message(row: Row) -> pb.Schedule:
+    return pb.Schedule(
+        id=str(row["id"]),
+        app=row["app"],
+        schedule_key=row.get("schedule_key") or str(row["id"]),
+        name=row["name"],
+        description=row.get("description") or "",
+        kind=row["kind"],
+        cron_expression=row["cron"] or "",
+        timezone=row["tz"],
+        run_at=timestamp(row["run_at"]),
+        start_at=timestamp(row["start_at"]),
+        end_at=timestamp(row["end_at"]),
+        handler=row["handler"],
+        payload=json_value(row["payload"]),
+        enabled=row["state"] == ScheduleState.ACTIVE,
+        retry_config=pb.RetryConfig(
+            max_attempts=row["max_attempts"],
+            backoff_seconds=_seconds(row["backoff_base_ms"]),
+            max_backoff_seconds=_seconds(row["backoff_max_ms"]),
+        ),
+        timeout_seconds=_seconds(row["timeout_ms"]),
+        jitter_seconds=_seconds(row["jitter_ms"]),
+        misfire_policy=row["misfire_policy"],
+        overlap_policy=row["overlap_policy"],
+        state=row["state"],
+        error=row["error"] or "",
+        next_run_time=timestamp(row["next_fire_at"]),
+        version=row["version"],
+        created_at=timestamp(row["created_at"]),
+        updated_at=timestamp(row["updated_at"]),
+    )
+
+
+def attempt_message(row: Row) -> pb.Attempt:
+    return pb.Attempt(
+        attempt=row["attempt"],
+        kind=row["kind"],
+        outcome=row["outcome"],
+        worker=row["worker"] or "",
+        started_at=timestamp(row["started_at"]),
+        finished_at=timestamp(row["finished_at"]),
+        error=row["error"] or "",
+        received_at=timestamp(row["received_at"]),
+    )
+
+
+def run_message(row: Row) -> pb.Run:
+    return pb.Run(
+        id=str(row["id"]),
+        schedule_id=str(row["schedule_id"]),
+        app=row["app"],
+        scheduled_for=timestamp(row["scheduled_for"]),
+        state=row["state"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        dispatched_at=timestamp(row["dispatched_at"]),
+        started_at=timestamp(row["started_at"]),
+        finished_at=timestamp(row["finished_at"]),
+        worker=row["worker"] or "",
+        error=row["error"] or "",
+        skip_reason=row["skip_reason"] or "",
+        next_attempt_at=timestamp(row["next_attempt_at"]),
+        created_at=timestamp(row["created_at"]),
+        attempts=[attempt_message(a) for a in row.get("attempts", [])],
+    )
+
+
+def dead_letter_message(row: Row) -> pb.DeadLetter:
+    return pb.DeadLetter(
+        id=str(row["id"]),
+        kind=row["kind"],
+        app=row["app"] or "",
+        schedule_id=str(row["schedule_id"] or ""),
+        attempt=row["attempt"] or 0,
+        error=row["error"] or "",
+        dead_at=timestamp(row["dead_at"]),
+        worker=row["worker"] or "",
+    )
+
+
+def audit_message(row: Row) -> pb.AuditEntry:
+    return pb.AuditEntry(
+        id=str(row["id"]),
+        at=timestamp(row["at"]),
+        actor=row["actor"],
+        action=row["action"],
+        entity=row["entity"],
+        entity_id=row["entity_id"],
+        app=row["app"] or "",
+        old_value=None if row["old_value"] is None else json_value(row["old_value"]),
+        new_value=None if row["new_value"] is None else json_value(row["new_value"]),
+    )
+
+
+# --- requests as specs ----------------------------------------------------------------------------
+
+
+def _ms(seconds: float, field: str) -> int:
+    if not (seconds == seconds) or abs(seconds) > 1e9:  # NaN, or beyond any setting
+        raise ApiError(Code.INVALID_SCHEDULE, f"{field} is out of range", {"field": field})
+    return round(seconds * 1000)
+
+
+def _retry(spec: dict[str, Any], retry: pb.RetryConfig) -> None:
+    if retry.HasField("max_attempts"):
+        spec["max_attempts"] = retry.max_attempts
+    if retry.HasField("backoff_seconds"):
+        spec["backoff_base_ms"] = _ms(retry.backoff_seconds, "retry_config.backoff_seconds")
+    if retry.HasField("max_backoff_seconds"):
+        spec["backoff_max_ms"] = _ms(retry.max_backoff_seconds, "retry_config.max_backoff_seconds")
+
+
+def spec_of_create(request: pb.CreateScheduleRequest) -> ScheduleSpec:
+    """The spec a create asks for: cron when it has an expression, delayed when it has run_at,
+    immediate otherwise."""
+    run_at = moment_of(request, "run_at")
+    if request.cron_expression and run_at is not None:
+        raise ApiError(Code.INVALID_SCHEDULE, "give cron_expression or run_at, not both", {"field": "run_at"})
+    kind = (
+        ScheduleKind.CRON
+        if request.cron_expression
+        else ScheduleKind.DELAYED
+        if run_at
+        else ScheduleKind.IMMEDIATE
+    )
+    values: dict[str, Any] = {
+        "app": request.app,
+        "handler": request.handler,
+        "kind": str(kind),
+        "name": request.name or None,
+        "description": request.description or None,
+        "cron": request.cron_expression or None,
+        "tz": request.timezone or "UTC",
+        "run_at": run_at,
+        "start_at": moment_of(request, "start_at"),
+        "end_at": moment_of(request, "end_at"),
+        "payload": payload_of(request),
+    }
+    if request.HasField("retry_config"):
+        _retry(values, request.retry_config)
+    if request.HasField("timeout_seconds"):
+        values["timeout_ms"] = _ms(request.timeout_seconds, "timeout_seconds")
+    if request.HasField("jitter_seconds"):
+        values["jitter_ms"] = _ms(request.jitter_seconds, "jitter_seconds")
+    if request.misfire_policy:
+        values["misfire_policy"] = request.misfire_policy
+    if request.overlap_policy:
+        values["overlap_policy"] = request.overlap_policy
+    return ScheduleSpec(**values)
+
+
+SPEC_CHANGES = (
+    "name", "description", "cron_expression", "run_at", "timezone", "start_at", "end_at", "handler",
+    "payload", "retry_config", "timeout_seconds", "jitter_seconds", "misfire_policy", "overlap_policy",
+)  # fmt: skip
+
+
+def changes_spec(request: pb.UpdateScheduleRequest) -> bool:
+    return any(request.HasField(field) for field in SPEC_CHANGES)
+
+
+def spec_of_update(stored: ScheduleSpec, request: pb.UpdateScheduleRequest) -> ScheduleSpec:
+    """``stored`` with the fields the update gives; a cron expression or run_at changes the kind."""
+    values: dict[str, Any] = {}
+    plain = {"name": "name", "description": "description", "timezone": "tz", "handler": "handler",
+             "misfire_policy": "misfire_policy", "overlap_policy": "overlap_policy"}  # fmt: skip
+    for field, column in plain.items():
+        if request.HasField(field):
+            values[column] = getattr(request, field) or (None if column in ("name", "description") else "")
+    if request.HasField("cron_expression") and request.HasField("run_at"):
+        raise ApiError(Code.INVALID_SCHEDULE, "give cron_expression or run_at, not both", {"field": "run_at"})
+    if request.HasField("cron_expression"):
+        values |= {"kind": str(ScheduleKind.CRON), "cron": request.cron_expression, "run_at": None}
+    if request.HasField("run_at"):
+        values |= {"kind": str(ScheduleKind.DELAYED), "cron": None, "run_at": moment_of(request, "run_at")}
+    for field in ("start_at", "end_at"):
+        if request.HasField(field):
+            values[field] = moment_of(request, field)
+    if request.HasField("payload"):
+        values["payload"] = payload_of(request)
+    if request.HasField("retry_config"):
+        _retry(values, request.retry_config)
+    if request.HasField("timeout_seconds"):
+        values["timeout_ms"] = _ms(request.timeout_seconds, "timeout_seconds")
+    if request.HasField("jitter_seconds"):
+        values["jitter_ms"] = _ms(request.jitter_seconds, "jitter_seconds")
+    return dataclasses.replace(stored, **values)

@@ -1,0 +1,199 @@
+"""The OpenAPI document of the HTTP/JSON API, generated from the protobuf descriptors and the
+route table, so that it describes exactly what the transport parses and returns: protobuf's JSON
+mapping with the proto's field names (responses print every field without presence; unset
+messages and optional fields are left out).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+
+from scheduler import __version__
+from scheduler.api.errors import HTTP_STATUS
+from scheduler.api.routes import ROUTES, Route
+from scheduler.api.service import METHODS
+
+INT32 = {"type": "integer", "format": "int32", "minimum": -(2**31), "maximum": 2**31 - 1}
+SCALARS: dict[int, dict[str, Any]] = {
+    FieldDescriptor.TYPE_STRING: {"type": "string"},
+    FieldDescriptor.TYPE_BOOL: {"type": "boolean"},
+    FieldDescriptor.TYPE_INT32: INT32,
+    FieldDescriptor.TYPE_DOUBLE: {"type": "number", "format": "double"},
+}
+WELL_KNOWN: dict[str, dict[str, Any]] = {
+    "google.protobuf.Timestamp": {"type": "string", "format": "date-time"},
+    "google.protobuf.Value": {"description": "Any JSON value"},
+}
+# protobuf's pure-Python and upb descriptors declare no common type.
+Descriptor = Any
+ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message", "details", "timestamp"],
+            "properties": {
+                "code": {"type": "string", "enum": sorted({code.value for code in HTTP_STATUS})},
+                "message": {"type": "string"},
+                "details": {"type": "object"},
+                "timestamp": {"type": "string", "format": "date-time"},
+            },
+        }
+    },
+}
+ERROR_DESCRIPTIONS = {
+    400: "Malformed request",
+    401: "No valid bearer token",
+    403: "The token's roles do not allow this",
+    404: "Not found (or another app's)",
+    409: "Conflict: a taken key, a changed version, a state that forbids it, a reused idempotency key",
+    413: "Payload or request too large",
+    422: "Not a schedule that can be stored",
+    429: "Rate limited (see Retry-After)",
+    500: "Internal error",
+    503: "The database is unavailable",
+}
+
+
+def _field_schema(field: FieldDescriptor, components: dict[str, Any], response: bool) -> dict[str, Any]:
+    if field.message_type is not None:
+        name = field.message_type.full_name
+        if name in WELL_KNOWN:
+            schema = dict(WELL_KNOWN[name])
+        else:
+            schema = {"$ref": f"#/components/schemas/{_component(field.message_type, components, response)}"}
+    else:
+        schema = dict(SCALARS[field.type])
+    return {"type": "array", "items": schema} if field.is_repeated else schema
+
+
+def _suffix(response: bool) -> str:
+    return "" if response else "Input"
+
+
+def _component(message: Descriptor, components: dict[str, Any], response: bool) -> str:
+    name = f"{message.name}{_suffix(response)}"
+    if name not in components:
+        components[name] = {}  # placeholder: recursion stops here
+        components[name] = message_schema(message, components, response)
+    return name
+
+
+def message_schema(
+    message: Descriptor, components: dict[str, Any], response: bool, exclude: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A message's JSON form. In a response every field without presence is printed (so required);
+    a request may leave out any field and may hold no other."""
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for field in message.fields:
+        if field.name in exclude:
+            continue
+        properties[field.name] = _field_schema(field, components, response)
+        has_presence = field.message_type is not None or field.has_presence
+        if response and (field.is_repeated or not has_presence):
+            required.append(field.name)
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def _parameter(route: Route, message: Descriptor, name: str, where: str, components: dict[str, Any]) -> Any:
+    field = message.fields_by_name[name]
+    return {
+        "name": name,
+        "in": where,
+        "required": where == "path",
+        "schema": _field_schema(field, components, response=False),
+    }
+
+
+def _operation(route: Route, components: dict[str, Any]) -> dict[str, Any]:
+    method = METHODS[route.method]
+    request = method.request.DESCRIPTOR
+    parameters = [_parameter(route, request, name, "path", components) for name in route.path_fields]
+    parameters += [_parameter(route, request, name, "query", components) for name in route.query]
+    if method.idempotent:
+        parameters.append(
+            {
+                "name": "Idempotency-Key",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+                "description": "The same key with the same request returns the first response for 24 h",
+            }
+        )
+    response = _component(method.response.DESCRIPTOR, components, True)
+    operation: dict[str, Any] = {
+        "operationId": route.method,
+        "summary": route.summary,
+        "tags": [route.path.split("/")[2].split(":")[0]],
+        "parameters": parameters,
+        "responses": {
+            "200": {
+                "description": "OK",
+                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{response}"}}},
+            },
+            **{
+                str(status): {  # every error the API may answer, in the one error body
+                    "description": text,
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                }
+                for status, text in ERROR_DESCRIPTIONS.items()
+            },
+        },
+    }
+    if route.body:
+        body = message_schema(request, components, response=False, exclude=route.path_fields + route.query)
+        name = f"{route.method}Body"
+        components[name] = body
+        operation["requestBody"] = {
+            "required": False,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}},
+        }
+    return operation
+
+
+def document() -> dict[str, Any]:
+    components: dict[str, Any] = {"Error": ERROR}
+    paths: dict[str, dict[str, Any]] = {}
+    for route in ROUTES:
+        paths.setdefault(route.path, {})[route.verb.lower()] = _operation(route, components)
+    paths["/v1/health"] = {
+        "get": {
+            "operationId": "Health",
+            "summary": "Whether this replica serves: its database answers",
+            "tags": ["health"],
+            "security": [],
+            "responses": {
+                "200": {"description": "Serving", "content": {"application/json": {"schema": HEALTH}}},
+                "503": {"description": "Not serving", "content": {"application/json": {"schema": HEALTH}}},
+            },
+        }
+    }
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "scheduler.v1.SchedulerService",
+            "version": __version__,
+            "description": "The scheduler's API over HTTP/JSON; the same service is served over gRPC. "
+            "Every call but /v1/health needs a bearer token (JWT).",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": dict(sorted(components.items())),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}},
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+HEALTH = {
+    "type": "object",
+    "required": ["status"],
+    "properties": {"status": {"type": "string", "enum": ["SERVING", "NOT_SERVING"]}},
+}

@@ -1,0 +1,444 @@
+"""The application service behind both transports: one method per RPC of ``SchedulerService``.
+
+:meth:`SchedulerApi.call` is what a transport calls, with the method's name, the caller's
+``Authorization`` value and the request message; it returns the response message or raises
+:class:`~scheduler.api.errors.ApiError`. In order, for every call: authenticate, check the role,
+check the request's strings, take a rate-limit token, then do the work on one pooled connection,
+under the request's idempotency key when it has one. Schedules change only through
+:mod:`scheduler.schedule.service`, as for the CLI and Kafka commands, so versions, states and the
+audit log follow the same rules whichever way a change came in; the actor is ``api:<subject>``.
+
+Another app's objects are answered as missing (NOT_FOUND), whether they exist or not.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from uuid import UUID
+
+import psycopg
+import psycopg_pool
+from google.protobuf.message import Message
+
+from scheduler.api import idempotency
+from scheduler.api import messages as m
+from scheduler.api.auth import Access, Authenticator, Principal
+from scheduler.api.errors import ApiError, Code, invalid, not_found
+from scheduler.api.limits import RateLimiter
+from scheduler.api.metrics import REQUEST_SECONDS, REQUESTS
+from scheduler.config import Settings
+from scheduler.domain.schedule import ScheduleState
+from scheduler.reconcile.replay import Replayer, ReplayFilter
+from scheduler.scan.dispatch import JobDispatcher
+from scheduler.schedule import service
+from scheduler.schedule.service import (
+    MAX_BATCH,
+    InvalidTransition,
+    KeyConflict,
+    NewSchedule,
+    ScheduleNotFound,
+    UnknownApp,
+)
+from scheduler.schedule.spec import InvalidSchedule, stored_spec
+from scheduler.store import api as store
+from scheduler.store import runs as run_store
+from scheduler.store.schedules import VersionConflict
+from scheduler.v1 import scheduler_pb2 as pb
+
+log = logging.getLogger("scheduler.api")
+Row = dict[str, Any]
+Conn = psycopg.Connection[Row]
+M = TypeVar("M", bound=Message)
+REPLAY_CHUNK = 500
+MAX_REPLAY = 10_000
+AUDIT_ENTITIES = ("app", "schedule", "run")
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    name: str
+    access: Access
+    bucket: str
+    """Its rate-limit class."""
+    request: type[Message]
+    response: type[Message]
+    idempotent: bool = False
+
+
+METHODS: dict[str, Method] = {
+    method.name: method
+    for method in (
+        Method("CreateSchedule", Access.WRITE, "create", pb.CreateScheduleRequest, pb.Schedule, True),
+        Method(
+            "CreateSchedules",
+            Access.WRITE,
+            "create_batch",
+            pb.CreateSchedulesRequest,
+            pb.CreateSchedulesResponse,
+            True,
+        ),
+        Method("GetSchedule", Access.READ, "get", pb.GetScheduleRequest, pb.Schedule),
+        Method("UpdateSchedule", Access.WRITE, "update", pb.UpdateScheduleRequest, pb.Schedule),
+        Method("DeleteSchedule", Access.ADMIN, "delete", pb.DeleteScheduleRequest, pb.Schedule),
+        Method("ListSchedules", Access.READ, "list", pb.ListSchedulesRequest, pb.ListSchedulesResponse),
+        Method(
+            "TriggerSchedule",
+            Access.TRIGGER,
+            "trigger",
+            pb.TriggerScheduleRequest,
+            pb.TriggerScheduleResponse,
+            True,
+        ),
+        Method("PauseSchedule", Access.WRITE, "update", pb.PauseScheduleRequest, pb.Schedule),
+        Method("ResumeSchedule", Access.WRITE, "update", pb.ResumeScheduleRequest, pb.Schedule),
+        Method(
+            "GetScheduleHistory",
+            Access.READ,
+            "list",
+            pb.GetScheduleHistoryRequest,
+            pb.GetScheduleHistoryResponse,
+        ),
+        Method("GetRun", Access.READ, "get", pb.GetRunRequest, pb.Run),
+        Method("ListDeadLetters", Access.READ, "list", pb.ListDeadLettersRequest, pb.ListDeadLettersResponse),
+        Method(
+            "ReplayDeadLetters",
+            Access.ADMIN,
+            "replay",
+            pb.ReplayDeadLettersRequest,
+            pb.ReplayDeadLettersResponse,
+            True,
+        ),
+        Method(
+            "ListAuditEntries", Access.READ, "list", pb.ListAuditEntriesRequest, pb.ListAuditEntriesResponse
+        ),
+    )
+}
+
+
+def _domain_error(exc: Exception) -> ApiError | None:
+    """The API's answer to a refusal of the schedule service; None for anything else."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ScheduleNotFound):
+        return ApiError(Code.NOT_FOUND, str(exc))
+    if isinstance(exc, VersionConflict):
+        return ApiError(Code.VERSION_CONFLICT, str(exc))
+    if isinstance(exc, InvalidTransition):
+        return ApiError(Code.FAILED_PRECONDITION, str(exc))
+    if isinstance(exc, KeyConflict):
+        return ApiError(Code.ALREADY_EXISTS, str(exc))
+    if isinstance(exc, InvalidSchedule):  # UnknownApp and InvalidBatchItem too
+        index = getattr(exc, "index", None)
+        return ApiError(Code.INVALID_SCHEDULE, str(exc), {} if index is None else {"index": index})
+    if isinstance(exc, psycopg.OperationalError | psycopg_pool.PoolTimeout):
+        return ApiError(Code.UNAVAILABLE, "the database is unavailable; retry later")
+    return None
+
+
+class SchedulerApi:
+    def __init__(
+        self,
+        settings: Settings,
+        pool: psycopg_pool.ConnectionPool[Conn],
+        authenticator: Authenticator,
+        dispatcher: JobDispatcher,
+    ) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.authenticator = authenticator
+        self.dispatcher = dispatcher
+        self.limiter = RateLimiter(settings.rate_limits)
+        self.replayer = Replayer(settings, dispatcher)
+        self._handlers: dict[str, Callable[[Conn, Principal, Any], Message]] = {
+            name: getattr(self, "_" + "".join("_" + c.lower() if c.isupper() else c for c in name)[1:])
+            for name in METHODS
+        }
+
+    def call(self, method_name: str, authorization: str | None, request: Message) -> Message:
+        """One call of ``method_name``; see the module docstring for what happens in which order."""
+        method = METHODS[method_name]
+        started = time.perf_counter()
+        code = "OK"
+        try:
+            principal = self.authenticator.authenticate(authorization)
+            if not principal.may(method.access):
+                raise ApiError(
+                    Code.PERMISSION_DENIED,
+                    f"{method.name} needs a role that may {method.access.value} "
+                    f"(the token has {', '.join(sorted(principal.roles)) or 'no scheduler role'})",
+                )
+            m.check_strings(request)
+            with self.pool.connection() as conn:
+                self.limiter.take(conn, principal.key, method.bucket)
+                handler = self._handlers[method.name]
+                if method.idempotent:
+                    return idempotency.once(
+                        conn, principal.key, method.name, request, method.response,
+                        lambda: handler(conn, principal, request),
+                    )  # fmt: skip
+                return handler(conn, principal, request)
+        except Exception as exc:
+            error = _domain_error(exc)
+            if error is None:
+                log.exception("%s failed", method.name)
+                error = ApiError(Code.INTERNAL, "internal error; the server's log has the details")
+            code = error.code.value
+            raise error from None
+        finally:
+            REQUESTS.labels(method.name, code).inc()
+            REQUEST_SECONDS.labels(method.name).observe(time.perf_counter() - started)
+
+    # --- scope ------------------------------------------------------------------------------------
+
+    def _schedule(self, conn: Conn, principal: Principal, text: str) -> Row:
+        schedule_id = m.uuid_of(text, "id")
+        row = store.schedule_with_key(conn, schedule_id)
+        if row is None or not principal.sees(row["app"]):
+            raise not_found(f"schedule {schedule_id}")
+        return row
+
+    def _app_filter(self, principal: Principal, app: str) -> list[str] | None:
+        """The apps a listing covers: the one asked for (if the caller sees it), else its scope."""
+        if not app:
+            return principal.scope()
+        if not principal.sees(app):
+            raise not_found(f"app {app!r}")
+        return [app]
+
+    # --- schedules --------------------------------------------------------------------------------
+
+    def _create_schedule(
+        self, conn: Conn, principal: Principal, request: pb.CreateScheduleRequest
+    ) -> pb.Schedule:
+        spec = m.spec_of_create(request)
+        if not principal.sees(spec.app):
+            raise not_found(f"app {spec.app!r}")
+        enabled = request.enabled if request.HasField("enabled") else True
+        row = service.create_schedule(
+            conn, spec, principal.actor, schedule_key=request.schedule_key or None, enabled=enabled
+        )
+        return m.schedule_message(row)
+
+    def _create_schedules(
+        self, conn: Conn, principal: Principal, request: pb.CreateSchedulesRequest
+    ) -> pb.CreateSchedulesResponse:
+        if not 1 <= len(request.schedules) <= MAX_BATCH:
+            raise invalid(f"a batch holds 1 to {MAX_BATCH} schedules, got {len(request.schedules)}")
+        batch: list[NewSchedule] = []
+        for index, item in enumerate(request.schedules):
+            if item.idempotency_key:
+                raise invalid(f"schedules[{index}]: give the batch's idempotency_key, not its items'")
+            try:
+                spec = m.spec_of_create(item)
+            except ApiError as exc:
+                raise ApiError(
+                    exc.code, f"schedules[{index}]: {exc.message}", exc.details | {"index": index}
+                ) from None
+            if not principal.sees(spec.app):
+                raise ApiError(Code.NOT_FOUND, f"schedules[{index}]: no app {spec.app!r}", {"index": index})
+            enabled = item.enabled if item.HasField("enabled") else True
+            batch.append(NewSchedule(spec, item.schedule_key or None, enabled))
+        rows = service.create_schedules(conn, batch, principal.actor)
+        return pb.CreateSchedulesResponse(schedules=[m.schedule_message(row) for row in rows])
+
+    def _get_schedule(self, conn: Conn, principal: Principal, request: pb.GetScheduleRequest) -> pb.Schedule:
+        return m.schedule_message(self._schedule(conn, principal, request.id))
+
+    def _update_schedule(
+        self, conn: Conn, principal: Principal, request: pb.UpdateScheduleRequest
+    ) -> pb.Schedule:
+        with conn.transaction():
+            row = self._schedule(conn, principal, request.id)
+            version = request.version if request.HasField("version") else None
+            if version is not None and row["version"] != version:
+                raise VersionConflict(
+                    f"schedule {row['id']} is at version {row['version']}, not {version}; read it again"
+                )
+            new = row
+            if m.changes_spec(request):
+                spec = m.spec_of_update(stored_spec(row), request)
+                new = service.update_schedule(conn, row["id"], spec, principal.actor, version)
+            if request.HasField("enabled") and request.enabled != (new["state"] == ScheduleState.ACTIVE):
+                change = service.resume if request.enabled else service.pause
+                new = change(conn, row["id"], principal.actor, new["version"])
+        return m.schedule_message(new | {"schedule_key": row["schedule_key"]})
+
+    def _transition(
+        self,
+        conn: Conn,
+        principal: Principal,
+        request: pb.DeleteScheduleRequest | pb.PauseScheduleRequest | pb.ResumeScheduleRequest,
+        change: Callable[[Conn, UUID, str, int | None], Row],
+    ) -> pb.Schedule:
+        row = self._schedule(conn, principal, request.id)
+        version = request.version if request.HasField("version") else None
+        new = change(conn, row["id"], principal.actor, version)
+        return m.schedule_message(new | {"schedule_key": row["schedule_key"]})
+
+    def _delete_schedule(
+        self, conn: Conn, principal: Principal, request: pb.DeleteScheduleRequest
+    ) -> pb.Schedule:
+        return self._transition(conn, principal, request, service.cancel)
+
+    def _pause_schedule(
+        self, conn: Conn, principal: Principal, request: pb.PauseScheduleRequest
+    ) -> pb.Schedule:
+        return self._transition(conn, principal, request, service.pause)
+
+    def _resume_schedule(
+        self, conn: Conn, principal: Principal, request: pb.ResumeScheduleRequest
+    ) -> pb.Schedule:
+        return self._transition(conn, principal, request, service.resume)
+
+    def _list_schedules(
+        self, conn: Conn, principal: Principal, request: pb.ListSchedulesRequest
+    ) -> pb.ListSchedulesResponse:
+        limit = m.page_limit(request.limit)
+        apps = self._app_filter(principal, request.app)
+        if request.state and request.state not in set(ScheduleState):
+            raise invalid(f"state must be one of {', '.join(ScheduleState)}", field="state")
+        cursor = m.decode_cursor(request.cursor, 2)
+        after = None if cursor is None else (m.instant_of(cursor[0]), m.uuid_of(cursor[1], "cursor"))
+        rows = store.schedules_page(
+            conn,
+            apps=apps,
+            state=request.state or None,
+            enabled=request.enabled if request.HasField("enabled") else None,
+            after=after,
+            limit=limit + 1,
+        )
+        has_more = len(rows) > limit
+        rows = rows[:limit]
+        last = rows[-1] if has_more else None
+        return pb.ListSchedulesResponse(
+            schedules=[m.schedule_message(row) for row in rows],
+            next_cursor=""
+            if last is None
+            else m.encode_cursor(last["created_at"].isoformat(), str(last["id"])),
+            has_more=has_more,
+        )
+
+    def _trigger_schedule(
+        self, conn: Conn, principal: Principal, request: pb.TriggerScheduleRequest
+    ) -> pb.TriggerScheduleResponse:
+        row = self._schedule(conn, principal, request.id)
+        run_id = service.trigger(conn, self.settings, row["id"], principal.actor, self.dispatcher)
+        return pb.TriggerScheduleResponse(schedule_id=str(row["id"]), run_id=str(run_id))
+
+    # --- runs -------------------------------------------------------------------------------------
+
+    def _get_schedule_history(
+        self, conn: Conn, principal: Principal, request: pb.GetScheduleHistoryRequest
+    ) -> pb.GetScheduleHistoryResponse:
+        limit = m.page_limit(request.limit)
+        row = self._schedule(conn, principal, request.id)
+        cursor = m.decode_cursor(request.cursor, 1)
+        before = None if cursor is None else m.instant_of(cursor[0])
+        runs = store.runs_page(conn, row["id"], before, limit + 1)
+        has_more = len(runs) > limit
+        runs = runs[:limit]
+        return pb.GetScheduleHistoryResponse(
+            runs=[m.run_message(run) for run in runs],
+            next_cursor=m.encode_cursor(runs[-1]["scheduled_for"].isoformat()) if has_more else "",
+            has_more=has_more,
+        )
+
+    def _get_run(self, conn: Conn, principal: Principal, request: pb.GetRunRequest) -> pb.Run:
+        run_id = m.uuid_of(request.id, "id")
+        run = run_store.get_run(conn, run_id)
+        if run is None or not principal.sees(run["app"]):
+            raise not_found(f"run {run_id}")
+        return m.run_message(run)
+
+    def _list_dead_letters(
+        self, conn: Conn, principal: Principal, request: pb.ListDeadLettersRequest
+    ) -> pb.ListDeadLettersResponse:
+        limit = m.page_limit(request.limit)
+        apps = self._app_filter(principal, request.app)
+        schedule_id = None
+        if request.schedule_id:
+            schedule_id = self._schedule(conn, principal, request.schedule_id)["id"]
+        rows = run_store.list_dead(
+            conn,
+            app=request.app or None,
+            schedule_id=schedule_id,
+            since=m.moment_of(request, "since"),
+            until=m.moment_of(request, "until"),
+            limit=limit,
+            apps=apps,
+        )
+        return pb.ListDeadLettersResponse(dead_letters=[m.dead_letter_message(row) for row in rows])
+
+    def _replay_dead_letters(
+        self, conn: Conn, principal: Principal, request: pb.ReplayDeadLettersRequest
+    ) -> pb.ReplayDeadLettersResponse:
+        limit = m.page_limit(request.limit, default=100, maximum=MAX_REPLAY)
+        app = request.app or None
+        apps = self._app_filter(principal, request.app)
+        if app is None and apps is not None:
+            if len(apps) != 1:
+                raise invalid("name the app whose dead letters to replay", field="app")
+            app = apps[0]
+        schedule_id = None
+        if request.schedule_id:
+            schedule_id = self._schedule(conn, principal, request.schedule_id)["id"]
+        where = ReplayFilter(
+            app=app,
+            schedule_id=schedule_id,
+            error_class=request.error_class or None,
+            since=m.moment_of(request, "since"),
+            until=m.moment_of(request, "until"),
+            force=request.force,
+        )
+        if request.dry_run:
+            candidates = self.replayer.candidates(conn, where, limit)
+            return pb.ReplayDeadLettersResponse(
+                replayed=len(candidates), run_ids=[str(dead.run.id) for dead in candidates], dry_run=True
+            )
+        replayed = 0
+        while replayed < limit:
+            done = self.replayer.replay(conn, where, min(REPLAY_CHUNK, limit - replayed), principal.actor)
+            if not done:
+                break
+            replayed += done
+        return pb.ReplayDeadLettersResponse(replayed=replayed)
+
+    # --- audit ------------------------------------------------------------------------------------
+
+    def _list_audit_entries(
+        self, conn: Conn, principal: Principal, request: pb.ListAuditEntriesRequest
+    ) -> pb.ListAuditEntriesResponse:
+        limit = m.page_limit(request.limit)
+        apps = self._app_filter(principal, request.app)
+        if request.entity and request.entity not in AUDIT_ENTITIES:
+            raise invalid(f"entity must be one of {', '.join(AUDIT_ENTITIES)}", field="entity")
+        cursor = m.decode_cursor(request.cursor, 1)
+        before_id = None
+        if cursor is not None:
+            if not cursor[0].isdigit() or len(cursor[0]) > 19:
+                raise invalid("cursor is not one this API gave", field="cursor")
+            before_id = int(cursor[0])
+        rows = store.audit_page(
+            conn,
+            apps=apps,
+            entity=request.entity or None,
+            entity_id=request.entity_id or None,
+            actor=request.actor or None,
+            since=m.moment_of(request, "since"),
+            before_id=before_id,
+            limit=limit + 1,
+        )
+        has_more = len(rows) > limit
+        rows = rows[:limit]
+        return pb.ListAuditEntriesResponse(
+            entries=[m.audit_message(row) for row in rows],
+            next_cursor=m.encode_cursor(str(rows[-1]["id"])) if has_more else "",
+            has_more=has_more,
+        )
+
+
+__all__ = ["METHODS", "ApiError", "SchedulerApi", "UnknownApp"]

@@ -1,0 +1,129 @@
+-- name: take_rate_token
+-- One request's token from its bucket, in one round trip. The bucket refills by rate per second
+-- since its last take (the database's clock: every replica refills alike) up to capacity. A request
+-- that finds less than a token takes nothing and writes nothing: the second branch then reads the
+-- bucket as it stands, so the caller can say when the next token comes.
+with taken as (
+    insert into api_rate_buckets as b (principal, bucket, tokens, refilled_at)
+    values (%(principal)s::text, %(bucket)s::text, %(capacity)s::float8 - 1, clock_timestamp())
+    on conflict (principal, bucket) do update
+       set tokens = least(%(capacity)s::float8,
+                          b.tokens + extract(epoch from clock_timestamp() - b.refilled_at)
+                                     * %(rate)s::float8) - 1,
+           refilled_at = clock_timestamp()
+     where least(%(capacity)s::float8,
+                 b.tokens + extract(epoch from clock_timestamp() - b.refilled_at) * %(rate)s::float8) >= 1
+    returning b.tokens
+)
+select true as allowed, tokens from taken
+union all
+select false, least(%(capacity)s::float8,
+                    b.tokens + extract(epoch from clock_timestamp() - b.refilled_at) * %(rate)s::float8)
+  from api_rate_buckets b
+ where b.principal = %(principal)s::text
+   and b.bucket = %(bucket)s::text
+   and not exists (select 1 from taken);
+
+-- name: claim_idempotency_key
+-- The key for this request, in the transaction that does its work. A row another transaction is
+-- inserting makes this one wait until that commits (then nothing is returned: the caller reads the
+-- first response) or rolls back (then this one inserts). An expired row not yet swept is taken over.
+insert into api_idempotency as i (principal, method, idempotency_key, request_hash, expires_at)
+values (%(principal)s::text, %(method)s::text, %(idempotency_key)s::text, %(request_hash)s::text,
+        now() + make_interval(secs => %(ttl_s)s::float8))
+on conflict (principal, method, idempotency_key) do update
+   set request_hash = excluded.request_hash, response = null, created_at = now(),
+       expires_at = excluded.expires_at
+ where i.expires_at <= now()
+returning idempotency_key;
+
+-- name: first_response
+select request_hash, response
+  from api_idempotency
+ where principal = %(principal)s::text
+   and method = %(method)s::text
+   and idempotency_key = %(idempotency_key)s::text;
+
+-- name: record_response
+update api_idempotency
+   set response = %(response)s::jsonb
+ where principal = %(principal)s::text
+   and method = %(method)s::text
+   and idempotency_key = %(idempotency_key)s::text;
+
+-- name: delete_expired_idempotency_keys
+-- The retention sweep, a bounded batch at a time so that it never holds many locks for long.
+delete from api_idempotency
+ where ctid = any(array(select ctid from api_idempotency
+                         where expires_at <= now()
+                         order by expires_at
+                         limit %(limit)s::int))
+returning 1;
+
+-- name: delete_idle_rate_buckets
+-- A bucket untouched for longer than any refill takes is full: dropping it changes nothing.
+delete from api_rate_buckets
+ where ctid = any(array(select ctid from api_rate_buckets
+                         where refilled_at < now() - make_interval(secs => %(idle_s)s::float8)
+                         limit %(limit)s::int))
+returning 1;
+
+-- name: schedules_page
+-- A page of schedules in creation order with their keys, after the cursor's (created_at, id):
+-- keyset paging, so a page never repeats or skips a row however many are created or changed
+-- meanwhile. `apps` null: any app.
+select s.*, k.schedule_key
+  from schedules s
+  left join schedule_keys k on k.schedule_id = s.id
+ where (%(apps)s::text[] is null or s.app = any(%(apps)s::text[]))
+   and (%(state)s::text is null or s.state = %(state)s::text)
+   and (%(enabled)s::bool is null or (s.state = 'active') = %(enabled)s::bool)
+   and (%(after_created)s::timestamptz is null
+        or (s.created_at, s.id) > (%(after_created)s::timestamptz, %(after_id)s::uuid))
+ order by s.created_at, s.id
+ limit %(limit)s::int;
+
+-- name: schedule_with_key
+select s.*, k.schedule_key
+  from schedules s
+  left join schedule_keys k on k.schedule_id = s.id
+ where s.id = %(id)s::uuid;
+
+-- name: schedules_with_keys
+select s.*, k.schedule_key
+  from schedules s
+  left join schedule_keys k on k.schedule_id = s.id
+ where s.id = any(%(ids)s::uuid[]);
+
+-- name: runs_page
+-- A schedule's runs, newest fire first, after the cursor's fire time (unique per schedule).
+select r.*
+  from runs r
+ where r.schedule_id = %(schedule_id)s::uuid
+   and (%(before)s::timestamptz is null or r.scheduled_for < %(before)s::timestamptz)
+ order by r.scheduled_for desc
+ limit %(limit)s::int;
+
+-- name: attempts_of_runs
+select run_id, attempt, kind, outcome, worker, started_at, finished_at, error, received_at
+  from attempts
+ where run_id = any(%(run_ids)s::uuid[])
+ order by run_id, received_at, id;
+
+-- name: audit_page
+-- Audit entries newest first with the app each concerns (an app's own entries name it; a
+-- schedule's and a run's, through their rows), after the cursor's id. `apps` null: any app.
+select a.id, a.at, a.actor, a.action, a.entity, a.entity_id, a.old_value, a.new_value,
+       coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end) as app
+  from audit_log a
+  left join schedules s on s.id = case when a.entity = 'schedule' then a.entity_id::uuid end
+  left join runs r on r.id = case when a.entity = 'run' then a.entity_id::uuid end
+ where (%(before_id)s::bigint is null or a.id < %(before_id)s::bigint)
+   and (%(entity)s::text is null or a.entity = %(entity)s::text)
+   and (%(entity_id)s::text is null or a.entity_id = %(entity_id)s::text)
+   and (%(actor)s::text is null or a.actor = %(actor)s::text)
+   and (%(since)s::timestamptz is null or a.at >= %(since)s::timestamptz)
+   and (%(apps)s::text[] is null
+        or coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end) = any(%(apps)s::text[]))
+ order by a.id desc
+ limit %(limit)s::int;
