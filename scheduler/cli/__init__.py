@@ -13,6 +13,7 @@ from __future__ import annotations
 import click
 
 from scheduler.cli.apps import apps
+from scheduler.cli.audit import audit
 from scheduler.cli.cron import cron
 from scheduler.cli.demo import demo
 from scheduler.cli.dev import dev
@@ -39,6 +40,7 @@ def main(ctx: click.Context) -> None:
 
 
 main.add_command(apps)
+main.add_command(audit)
 main.add_command(cron)
 main.add_command(dev)
 main.add_command(init)

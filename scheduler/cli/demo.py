@@ -3,14 +3,18 @@
 It initialises the database and topics, creates the ``demo`` app and one schedule of each kind a
 user meets first (a cron every five seconds in a non-UTC zone, a delayed job, a job that fails
 twice and then succeeds, one that always fails and is dead-lettered, and an HTTP job against an
-endpoint it serves itself on 127.0.0.1), starts every component as a process, and shows runs as
-they complete. Ctrl-C (or ``--duration``) stops everything it started.
+endpoint it serves itself on 127.0.0.1), starts every component as a process, the API included
+(with a secret made for the demo when none is configured, and a token for the demo app printed
+with the API's URL), and shows runs as they complete. Ctrl-C (or ``--duration``) stops everything
+it started.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
+import socket
 import threading
 import time
 from dataclasses import replace
@@ -24,6 +28,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from scheduler.api.auth import Role, issue_token
 from scheduler.cli.common import actor, database, wiring_or_exit
 from scheduler.cli.init import initialise
 from scheduler.runtime.supervisor import Supervisor, pipeline_children
@@ -77,6 +82,32 @@ def _table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+def _free(port: int) -> int:
+    """``port`` if it can be bound now, else one the system picks (the demo must not fail on a
+    machine where 8080 is taken)."""
+    for candidate in (port, 0):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", candidate))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    return port
+
+
+def _demo_api(api_port: int, grpc_port: int, secret: str | None) -> tuple[int, int, str]:
+    """The demo's API: its ports (set for the API child) and a token for the demo app, signed with
+    the configured secret or, without one, with a secret made for this demo only."""
+    api_port, grpc_port = _free(api_port), _free(grpc_port)
+    if secret is None and not os.environ.get("SCHEDULER_JWT_JWKS"):
+        secret = secrets.token_urlsafe(32)
+        os.environ["SCHEDULER_JWT_SECRET"] = secret
+    os.environ["SCHEDULER_API_PORT"], os.environ["SCHEDULER_GRPC_PORT"] = str(api_port), str(grpc_port)
+    if secret is None:
+        return api_port, grpc_port, "(signed by your JWKS's issuer: the demo cannot make one)"
+    return api_port, grpc_port, issue_token(secret, "demo-user", [Role.ADMIN], [APP])
+
+
 @click.command()
 @click.option("--duration", type=float, default=None, help="Stop by itself after this many seconds.")
 @click.option("--workers", type=click.IntRange(1, 16), default=2, show_default=True)
@@ -121,7 +152,13 @@ def demo(duration: float | None, workers: int) -> None:
         for name, spec in specs.items():
             service.create_schedule(conn, replace(spec, name=name), actor())
 
-    children = pipeline_children([APP], workers, concurrency=16)
+    api_port, grpc_port, token = _demo_api(settings.api_port, settings.grpc_port, settings.jwt.secret)
+    click.echo(f"API: http://127.0.0.1:{api_port} (OpenAPI: /docs), gRPC: 127.0.0.1:{grpc_port}")
+    click.echo(f"token for app {APP} (1 h): {token}")
+    click.echo(
+        f'  curl -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:{api_port}/v1/schedules?app={APP}"'
+    )
+    children = pipeline_children([APP], workers, concurrency=16, api=True)
     started = time.monotonic()
     with Live(Group(Text("starting components…")), refresh_per_second=4, transient=False) as live:
         last = 0.0

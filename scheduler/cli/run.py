@@ -227,7 +227,7 @@ def all_(
         with database(Wiring(settings)) as conn:
             apps = tuple(row["name"] for row in schedules.list_apps(conn))
     base = metrics_port if metrics_port is not None else settings.metrics_port
-    children = pipeline_children(apps, workers, concurrency, handlers)
+    children = pipeline_children(apps, workers, concurrency, handlers, api=settings.jwt.configured)
     if base is not None and base + len(children) - 1 > 65535:
         last = base + len(children) - 1
         fail(f"--metrics-port {base}: {len(children)} components need ports {base} to {last}", code=2)
@@ -235,5 +235,7 @@ def all_(
         click.echo(
             "warning: no apps yet, so no workers (create one with `scheduler apps create NAME`)", err=True
         )
+    if not settings.jwt.configured:
+        click.echo("warning: no API (set SCHEDULER_JWT_SECRET or SCHEDULER_JWT_JWKS to serve it)", err=True)
     supervisor = Supervisor(children, metrics_port=base)
     raise SystemExit(supervisor.run())

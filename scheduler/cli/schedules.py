@@ -28,9 +28,10 @@ from scheduler.schedule.spec import (
 from scheduler.store import schedules as store
 
 SCHEDULE_FIELDS = (
-    "id", "app", "name", "kind", "cron", "tz", "run_at", "start_at", "end_at", "handler", "payload",
-    "max_attempts", "timeout_ms", "backoff_base_ms", "backoff_max_ms", "jitter_ms", "misfire_policy",
-    "overlap_policy", "state", "error", "errored_at", "next_fire_at", "version", "created_at", "updated_at",
+    "id", "app", "name", "description", "kind", "cron", "tz", "run_at", "start_at", "end_at", "handler",
+    "payload", "max_attempts", "timeout_ms", "backoff_base_ms", "backoff_max_ms", "jitter_ms",
+    "misfire_policy", "overlap_policy", "state", "error", "errored_at", "next_fire_at", "version",
+    "created_at", "updated_at",
 )  # fmt: skip
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -72,6 +73,7 @@ def _spec_options(creating: bool) -> Callable[[F], F]:
 
     options = [
         click.option("--name"),
+        click.option("--description", help="What the schedule is for (at most 2,000 characters)."),
         option("--tz", value="UTC", help="IANA time zone of the cron expression."),
         click.option(
             "--handler",
@@ -153,6 +155,7 @@ def create(
     spec = ScheduleSpec(
         app=app,
         name=options["name"],
+        description=options["description"],
         kind=kind,
         cron=cron,
         tz=options["tz"],
@@ -209,6 +212,7 @@ def update(
         spec = stored_spec(row)
         changes: dict[str, Any] = {
             "name": options["name"],
+            "description": options["description"],
             "tz": options["tz"],
             "handler": options["handler"],
             "payload": None if payload is None else _payload(payload),

@@ -79,8 +79,9 @@ _NOISY: Final = ("httpx", "httpcore", "urllib3")
 _JOB_FIELDS: Final = ("app", "schedule_id", "run_id", "attempt")
 _TRACE_FIELDS: Final = ("trace_id", "span_id")
 # LogRecord attributes that are not extras: the standard ones, and those rendered by name here.
+# uvicorn's color_message repeats its message with terminal colour codes.
 _NOT_EXTRA: Final = frozenset(
-    (*RESERVED_ATTRS, "message", "asctime", "taskName", *_TRACE_FIELDS, *_JOB_FIELDS)
+    (*RESERVED_ATTRS, "message", "asctime", "taskName", "color_message", *_TRACE_FIELDS, *_JOB_FIELDS)
 )
 
 _EMPTY: Final[Mapping[str, object]] = MappingProxyType({})

@@ -147,7 +147,7 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListSchedules(self, request, context):
-        """Cursor pages, newest last by creation, stable under concurrent writes.
+        """Cursor pages in creation order, stable under concurrent writes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,60 @@
+"""``scheduler audit``: every change to apps, schedules and runs, by whom (CLI, API, Kafka commands)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from scheduler.cli.common import database, echo_json, parse_instant, wiring_or_exit
+from scheduler.store import api as store
+
+
+@click.group()
+def audit() -> None:
+    """The audit log: who changed what, with the old and new values."""
+
+
+@audit.command("list")
+@click.option("--app", help="Only entries about this app, its schedules and their runs.")
+@click.option("--entity", type=click.Choice(["app", "schedule", "run"]))
+@click.option("--id", "entity_id", help="Only entries about this app name, schedule id or run id.")
+@click.option("--actor", help="Only entries by this actor (e.g. api:alice, cli:ops@host, kafka:svc).")
+@click.option("--since", help="ISO 8601: at or after.")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only (with the old and new values).")
+def list_(
+    app: str | None,
+    entity: str | None,
+    entity_id: str | None,
+    actor: str | None,
+    since: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List audit entries, newest first."""
+    with database(wiring_or_exit()) as conn:
+        rows = store.audit_page(
+            conn,
+            apps=None if app is None else [app],
+            entity=entity,
+            entity_id=entity_id,
+            actor=actor,
+            since=parse_instant(since, "--since") if since else None,
+            before_id=None,
+            limit=limit,
+        )
+    if as_json:
+        echo_json(rows)
+        return
+    table = Table("at (UTC)", "actor", "action", "entity", "id", "app", "new value")
+    for r in rows:
+        new = "" if r["new_value"] is None else json.dumps(r["new_value"], ensure_ascii=False)
+        table.add_row(
+            r["at"].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"), r["actor"], r["action"], r["entity"],
+            r["entity_id"], r["app"] or "-", new[:60] + ("…" if len(new) > 60 else ""),
+        )  # fmt: skip
+    Console().print(table)
