@@ -4,15 +4,17 @@ no process behind."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from scheduler.config import Settings
 from scheduler.store import connect
-from tests.support import SCHEDULER
+from tests.support import SCHEDULER, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -20,10 +22,25 @@ pytestmark = pytest.mark.e2e
 def test_the_demo_runs_every_schedule_kind_and_stops_cleanly(
     settings: Settings, settings_env: dict[str, str]
 ) -> None:
-    done = subprocess.run(
-        [SCHEDULER, "demo", "--duration", "22"], env=settings_env, capture_output=True, text=True, timeout=120
+    demo = subprocess.Popen(
+        [SCHEDULER, "demo", "--duration", "22"],
+        env=settings_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert demo.stdout is not None
+    printed = [demo.stdout.readline() for _ in range(3)]
+    url = re.search(r"API: (http://\S+) ", printed[1])
+    token = re.search(r"token for app demo \(1 h\): (\S+)", printed[2])
+    assert url and token, printed
+    # What the demo prints is enough to use its API.
+    listed = wait_for(
+        lambda: _get(f"{url.group(1)}/v1/schedules?app=demo", token.group(1)), 60, "the demo's API to answer"
+    )
+    assert {s["name"] for s in listed["schedules"]} >= {"every-5s-tokyo", "delayed-10s", "http-local"}
+    _, stderr = demo.communicate(timeout=120)
+    assert demo.returncode == 0, stderr[-3000:]
     with connect(settings.database_url) as conn:
         rows: list[dict[str, Any]] = conn.execute(
             "select s.name, r.state, r.attempt from runs r join schedules s on s.id = r.schedule_id"
@@ -37,6 +54,17 @@ def test_the_demo_runs_every_schedule_kind_and_stops_cleanly(
     assert ("succeeded", 1) in by_name["http-local"]
     assert sum(state == "succeeded" for state, _ in by_name["every-5s-tokyo"]) >= 3
     assert processes_with(f"SCHEDULER_TOPIC_PREFIX={settings.topic_prefix}") == []
+
+
+def _get(url: str, token: str) -> dict[str, Any] | None:
+    try:
+        answer = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=5, trust_env=False)
+    except httpx.HTTPError:
+        return None
+    if answer.status_code != 200:
+        return None
+    body: dict[str, Any] = answer.json()
+    return body
 
 
 def processes_with(variable: str) -> list[int]:
