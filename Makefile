@@ -83,7 +83,7 @@ chaos: install
 # runc come from Debian's packages, installed when missing.
 IMAGE ?= scheduler
 BASE_IMAGE ?= python:3.11-slim
-DEBIAN_BASE ?= localhost/scheduler-base:bookworm
+DEBIAN_BASE ?= localhost/scheduler-base:bookworm-2
 PODMAN ?= podman --runtime runc
 PODMAN_BUILD_FLAGS ?= --network host --ulimit nofile=16384:16384 --ulimit nproc=4096:4096
 image:

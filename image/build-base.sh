@@ -20,11 +20,13 @@ command -v mmdebstrap >/dev/null || { echo "error: mmdebstrap not found (apt-get
 : "${SOURCE_DATE_EPOCH:=$(git log -1 --format=%ct 2>/dev/null || date +%s)}"
 export SOURCE_DATE_EPOCH
 
+# libstdc++6: grpcio's wheel links it (python:3.11-slim has it). A change here renames the base's
+# tag (DEBIAN_BASE in the Makefile), so that a machine holding the older base builds the new one.
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 mmdebstrap --quiet --mode=root --variant=essential --format=tar \
-	--include=python3,python3-venv,ca-certificates \
+	--include=python3,python3-venv,ca-certificates,libstdc++6 \
 	--dpkgopt='path-exclude=/usr/share/man/*' \
 	--dpkgopt='path-exclude=/usr/share/doc/*' \
 	--dpkgopt='path-include=/usr/share/doc/*/copyright' \

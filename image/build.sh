@@ -5,7 +5,7 @@
 #   IMAGE         image name (scheduler)
 #   BASE_IMAGE    base of both stages (python:3.11-slim). Used if present locally or pullable;
 #                 otherwise DEBIAN_BASE is built from Debian's packages (image/build-base.sh) and used.
-#   DEBIAN_BASE   name of that self-built base (localhost/scheduler-base:bookworm)
+#   DEBIAN_BASE   name of that self-built base (localhost/scheduler-base:bookworm-2)
 #   PODMAN        podman command with its global flags (podman --runtime runc)
 #   BUILD_FLAGS   flags for `podman build` (host network, explicit ulimits)
 #   CA_BUNDLE     CA bundle handed to pip in the build stage as a secret (the host's, if present)
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 IMAGE=${IMAGE:-scheduler}
 BASE_IMAGE=${BASE_IMAGE:-python:3.11-slim}
-DEBIAN_BASE=${DEBIAN_BASE:-localhost/scheduler-base:bookworm}
+DEBIAN_BASE=${DEBIAN_BASE:-localhost/scheduler-base:bookworm-2}
 PODMAN=${PODMAN:-podman --runtime runc}
 BUILD_FLAGS=${BUILD_FLAGS:---network host --ulimit nofile=16384:16384 --ulimit nproc=4096:4096}
 CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}

@@ -29,6 +29,9 @@ from scheduler.config import JwtSettings
 JWKS_FILE_RECHECK_S = 10.0
 JWKS_URL_LIFESPAN_S = 300
 JWKS_URL_TIMEOUT_S = 5
+# A token naming a key id the cached set lacks fetches the set again (a rotation), at most this often
+# (a flood of made-up key ids costs the identity provider one fetch per period).
+JWKS_URL_REFETCH_S = 5
 MAX_TOKEN_BYTES = 16 * 1024
 ALL_APPS = "*"
 
@@ -151,7 +154,11 @@ class Authenticator:
         if settings.jwks is not None:
             if settings.jwks.startswith(("https://", "http://")):
                 self._client = jwt.PyJWKClient(
-                    settings.jwks, cache_keys=True, lifespan=JWKS_URL_LIFESPAN_S, timeout=JWKS_URL_TIMEOUT_S
+                    settings.jwks,
+                    cache_keys=True,
+                    lifespan=JWKS_URL_LIFESPAN_S,
+                    timeout=JWKS_URL_TIMEOUT_S,
+                    cooldown_duration=JWKS_URL_REFETCH_S,
                 )
             else:
                 self._file = _JwksFile(settings.jwks)

@@ -3,9 +3,11 @@
 - core objects strictly against the Kubernetes 1.30 schemas (kubernetes-validate, which ships them);
 - custom resources strictly against their operators' CRD schemas (``tests/deploy/crds/``);
 - the rules the project relies on that no schema states: names that must agree with the code
-  (topics, consumer groups, the health port, the probes' paths), what every pod must have
-  (security context, probes, resources, a disruption budget, a network policy, no literal secret),
-  and that the KEDA, Strimzi, CloudNativePG and Prometheus Operator objects fit the workloads.
+  (topics, consumer groups, the health port, the probes' paths, the API's ports), what every pod
+  must have (security context, probes, resources, a disruption budget, a network policy, no literal
+  secret), that only the API takes requests (its Service, its ingress, its preStop wait and
+  autoscaler) and never reaches Kafka, and that the KEDA, Strimzi, CloudNativePG and Prometheus
+  Operator objects fit the workloads.
 
 ``python -m tests.deploy.check [OVERLAY_DIR ...]`` prints one line per problem and exits 1 if any.
 """
@@ -18,12 +20,14 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import kubernetes_validate  # type: ignore[import-untyped]
 from kubernetes_validate.utils import SchemaNotFoundError, ValidationError  # type: ignore[import-untyped]
 
 from scheduler.cli.init import CORE_TOPIC_PARTITIONS
-from scheduler.config import load_settings
+from scheduler.config import ConfigError, Settings, load_settings
 from scheduler.kafka.topics import MAX_MESSAGE_BYTES_KEY, TOPIC_MAX_MESSAGE_BYTES
 from tests.deploy.crd_schemas import validate_custom_resource
 from tests.deploy.manifests import (
@@ -44,7 +48,13 @@ from tests.deploy.manifests import (
 KUBERNETES_VERSION = "1.30.0"
 _VARIABLE_RE = re.compile(r"\b(SCHEDULER_[A-Z0-9_]*[A-Z0-9])\b")
 HEALTH_PATHS = {"startupProbe": "/startup", "livenessProbe": "/live", "readinessProbe": "/ready"}
-COMPONENTS = ("scanner", "relay", "reconciler", "ingestor")
+COMPONENTS = ("scanner", "relay", "reconciler", "ingestor", "api")
+# The one component that takes requests (a Service, ingress on its own ports) and the one that has
+# no Kafka client: it writes triggers and replays to the outbox, which the relay publishes.
+API = "api"
+# The API's container ports by name, and the setting each must equal.
+API_PORTS = {"http": "SCHEDULER_API_PORT", "grpc": "SCHEDULER_GRPC_PORT"}
+GRPC_APP_PROTOCOL = "kubernetes.io/h2c"
 # What the image's entrypoint runs for each Job (`scheduler <args>`).
 JOB_COMMANDS = {"migrate": ["init"], "app-setup": ["apps", "create"]}
 # Worker stop grace (`--grace`) when the args do not say; the others stop within the same.
@@ -78,6 +88,66 @@ def _labels_match(selector: Mapping[str, str], labels: Mapping[str, str]) -> boo
     return all(labels.get(k) == v for k, v in selector.items())
 
 
+def _selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A label selector (``matchLabels`` and ``matchExpressions``) as the API server reads it."""
+    if not _labels_match(selector.get("matchLabels", {}), labels):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression.get("values", [])
+        matched = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[operator]
+        if not matched:
+            return False
+    return True
+
+
+def process_settings(objects: list[Object]) -> Settings:
+    """The settings as the pods would load them from the ConfigMap: SASL credentials come from the
+    Secret (stand-ins here); certificate and key-file paths exist in the image or a mount, not
+    necessarily on this machine."""
+    env = settings_map(objects)
+    secrets = {"SCHEDULER_KAFKA_SASL_USERNAME": "user", "SCHEDULER_KAFKA_SASL_PASSWORD": "secret"}
+    local_files = ("SCHEDULER_KAFKA_SSL", "SCHEDULER_DATABASE_SSL")
+    return load_settings(
+        {
+            k: v
+            for k, v in env.items()
+            if not k.startswith(local_files)
+            and not (k == "SCHEDULER_JWT_JWKS" and not v.startswith(("https://", "http://")))
+        }
+        | (secrets if "SCHEDULER_KAFKA_SASL_MECHANISM" in env else {})
+    )
+
+
+def _component(workload: Object) -> str:
+    return _pod_labels(workload).get("app.kubernetes.io/component", "")
+
+
+def _api_ports(objects: list[Object]) -> dict[str, int]:
+    """The API's ports by container port name, as the process reads them from the settings."""
+    settings = process_settings(objects)
+    return {"http": settings.api_port, "grpc": settings.grpc_port}
+
+
+def _pre_stop_sleep(container: Object) -> float:
+    pre_stop = container.get("lifecycle", {}).get("preStop", {})
+    return float(pre_stop.get("sleep", {}).get("seconds", 0))
+
+
+def _routed(objects: list[Object], workload: Object) -> list[Object]:
+    """The Services whose selector picks the workload's pods."""
+    labels = _pod_labels(workload)
+    return [
+        s
+        for s in of_kind(objects, "Service")
+        if s["spec"].get("selector") and _labels_match(s["spec"]["selector"], labels)
+    ]
+
+
 def _pod_labels(workload: Object) -> Mapping[str, str]:
     labels: Mapping[str, str] = workload["spec"]["template"]["metadata"].get("labels", {})
     return labels
@@ -100,9 +170,14 @@ def workload_problems(objects: list[Object]) -> list[str]:
     host = settings.get("SCHEDULER_METRICS_HOST", "0.0.0.0")
     if host not in ("0.0.0.0", "::"):
         problems.append(f"SCHEDULER_METRICS_HOST={host}: the kubelet and Prometheus probe the pod's address")
+    api_host = settings.get("SCHEDULER_API_HOST", "0.0.0.0")
+    if api_host not in ("0.0.0.0", "::"):
+        problems.append(f"SCHEDULER_API_HOST={api_host}: the Service sends requests to the pod's address")
     for key in settings:
         if key.startswith("SCHEDULER_") and key not in known_variables():
             problems.append(f"settings ConfigMap: {key} is no variable the scheduler reads")
+        if SECRET_NAME_RE.search(key):
+            problems.append(f"settings ConfigMap: {key} is a literal; it must come from a Secret")
     for namespace in of_kind(objects, "Namespace"):
         level = namespace["metadata"].get("labels", {}).get("pod-security.kubernetes.io/enforce")
         if level not in ("baseline", "restricted"):
@@ -188,8 +263,24 @@ def workload_problems(objects: list[Object]) -> list[str]:
                     f"{name}: {kind} probes port {port}, but SCHEDULER_METRICS_PORT is {port_setting}"
                 )
         grace = float(_arg(args, "--grace") or DEFAULT_GRACE_S)
-        if spec.get("terminationGracePeriodSeconds", 30) <= grace:
-            problems.append(f"{name}: terminationGracePeriodSeconds must exceed the {grace:g} s drain grace")
+        pre_stop = container.get("lifecycle", {}).get("preStop")
+        if pre_stop is not None and set(pre_stop) != {"sleep"}:
+            problems.append(
+                f"{name}: preStop must be a sleep action: the image has no shell and no sleep binary"
+            )
+        waited = _pre_stop_sleep(container)
+        if spec.get("terminationGracePeriodSeconds", 30) <= grace + waited:
+            problems.append(
+                f"{name}: terminationGracePeriodSeconds must exceed the {grace:g} s drain grace"
+                + (f" plus the {waited:g} s preStop wait" if waited else "")
+            )
+        if _routed(objects, workload) and waited <= 0:
+            problems.append(
+                f"{name}: a Service routes to it, so it needs a preStop sleep: SIGTERM must wait until "
+                "its endpoints are removed"
+            )
+        if component == API:
+            problems += _api_workload_problems(objects, workload)
         env_names = {e["name"] for c in containers(workload) for e in c.get("env", [])}
         if component == "worker" and "SCHEDULER_DATABASE_URL" in env_names:
             problems.append(f"{name}: workers reach Kafka only; they must not get the database")
@@ -200,7 +291,7 @@ def workload_problems(objects: list[Object]) -> list[str]:
         ):
             problems.append(f"{name}: needs an init container running `scheduler migrations wait`")
         if not any(
-            _labels_match(p["spec"]["selector"].get("matchLabels", {}), _pod_labels(workload))
+            _selects(p["spec"]["selector"], _pod_labels(workload))
             for p in of_kind(objects, "PodDisruptionBudget")
         ):
             problems.append(f"{name}: no PodDisruptionBudget selects its pods")
@@ -212,17 +303,136 @@ def workload_problems(objects: list[Object]) -> list[str]:
     return problems
 
 
+def _api_workload_problems(objects: list[Object], workload: Object) -> list[str]:
+    """The API's ports are the settings', and it has a key to verify tokens with."""
+    problems: list[str] = []
+    name = f"{workload['kind']} {workload['metadata']['name']}"
+    container = main_container(workload)
+    for port_name, port in _api_ports(objects).items():
+        try:
+            declared = named_port(container, port_name)
+        except KeyError as exc:
+            problems.append(f"{name}: {exc.args[0]}")
+            continue
+        if declared != port:
+            problems.append(
+                f"{name}: container port {port_name} is {declared}, but {API_PORTS[port_name]} is {port}"
+            )
+    from_secret = any(
+        e["name"] == "SCHEDULER_JWT_SECRET" and "secretKeyRef" in e.get("valueFrom", {})
+        for e in container.get("env", [])
+    )
+    if not from_secret and not settings_map(objects).get("SCHEDULER_JWT_JWKS"):
+        problems.append(
+            f"{name}: no key to verify tokens: SCHEDULER_JWT_SECRET from a Secret, or SCHEDULER_JWT_JWKS"
+        )
+    return problems
+
+
+def autoscaler_problems(objects: list[Object]) -> list[str]:
+    """Each HorizontalPodAutoscaler scales a Deployment of the render that has no count of its own,
+    and never below what a drain leaves serving; the API has one."""
+    problems: list[str] = []
+    deployments = {d["metadata"]["name"]: d for d in of_kind(objects, "Deployment")}
+    scaled: set[str] = set()
+    for autoscaler in of_kind(objects, "HorizontalPodAutoscaler"):
+        where = f"HorizontalPodAutoscaler {autoscaler['metadata']['name']}"
+        spec = autoscaler["spec"]
+        target = spec["scaleTargetRef"]
+        deployment = deployments.get(target.get("name", ""))
+        if target.get("kind") != "Deployment" or target.get("apiVersion") != "apps/v1" or deployment is None:
+            problems.append(
+                f"{where}: scales {target.get('apiVersion')} {target.get('kind')} {target.get('name')}, "
+                "no Deployment of the manifests"
+            )
+            continue
+        scaled.add(deployment["metadata"]["name"])
+        if "replicas" in deployment["spec"]:
+            problems.append(
+                f"{where}: Deployment {deployment['metadata']['name']} must have no replicas: every "
+                "`kubectl apply` would put its count back, stopping pods the autoscaler added"
+            )
+        least = spec.get("minReplicas", 1)
+        if spec["maxReplicas"] < least:
+            problems.append(f"{where}: maxReplicas {spec['maxReplicas']} is below minReplicas {least}")
+        for budget in of_kind(objects, "PodDisruptionBudget"):
+            if not _selects(budget["spec"]["selector"], _pod_labels(deployment)):
+                continue
+            allowed = budget["spec"].get("maxUnavailable", 1)
+            if isinstance(allowed, int) and least <= allowed:
+                problems.append(
+                    f"{where}: minReplicas {least} is not above the maxUnavailable {allowed} of "
+                    f"PodDisruptionBudget {budget['metadata']['name']}: a drain could stop every pod"
+                )
+    for name, deployment in deployments.items():
+        if _component(deployment) == API and name not in scaled:
+            problems.append(f"Deployment {name}: no HorizontalPodAutoscaler scales it")
+    return problems
+
+
+def service_problems(objects: list[Object]) -> list[str]:
+    """Services route only to the API, only to its http and grpc ports, gRPC as h2c; the API has
+    one that serves both."""
+    problems: list[str] = []
+    api_ports = _api_ports(objects)
+    deployments = of_kind(objects, "Deployment")
+    for service in of_kind(objects, "Service"):
+        where = f"Service {service['metadata']['name']}"
+        selector = service["spec"].get("selector", {})
+        if not selector:
+            problems.append(f"{where}: needs a selector (the API's pods)")
+            continue
+        for deployment in deployments:
+            if _labels_match(selector, _pod_labels(deployment)) and _component(deployment) != API:
+                problems.append(
+                    f"{where}: routes to Deployment {deployment['metadata']['name']}: only the API "
+                    "takes requests"
+                )
+        for port in service["spec"].get("ports", []):
+            target = port.get("targetPort", port["port"])
+            if str(target) not in {*api_ports, *(str(p) for p in api_ports.values())}:
+                problems.append(
+                    f"{where}: port {port.get('name', port['port'])} targets {target}, not the API's "
+                    "http or grpc port"
+                )
+            grpc = target == "grpc" or str(target) == str(api_ports["grpc"])
+            if grpc and port.get("appProtocol") != GRPC_APP_PROTOCOL:
+                problems.append(
+                    f"{where}: port {port.get('name', port['port'])} is gRPC without TLS: appProtocol "
+                    f"must be {GRPC_APP_PROTOCOL}"
+                )
+    for deployment in deployments:
+        if _component(deployment) != API:
+            continue
+        targets = {
+            str(p.get("targetPort", p["port"]))
+            for s in _routed(objects, deployment)
+            for p in s["spec"].get("ports", [])
+        }
+        for port_name, number in api_ports.items():
+            if not targets & {port_name, str(number)}:
+                problems.append(
+                    f"Deployment {deployment['metadata']['name']}: no Service routes to its {port_name} port"
+                )
+    return problems
+
+
 def network_problems(objects: list[Object]) -> list[str]:
-    """Default deny for every scheduler pod; ingress only to the metrics port from monitoring; the
-    workers never reach PostgreSQL."""
+    """Default deny for every scheduler pod; ingress only to the metrics port from monitoring, and
+    to the API's http and grpc ports; the workers never reach PostgreSQL, the API never Kafka."""
     problems: list[str] = []
     policies = of_kind(objects, "NetworkPolicy")
     bootstrap = settings_map(objects).get("SCHEDULER_KAFKA_BOOTSTRAP", "")
     kafka_port = bootstrap.split(",")[0].rpartition(":")[2]
+    kafka_ports = {address.rpartition(":")[2] for address in bootstrap.split(",")}
+    api_port_numbers = _api_ports(objects)
+    api_ports = {*api_port_numbers, *(str(n) for n in api_port_numbers.values())}
+    jwks = settings_map(objects).get("SCHEDULER_JWT_JWKS", "")
     for workload in of_kind(objects, "Deployment", "Job"):
         labels = _pod_labels(workload)
         name = f"{workload['kind']} {workload['metadata']['name']}"
-        mine = [p for p in policies if _labels_match(p["spec"]["podSelector"].get("matchLabels", {}), labels)]
+        is_api = _component(workload) == API
+        mine = [p for p in policies if _selects(p["spec"]["podSelector"], labels)]
         if not any(
             set(p["spec"].get("policyTypes", [])) == {"Ingress", "Egress"}
             and not p["spec"].get("ingress")
@@ -239,11 +449,16 @@ def network_problems(objects: list[Object]) -> list[str]:
                     == "monitoring"
                     for s in sources
                 )
-                if not (from_monitoring and ports == {"metrics"}):
-                    problems.append(
-                        f"{name}: policy {policy['metadata']['name']} admits ingress other than "
-                        "metrics scrapes"
-                    )
+                if from_monitoring and ports == {"metrics"}:
+                    continue
+                if is_api and ports and ports <= api_ports:
+                    continue  # requests: from anywhere the policy names, to the API's ports only
+                allowed = "metrics scrapes" + (
+                    " and requests to the API's http and grpc ports" if is_api else ""
+                )
+                problems.append(
+                    f"{name}: policy {policy['metadata']['name']} admits ingress other than {allowed}"
+                )
             reaches_postgres = any(
                 str(p.get("port")) == "5432"
                 for r in policy["spec"].get("egress", [])
@@ -259,8 +474,35 @@ def network_problems(objects: list[Object]) -> list[str]:
             for r in p["spec"].get("egress", [])
             for port in r.get("ports", [])
         }
-        needed = {"53": "DNS", kafka_port: "Kafka"}
-        if labels.get("kafka-pg-scheduler/database") == "client":
+        needed = {"53": "DNS"}
+        if is_api:
+            admitted = {
+                str(port.get("port"))
+                for p in mine
+                for r in p["spec"].get("ingress", [])
+                for port in r.get("ports", [])
+            }
+            for port_name, number in api_port_numbers.items():
+                if not admitted & {port_name, str(number)}:
+                    problems.append(f"{name}: no policy admits requests to its {port_name} port")
+            for policy in mine:
+                rules = policy["spec"].get("egress", [])
+                reached = {str(port.get("port")) for r in rules for port in r.get("ports", [])}
+                if reached & kafka_ports or any(not r.get("ports") for r in rules):
+                    problems.append(
+                        f"{name}: policy {policy['metadata']['name']} lets the API reach Kafka "
+                        f"(port {kafka_port}); it has no Kafka client"
+                    )
+            if jwks.startswith(("https://", "http://")):
+                url = urlsplit(jwks)
+                jwks_port = url.port or (443 if url.scheme == "https" else 80)
+                needed[str(jwks_port)] = f"the JWKS of SCHEDULER_JWT_JWKS ({url.hostname})"
+        else:
+            needed[kafka_port] = "Kafka"
+        reads_database = any(
+            e["name"] == "SCHEDULER_DATABASE_URL" for c in containers(workload) for e in c.get("env", [])
+        )
+        if labels.get("kafka-pg-scheduler/database") == "client" or reads_database:
             needed["5432"] = "PostgreSQL"
         for port, what in needed.items():
             if port not in egress_ports:
@@ -272,14 +514,7 @@ def custom_resource_problems(objects: list[Object]) -> list[str]:
     """The fields of KEDA, Prometheus Operator, Strimzi and CloudNativePG objects the scheduler
     relies on, checked against the workloads and the code's own names."""
     problems: list[str] = []
-    env = settings_map(objects)
-    # As the pods would read it: SASL credentials come from the Secret (stand-ins here), certificate
-    # paths exist in the image, not necessarily on this machine.
-    secrets = {"SCHEDULER_KAFKA_SASL_USERNAME": "user", "SCHEDULER_KAFKA_SASL_PASSWORD": "secret"}
-    settings = load_settings(
-        {k: v for k, v in env.items() if not k.startswith(("SCHEDULER_KAFKA_SSL", "SCHEDULER_DATABASE_SSL"))}
-        | (secrets if "SCHEDULER_KAFKA_SASL_MECHANISM" in env else {})
-    )
+    settings = process_settings(objects)
     deployments = {d["metadata"]["name"]: d for d in of_kind(objects, "Deployment")}
     workers = {
         _arg(main_container(d).get("args", []), "--app"): d
@@ -339,7 +574,7 @@ def custom_resource_problems(objects: list[Object]) -> list[str]:
     for name, deployment in deployments.items():
         port_names = {p.get("name") for p in main_container(deployment).get("ports", [])}
         if not any(
-            _labels_match(m["spec"]["selector"].get("matchLabels", {}), _pod_labels(deployment))
+            _selects(m["spec"]["selector"], _pod_labels(deployment))
             and any(
                 e.get("port") in port_names and e.get("path") == "/metrics"
                 for e in m["spec"]["podMetricsEndpoints"]
@@ -429,13 +664,22 @@ def custom_resource_problems(objects: list[Object]) -> list[str]:
 CHECKS: tuple[Callable[[list[Object]], list[str]], ...] = (
     core_problems,
     workload_problems,
+    autoscaler_problems,
+    service_problems,
     network_problems,
     custom_resource_problems,
 )
 
 
 def problems_of(objects: list[Object]) -> list[str]:
-    return [problem for check in CHECKS for problem in check(objects)]
+    problems: list[str] = []
+    for check in CHECKS:
+        try:
+            problems += check(objects)
+        except ConfigError as exc:  # the pods would not start either; said once, not per check
+            if f"settings ConfigMap: {exc}" not in problems:
+                problems.append(f"settings ConfigMap: {exc}")
+    return problems
 
 
 def main(argv: list[str]) -> int:

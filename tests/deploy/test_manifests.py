@@ -156,6 +156,61 @@ def _podmonitor(objects: list[Object]) -> Object:
     return named(objects, "PodMonitor", "scheduler")
 
 
+def _api(objects: list[Object]) -> Object:
+    return named(objects, "Deployment", "scheduler-api")
+
+
+def _api_service(objects: list[Object]) -> Object:
+    return named(objects, "Service", "scheduler-api")
+
+
+def _api_autoscaler(objects: list[Object]) -> Object:
+    return named(objects, "HorizontalPodAutoscaler", "scheduler-api")
+
+
+def _api_ingress(objects: list[Object]) -> Object:
+    return named(objects, "NetworkPolicy", "scheduler-api")
+
+
+def _api_port(name: str) -> Callable[[list[Object]], Object]:
+    return lambda objects: next(p for p in main_container(_api(objects))["ports"] if p["name"] == name)
+
+
+def _api_service_port(name: str) -> Callable[[list[Object]], Object]:
+    return lambda objects: next(p for p in _api_service(objects)["spec"]["ports"] if p["name"] == name)
+
+
+def _kafka_for_the_api(objects: list[Object]) -> None:
+    del named(objects, "NetworkPolicy", "scheduler-kafka")["spec"]["podSelector"]["matchExpressions"]
+
+
+def _api_ingress_to_metrics_from_anywhere(objects: list[Object]) -> None:
+    _api_ingress(objects)["spec"]["ingress"][0]["ports"].append({"port": "metrics", "protocol": "TCP"})
+
+
+def _api_ingress_on_every_port(objects: list[Object]) -> None:
+    del _api_ingress(objects)["spec"]["ingress"][0]["ports"]
+
+
+def _service_to_the_scanner(objects: list[Object]) -> None:
+    _api_service(objects)["spec"]["selector"]["app.kubernetes.io/component"] = "scanner"
+
+
+def _literal_jwt_secret(objects: list[Object]) -> None:
+    (secret,) = [e for e in main_container(_api(objects))["env"] if e["name"] == "SCHEDULER_JWT_SECRET"]
+    secret.pop("valueFrom")
+    secret["value"] = "a-literal-secret-of-more-than-thirty-two-bytes"
+
+
+def _unlabel_api_database(objects: list[Object]) -> None:
+    del _api(objects)["spec"]["template"]["metadata"]["labels"]["kafka-pg-scheduler/database"]
+
+
+def _no_jwt_key(objects: list[Object]) -> None:
+    container = main_container(_api(objects))
+    container["env"] = [e for e in container["env"] if e["name"] != "SCHEDULER_JWT_SECRET"]
+
+
 SPEC = "spec.template.spec"
 CONTAINER = f"{SPEC}.containers.0"
 BROKEN: dict[str, tuple[Callable[[list[Object]], None], str]] = {
@@ -235,6 +290,92 @@ BROKEN: dict[str, tuple[Callable[[list[Object]], None], str]] = {
         _set("metadata.annotations", {}, lambda o: named(o, "Kafka", "scheduler-kafka")),
         "KRaft",
     ),
+    # The API: its ports, its stop, its autoscaler, its Service and its network.
+    "no API": (_drop("Deployment", "scheduler-api"), "no workload runs the api"),
+    "API http port not SCHEDULER_API_PORT": (
+        _set("containerPort", 8081, _api_port("http")),
+        "SCHEDULER_API_PORT is 8080",
+    ),
+    "API grpc port not SCHEDULER_GRPC_PORT": (
+        _settings("SCHEDULER_GRPC_PORT", "50052"),
+        "SCHEDULER_GRPC_PORT is 50052",
+    ),
+    "API without its http and grpc ports": (
+        _set(f"{CONTAINER}.ports", [{"name": "metrics", "containerPort": 9464}], _api),
+        "no port named 'grpc'",
+    ),
+    "API probed on its http port": (
+        _set(f"{CONTAINER}.readinessProbe.httpGet.port", "http", _api),
+        "readinessProbe probes port 8080",
+    ),
+    "API only on loopback": (_settings("SCHEDULER_API_HOST", "127.0.0.1"), "SCHEDULER_API_HOST"),
+    "API without a preStop wait": (
+        _set(f"{CONTAINER}.lifecycle", None, _api),
+        "needs a preStop sleep",
+    ),
+    "API preStop that runs a command": (
+        _set(f"{CONTAINER}.lifecycle.preStop", {"exec": {"command": ["sleep", "5"]}}, _api),
+        "preStop must be a sleep action",
+    ),
+    "API preStop and drain past the grace period": (
+        _set(f"{CONTAINER}.lifecycle.preStop.sleep.seconds", 15, _api),
+        "plus the 15 s preStop wait",
+    ),
+    "API with no key to verify tokens": (_no_jwt_key, "no key to verify tokens"),
+    "API JWT secret as a literal": (_literal_jwt_secret, "SCHEDULER_JWT_SECRET is a literal"),
+    "JWT secret in the settings": (
+        _settings("SCHEDULER_JWT_SECRET", "a-literal-secret-of-more-than-thirty-two-bytes"),
+        "settings ConfigMap: SCHEDULER_JWT_SECRET is a literal",
+    ),
+    "no algorithm at all in the settings every pod reads": (
+        _settings("SCHEDULER_JWT_ALGORITHMS", "none"),
+        "settings ConfigMap: SCHEDULER_JWT_ALGORITHMS",
+    ),
+    "API with a count of its own": (_set("spec.replicas", 2, _api), "must have no replicas"),
+    "autoscaler of another Deployment": (
+        _set("spec.scaleTargetRef.name", "scheduler-apis", _api_autoscaler),
+        "no Deployment of the manifests",
+    ),
+    "no autoscaler for the API": (
+        _drop("HorizontalPodAutoscaler", "scheduler-api"),
+        "no HorizontalPodAutoscaler scales it",
+    ),
+    "autoscaler down to what a drain stops": (
+        _set("spec.minReplicas", 1, _api_autoscaler),
+        "a drain could stop every pod",
+    ),
+    "autoscaler maximum below its minimum": (
+        _set("spec.maxReplicas", 1, _api_autoscaler),
+        "maxReplicas 1 is below minReplicas 2",
+    ),
+    "no Service for the API": (_drop("Service", "scheduler-api"), "no Service routes to its http port"),
+    "Service routing to the scanner": (_service_to_the_scanner, "only the API takes requests"),
+    "Service to the metrics port": (
+        _set("targetPort", "metrics", _api_service_port("http")),
+        "not the API's http or grpc port",
+    ),
+    "gRPC Service port without h2c": (
+        _set("appProtocol", None, _api_service_port("grpc")),
+        "appProtocol must be kubernetes.io/h2c",
+    ),
+    "no ingress to the API": (
+        _drop("NetworkPolicy", "scheduler-api"),
+        "no policy admits requests to its http port",
+    ),
+    "API metrics open to anyone": (
+        _api_ingress_to_metrics_from_anywhere,
+        "ingress other than metrics scrapes and requests to the API's http and grpc ports",
+    ),
+    "API ingress on every port": (_api_ingress_on_every_port, "ingress other than metrics scrapes and"),
+    "API given Kafka egress": (_kafka_for_the_api, "lets the API reach Kafka"),
+    "API pods outside the database clients' policy": (
+        _unlabel_api_database,
+        "Deployment scheduler-api: no policy lets it reach PostgreSQL",
+    ),
+    "no disruption budget for the API": (
+        _drop("PodDisruptionBudget", "scheduler-api"),
+        "Deployment scheduler-api: no PodDisruptionBudget",
+    ),
 }
 
 
@@ -242,6 +383,38 @@ BROKEN: dict[str, tuple[Callable[[list[Object]], None], str]] = {
 def test_a_broken_manifest_fails_the_checks(rendered: dict[str, list[Object]], breakage: str) -> None:
     objects = copy.deepcopy(rendered["dev"])
     mutate, expected = BROKEN[breakage]
+    mutate(objects)
+    problems = problems_of(objects)
+    assert any(expected in p for p in problems), problems
+
+
+# Production verifies API tokens with a JWKS URL: what only that overlay has.
+BROKEN_PRODUCTION: dict[str, tuple[Callable[[list[Object]], None], str]] = {
+    "no way to the JWKS": (
+        _drop("NetworkPolicy", "scheduler-api-jwks"),
+        "no policy lets it reach the JWKS of SCHEDULER_JWT_JWKS (idp.example.com) (port 443)",
+    ),
+    "autoscaler below the production minimum of two": (
+        _set("spec.minReplicas", 1, _api_autoscaler),
+        "a drain could stop every pod",
+    ),
+    "Kafka port opened for the JWKS": (
+        _set(
+            "spec.egress.0.ports.0.port",
+            9093,
+            lambda o: named(o, "NetworkPolicy", "scheduler-api-jwks"),
+        ),
+        "lets the API reach Kafka (port 9093)",
+    ),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(BROKEN_PRODUCTION))
+def test_a_broken_production_manifest_fails_the_checks(
+    rendered: dict[str, list[Object]], breakage: str
+) -> None:
+    objects = copy.deepcopy(rendered["production"])
+    mutate, expected = BROKEN_PRODUCTION[breakage]
     mutate(objects)
     problems = problems_of(objects)
     assert any(expected in p for p in problems), problems

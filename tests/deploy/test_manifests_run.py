@@ -6,15 +6,18 @@ container starts with the rendered args, environment (ConfigMap values, the test
 the downward API's pod name) and security context (uid, read-only root, /tmp as its volume, no
 capabilities, no new privileges). Every pod starts at once, so the components' init containers
 really wait for the migration Job; the Jobs must complete; every Deployment must pass its startup,
-readiness and liveness probes on the path and port the manifest names; then one schedule, created
-by a Kafka command through the running ingestor, must run and succeed; and every container must
-stop on SIGTERM within its termination grace period with exit status 0.
+readiness and liveness probes on the path and port the manifest names; the API must answer
+``GET /v1/health`` and an authenticated ``GET /v1/schedules`` on its ``http`` port and gRPC health
+on its ``grpc`` port; then one schedule, created by a Kafka command through the running ingestor,
+must run and succeed; and every container must stop on SIGTERM with exit status 0 within its
+termination grace period less its preStop wait (which the kubelet spends first).
 
 Two things differ from a cluster, both through kustomize in an overlay of the test's own over
 ``k8s/overlays/dev``: the Kafka address is the local stack's and the topic prefix is the test's.
-With host networking every container would bind the same metrics port, so each is given its own
-through ``SCHEDULER_METRICS_PORT`` after checking that the manifest's probes, its container port and
-the ConfigMap's port are one and the same number.
+With host networking every container would bind the same ports, so each is given its own through
+the setting its container port follows (``SCHEDULER_METRICS_PORT``, and the API's
+``SCHEDULER_API_PORT`` and ``SCHEDULER_GRPC_PORT``) after checking that the manifest's probes, its
+container ports and the ConfigMap's ports are one and the same numbers.
 
 Needs the image (``make image``) and podman: ``make test-deploy`` builds the one and runs this.
 """
@@ -37,10 +40,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import grpc
 import psycopg
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from scheduler.kafka.transport import TopicAdmin
+from tests.api.client import ADMIN, token
 from tests.conftest import StackInfo
 from tests.deploy.manifests import (
     K8S,
@@ -66,6 +72,12 @@ NAMESPACE = "scheduler-dev"
 # Every container of one test run carries it, so that all are found and removed, whatever failed.
 RUN_LABEL = "kafka-pg-scheduler.test-run"
 CONTAINER_LOG_LINES = 40
+# The setting each named container port follows: the process listens where the setting says.
+PORT_SETTINGS = {
+    "metrics": "SCHEDULER_METRICS_PORT",
+    "http": "SCHEDULER_API_PORT",
+    "grpc": "SCHEDULER_GRPC_PORT",
+}
 
 
 def pod_address() -> str:
@@ -103,7 +115,8 @@ class Pod:
     secrets: dict[SecretRef, str]
     run_id: str
     stop: threading.Event
-    host_port: int | None = None
+    host_ports: dict[str, int] = field(default_factory=dict)
+    """The port this machine gives each of the container's named ports (host networking)."""
     started: list[str] = field(default_factory=list)
     failure: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -125,8 +138,9 @@ class Pod:
         env = container_env(
             self.objects, container, secrets=self.secrets, pod_name=self.pod_name, namespace=NAMESPACE
         )
-        if self.host_port is not None and "SCHEDULER_METRICS_PORT" in env:
-            env["SCHEDULER_METRICS_PORT"] = str(self.host_port)
+        for port_name, port in self.host_ports.items():
+            if PORT_SETTINGS[port_name] in env:
+                env[PORT_SETTINGS[port_name]] = str(port)
         pod_security, security = spec.get("securityContext", {}), container.get("securityContext", {})
         user = security.get("runAsUser", pod_security.get("runAsUser"))
         group = security.get("runAsGroup", pod_security.get("runAsGroup"))
@@ -208,6 +222,33 @@ def probe_ok(address: str, port: int, path: str, timeout_s: float) -> bool:
         return False
 
 
+def host_port(pod: Pod, container: Object, port: int | str) -> int:
+    """Where this machine serves the container's port ``port`` (a name or a number)."""
+    declared = named_port(container, port)
+    (name,) = [p["name"] for p in container["ports"] if p["containerPort"] == declared]
+    return pod.host_ports[name]
+
+
+def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, object]:
+    """The status and JSON body of a GET, whatever the status."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status), json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def grpc_serving(address: str, port: int) -> bool:
+    """gRPC health of the whole server (the empty service name) answers SERVING."""
+    with grpc.insecure_channel(f"{address}:{port}") as channel:
+        try:
+            answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        except grpc.RpcError:
+            return False
+    return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
+
+
 def image_problem(image: str) -> str | None:
     """Why the image cannot stand for this checkout: missing, or built from another commit."""
     if podman("image", "exists", image).returncode != 0:
@@ -256,8 +297,13 @@ def test_the_dev_overlay_runs_from_the_image(
     (image,) = images
     problem = image_problem(image)
     assert problem is None, problem
-    # The test's Secret: CloudNativePG's scheduler-db-app, key uri, as the dev overlay reads it.
-    secrets = {SecretRef("scheduler-db-app", "uri"): empty_database_url}
+    # The test's Secrets: CloudNativePG's scheduler-db-app, key uri, as the dev overlay reads it,
+    # and the API's HS256 key, which the operator creates (docs/deploy.md, "The API").
+    jwt_secret = uuid.uuid4().hex + uuid.uuid4().hex
+    secrets = {
+        SecretRef("scheduler-db-app", "uri"): empty_database_url,
+        SecretRef("scheduler-api-jwt", "secret"): jwt_secret,
+    }
     settings = settings_map(objects)
     run_id = uuid.uuid4().hex[:6]
     stop = threading.Event()
@@ -273,7 +319,13 @@ def test_the_dev_overlay_runs_from_the_image(
                     f"{pod.name}: {kind} port {declared} is not the SCHEDULER_METRICS_PORT "
                     "the process listens on"
                 )
-            pod.host_port = free_port()
+            for port in container.get("ports", []):
+                setting = PORT_SETTINGS[port["name"]]
+                assert str(port["containerPort"]) == settings[setting], (
+                    f"{pod.name}: container port {port['name']} {port['containerPort']} is not the "
+                    f"{setting} the process listens on"
+                )
+                pod.host_ports[port["name"]] = free_port()
         pods.append(pod)
 
     began = time.monotonic()
@@ -307,11 +359,10 @@ def test_the_dev_overlay_runs_from_the_image(
             )
             assert pod.failure is None, f"{pod.name}: {pod.failure}\n{report()}"
             container = main_container(pod.workload)
-            assert pod.host_port is not None
-            port: int = pod.host_port
             for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
                 probe = probes(container)[kind]
                 path: str = probe["httpGet"]["path"]
+                port = host_port(pod, container, probe["httpGet"]["port"])
                 budget = probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
                 timeout: float = probe.get("timeoutSeconds", 1)
                 within(
@@ -320,6 +371,24 @@ def test_the_dev_overlay_runs_from_the_image(
                     f"{pod.name}: {kind} GET {path} on its metrics port",
                 )
         ready = time.monotonic() - began
+
+        # The API, on its own ports, as the Service would reach them: health without a token, a
+        # listing with one signed by the Secret's key, and gRPC health.
+        (api,) = [p for p in pods if p.name == "scheduler-api"]
+        http = f"http://{address}:{api.host_ports['http']}"
+        status, body = http_get(f"{http}/v1/health")
+        assert status == 200, f"GET /v1/health: {status} {body}\n{api.logs()}"
+        bearer = token(subject="k8s-test", roles=(ADMIN,), secret=jwt_secret)
+        status, body = http_get(f"{http}/v1/schedules", {"Authorization": f"Bearer {bearer}"})
+        assert status == 200, f"GET /v1/schedules: {status} {body}\n{api.logs()}"
+        assert isinstance(body, dict) and body.get("schedules", []) == [], body
+        status, body = http_get(f"{http}/v1/schedules", {"Authorization": "Bearer not-a-token"})
+        assert status == 401, f"GET /v1/schedules with a bad token: {status} {body}"
+        within(
+            functools.partial(grpc_serving, address, api.host_ports["grpc"]),
+            30,
+            "the API's gRPC health answers SERVING on its grpc port",
+        )
 
         # One schedule, by a Kafka command through the running ingestor, to a finished run.
         env = {
@@ -361,18 +430,24 @@ def test_the_dev_overlay_runs_from_the_image(
         within(succeeded, 120, "the schedule's run succeeded")
         first_job = time.monotonic() - began
 
-        # SIGTERM, as on a rollout: every component stops within its grace period, cleanly.
+        # SIGTERM, as on a rollout: every component stops within its grace period, cleanly. The
+        # kubelet spends a preStop sleep first, out of the same grace period: podman runs no hooks,
+        # so what the process has is the rest.
         for pod in (p for p in pods if p.kind == "Deployment"):
             grace = int(pod_spec(pod.workload).get("terminationGracePeriodSeconds", 30))
+            pre_stop = main_container(pod.workload).get("lifecycle", {}).get("preStop", {})
+            remaining = grace - int(pre_stop.get("sleep", {}).get("seconds", 0))
             name = pod.started[-1]
             stopping = time.monotonic()
-            stopped = podman("stop", "--time", str(grace), name, timeout_s=grace + 30)
+            stopped = podman("stop", "--time", str(remaining), name, timeout_s=remaining + 30)
             took = time.monotonic() - stopping
-            status = podman("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip()
-            assert stopped.returncode == 0 and status == "0", (
-                f"{name}: exit {status} after SIGTERM\n{pod.logs()}"
+            exit_code = podman("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip()
+            assert stopped.returncode == 0 and exit_code == "0", (
+                f"{name}: exit {exit_code} after SIGTERM\n{pod.logs()}"
             )
-            assert took < grace, f"{name} took {took:.1f} s to stop (grace {grace} s)"
+            assert took < remaining, (
+                f"{name} took {took:.1f} s to stop ({remaining} s of its {grace} s grace left)"
+            )
         print(
             f"\nmanifest run: {len(jobs)} Jobs complete in {jobs_done:.1f} s, "
             f"{len(pods) - len(jobs)} Deployments ready in {ready:.1f} s, "

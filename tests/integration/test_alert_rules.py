@@ -29,6 +29,7 @@ HISTOGRAMS = {
     "scheduler_dispatch_lag_seconds",  # relay
     "job_execution_duration_seconds",  # worker
     "scheduler_ingestor_batch_seconds",  # ingestor
+    "scheduler_api_request_duration_seconds",  # api
 }
 METRICS = {
     # scanner
@@ -69,6 +70,8 @@ METRICS = {
     # ingestor
     "scheduler_ingestor_commands_total",
     "scheduler_ingestor_rejected_total",
+    # api
+    "scheduler_api_requests_total",
     # every component
     "up",
     "scheduler_build_info",
@@ -76,7 +79,7 @@ METRICS = {
 CONTRACT = METRICS | {f"{h}{suffix}" for h in HISTOGRAMS for suffix in ("_bucket", "_count", "_sum")}
 
 # The scrape targets' `component` labels (the lease sweeper and the buffer release are the reconciler's).
-COMPONENTS = {"scanner", "relay", "reconciler", "ingestor", "worker"}
+COMPONENTS = {"scanner", "relay", "reconciler", "ingestor", "worker", "api"}
 
 SEVERITIES = {"critical", "warning"}
 
