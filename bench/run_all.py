@@ -10,9 +10,11 @@ Steps, in order (``--only`` and ``--skip`` take comma-separated names):
 - ``lag_idle``: the same at one rate with few and with many idle schedules (``lag_idle.<count>``),
 - ``peers``: PgQueuer and Celery on the same machine (``peers.<name>.jobs_per_s``, ``.lag_p99_ms``),
 - ``ingest``: Avro commands through the ingestor and the CLI (``ingest.avro_per_s``, ``.cli_per_s``),
+- ``api``: schedule creates through ``scheduler run api``, HTTP/JSON and gRPC, open-loop at several
+  rates and in batches (``api.single.<transport>.<rate>.p99_ms``, ``api.batch.<transport>.schedules_per_s``),
 - ``plot``: ``lag.png`` and ``throughput.png`` next to latest.json (matplotlib, peers' virtualenv).
 
-With the defaults the whole run takes about 3 to 5 minutes on 2 cores (see bench/README.md).
+With the defaults the whole run takes about 5 to 7 minutes on 2 cores (see bench/README.md).
 
     python -m bench.run_all --only e2e,lag --jobs 5000 --rates 100,1000
 """
@@ -31,7 +33,7 @@ from rich.table import Table
 
 from bench.common import console, latest, peers_python, record
 
-STEPS = ("e2e", "lag", "lag_idle", "peers", "ingest", "plot")
+STEPS = ("e2e", "lag", "lag_idle", "peers", "ingest", "api", "plot")
 
 
 def _names(text: str) -> list[str]:
@@ -75,6 +77,10 @@ def arguments() -> argparse.Namespace:
     ingest = parser.add_argument_group("ingest")
     ingest.add_argument("--commands", type=int, default=10_000, help="Avro create commands")
     ingest.add_argument("--cli", type=int, default=20, help="schedules created one CLI call each")
+    api = parser.add_argument_group("api")
+    api.add_argument("--api-rates", type=_ints, default=[100, 500, 1000], help="single creates per second")
+    api.add_argument("--api-duration", type=float, default=10.0, help="seconds measured per rate and batch")
+    api.add_argument("--api-clients", type=int, help="client processes [one per 1,000 requests/s]")
     args = parser.parse_args()
     args.steps = [step for step in STEPS if step in args.only and step not in args.skip]
     return args
@@ -133,6 +139,15 @@ def step_ingest(args: argparse.Namespace) -> None:
     record("ingest", figures)
 
 
+def step_api(args: argparse.Namespace) -> None:
+    from bench.api import Options, run_api, show
+
+    options = Options(duration_s=args.api_duration, clients=args.api_clients)
+    figures = run_api(args.api_rates, options, partitions=args.partitions)
+    show(figures)
+    record("api", figures)
+
+
 def step_plot(args: argparse.Namespace) -> None:
     plot = Path(__file__).resolve().parent / "plot.py"
     subprocess.run([str(peers_python()), str(plot)], check=True)
@@ -144,6 +159,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace], None]] = {
     "lag_idle": step_lag_idle,
     "peers": step_peers,
     "ingest": step_ingest,
+    "api": step_api,
     "plot": step_plot,
 }
 
@@ -182,6 +198,15 @@ def summary() -> None:
         ),
         ("ingest Avro schedules/s", "ingest.avro_per_s"),
         ("ingest CLI schedules/s", "ingest.cli_per_s"),
+        *(
+            (f"api {transport} create p99 ms at {rate}/s", f"api.single.{transport}.{rate}.p99_ms")
+            for transport, by_rate in figures.get("api", {}).get("single", {}).items()
+            for rate in sorted(by_rate, key=int)
+        ),
+        *(
+            (f"api {transport} batch schedules/s", f"api.batch.{transport}.schedules_per_s")
+            for transport in figures.get("api", {}).get("batch", {})
+        ),
     ]
     table = Table("figure", "value", "key in latest.json", title="bench/results/latest.json")
     for label, path in rows:

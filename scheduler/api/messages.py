@@ -108,13 +108,17 @@ def _integral_values(message: Message, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_strings(message: Message, path: str = "") -> None:
-    """Refuse any string longer than any field takes, at any depth (payloads are checked apart)."""
+    """Refuse any string longer than any field takes, or holding a NUL (which no PostgreSQL text
+    column can store: a filter or a key would otherwise fail in the statement), at any depth.
+    Payloads are checked apart, by the schedule's validation."""
     for field, value in message.ListFields():
         name = f"{path}{field.name}"
         if field.type == field.TYPE_STRING:
             for text in value if field.is_repeated else [value]:
                 if len(text) > MAX_STRING_LENGTH:
                     raise invalid(f"{name} is longer than {MAX_STRING_LENGTH} characters", field=name)
+                if "\x00" in text:
+                    raise invalid(f"{name} contains a NUL character", field=name)
         elif field.message_type is not None and field.message_type.full_name.startswith("scheduler."):
             for index, item in enumerate(value if field.is_repeated else [value]):
                 check_strings(item, f"{name}[{index}]." if field.is_repeated else f"{name}.")
