@@ -338,3 +338,26 @@ def test_every_schedule_has_a_key_by_which_it_is_found(cli: Cli, app: str) -> No
     missing = cli("schedules", "get", f"{app}/no-such-key")
     assert missing.returncode == 1 and missing.stderr.strip() == f"error: no schedule {app}/no-such-key"
     assert cli("schedules", "get", "not-an-id").returncode == 2
+
+
+def test_audit_list_shows_who_changed_what_and_a_description_round_trips(cli: Cli, app: str) -> None:
+    created = cli(
+        "schedules", "create", "--app", app, "--cron", "0 9 * * *", "--handler", "builtin:noop",
+        "--description", "the morning report", "--json",
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    schedule = json.loads(created.stdout)
+    assert schedule["description"] == "the morning report"
+    updated = cli("schedules", "update", schedule["id"], "--description", "the report at nine", "--json")
+    assert updated.returncode == 0 and json.loads(updated.stdout)["description"] == "the report at nine"
+
+    listed = cli("audit", "list", "--entity", "schedule", "--id", schedule["id"], "--json")
+    assert listed.returncode == 0, listed.stderr
+    entries = json.loads(listed.stdout)
+    assert [e["action"] for e in entries] == ["update", "create"]  # newest first
+    assert all(e["actor"].startswith("cli:") and e["app"] == app for e in entries)
+    assert entries[0]["old_value"]["description"] == "the morning report"
+    assert entries[0]["new_value"]["description"] == "the report at nine"
+    by_app = json.loads(cli("audit", "list", "--app", app, "--json").stdout)
+    assert {e["entity_id"] for e in by_app} >= {schedule["id"], app}
+    assert json.loads(cli("audit", "list", "--app", "no-such-app", "--json").stdout) == []
