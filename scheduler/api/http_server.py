@@ -13,7 +13,9 @@ import json
 import re
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -88,7 +90,17 @@ def _query_value(field: Any, text: str) -> Any:
     return text  # strings, and Timestamps in RFC 3339 (parsed with the message)
 
 
-async def _body(request: Request, limit: int) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class _Received:
+    """A request as it came, before any parsing: parsed on the executor, once authenticated."""
+
+    body: bytes
+    path: dict[str, str]
+    query: dict[str, str]
+    idempotency_key: str | None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(
@@ -103,33 +115,39 @@ async def _body(request: Request, limit: int) -> dict[str, Any]:
                 Code.PAYLOAD_TOO_LARGE, f"the request is larger than {limit} bytes", {"limit_bytes": limit}
             )
         chunks.append(chunk)
-    raw = b"".join(chunks)
-    if not raw.strip():
-        return {}
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise invalid("the request body is not JSON") from None
-    if not isinstance(data, dict):
-        raise invalid("the request body must be a JSON object")
-    return data
+    return b"".join(chunks)
 
 
-async def _request_message(route: Route, request: Request) -> Message:
+async def _receive(route: Route, request: Request) -> _Received:
+    limit = MAX_BATCH_REQUEST_BYTES if route.method == "CreateSchedules" else MAX_REQUEST_BYTES
+    return _Received(
+        body=await _read_body(request, limit) if route.body else b"",
+        path={name: request.path_params[name] for name in route.path_fields},
+        query={name: request.query_params[name] for name in route.query if name in request.query_params},
+        idempotency_key=request.headers.get("idempotency-key"),
+    )
+
+
+def _request_message(route: Route, received: _Received) -> Message:
+    """The RPC's request from what came: the JSON body, the path, the query and the header."""
     method = METHODS[route.method]
     fields = method.request.DESCRIPTOR.fields_by_name
-    limit = MAX_BATCH_REQUEST_BYTES if route.method == "CreateSchedules" else MAX_REQUEST_BYTES
-    data = await _body(request, limit) if route.body else {}
+    data: dict[str, Any] = {}
+    if received.body.strip():
+        try:
+            data = json.loads(received.body)
+        except (ValueError, RecursionError):
+            raise invalid("the request body is not JSON") from None
+        if not isinstance(data, dict):
+            raise invalid("the request body must be a JSON object")
     for name in route.path_fields + route.query:
         if name in data:
             where = "path" if name in route.path_fields else "query"
             raise invalid(f"{name} is given in the {where}, not in the body", field=name)
-    for name in route.path_fields:
-        data[name] = request.path_params[name]
-    for name in route.query:
-        if name in request.query_params:
-            data[name] = _query_value(fields[name], request.query_params[name])
-    key = request.headers.get("idempotency-key")
+    data |= received.path
+    for name, text in received.query.items():
+        data[name] = _query_value(fields[name], text)
+    key = received.idempotency_key
     if key is not None and "idempotency_key" in fields:
         if data.get("idempotency_key", key) != key:
             raise invalid("the Idempotency-Key header and the body's idempotency_key differ")
@@ -140,22 +158,36 @@ async def _request_message(route: Route, request: Request) -> Message:
 def _endpoint(api: SchedulerApi, executor: Executor, route: Route) -> Callable[[Request], Any]:
     async def endpoint(request: Request) -> Response:
         try:
-            message = await _request_message(route, request)
+            received = await _receive(route, request)
             loop = asyncio.get_running_loop()
             authorization = request.headers.get("authorization")
-            response = await loop.run_in_executor(executor, api.call, route.method, authorization, message)
+            # Parsing, like the call, runs on the executor, never on the loop both transports share,
+            # and only once the caller is authenticated.
+            response = await loop.run_in_executor(
+                executor, api.call, route.method, authorization, partial(_request_message, route, received)
+            )
+            body = await loop.run_in_executor(executor, _json_body, response)
         except ApiError as error:
             return error_response(error)
-        return JSONResponse(as_dict(response))
+        return Response(body, media_type="application/json")
 
     endpoint.__name__ = route.method
     return endpoint
 
 
+def _json_body(response: Message) -> bytes:
+    return json.dumps(as_dict(response), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
 def create_app(api: SchedulerApi, executor: Executor, serving: Callable[[], bool]) -> FastAPI:
     """The ASGI application; ``serving()`` answers /v1/health (it may block: it runs on ``executor``)."""
     app = FastAPI(
-        title="scheduler.v1.SchedulerService", openapi_url="/openapi.json", docs_url="/docs", redoc_url=None
+        title="scheduler.v1.SchedulerService",
+        openapi_url="/openapi.json",
+        docs_url="/docs",
+        redoc_url=None,
+        # /v1/schedules/ is no route: a 404 in the error body, not a redirect built from the Host header.
+        redirect_slashes=False,
     )
     spec = document()
     app.openapi = lambda: spec  # type: ignore[method-assign]
@@ -165,7 +197,8 @@ def create_app(api: SchedulerApi, executor: Executor, serving: Callable[[], bool
         )
 
     async def health(request: Request) -> Response:
-        ok = await asyncio.get_running_loop().run_in_executor(executor, serving)
+        # Not on the calls' executor: a probe must not wait behind calls queued for the database.
+        ok = await asyncio.to_thread(serving)
         return JSONResponse({"status": "SERVING" if ok else "NOT_SERVING"}, status_code=200 if ok else 503)
 
     app.add_api_route("/v1/health", health, methods=["GET"], include_in_schema=False)

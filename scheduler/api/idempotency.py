@@ -9,7 +9,7 @@ response; the same key with another request is refused. A request that fails lea
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -26,12 +26,16 @@ TTL_S = 24 * 3600.0
 MAX_KEY_LENGTH = 200
 
 
-def request_hash(method: str, request: Message) -> str:
-    """What identifies a request: its method and fields, the key itself left out."""
+def request_hash(method: str, request: Message, scope: Sequence[str] | None = None) -> str:
+    """What identifies a request: its method and fields (the key itself left out), and the apps the
+    caller may see, so that a token of the same subject with a narrower scope never gets a first
+    response about an app it cannot see (its request counts as another one)."""
     copy = type(request)()
     copy.CopyFrom(request)
     copy.ClearField("idempotency_key")
-    return hashlib.sha256(method.encode() + b"\0" + copy.SerializeToString(deterministic=True)).hexdigest()
+    seen = "*" if scope is None else ",".join(sorted(scope))
+    material = b"\0".join((method.encode(), seen.encode(), copy.SerializeToString(deterministic=True)))
+    return hashlib.sha256(material).hexdigest()
 
 
 def once(
@@ -41,6 +45,7 @@ def once(
     request: Message,
     response_type: type[M],
     work: Callable[[], M],
+    scope: Sequence[str] | None = None,
 ) -> M:
     """``work()`` in one transaction with the claim of the request's key, or the first response."""
     # Every idempotent method's request has the field; Message itself does not declare it.
@@ -53,7 +58,7 @@ def once(
             f"idempotency key must be 1 to {MAX_KEY_LENGTH} characters",
             {"field": "idempotency_key"},
         )
-    digest = request_hash(method, request)
+    digest = request_hash(method, request, scope)
     with conn.transaction():
         if store.claim_idempotency_key(conn, principal, method, key, digest, TTL_S):
             response = work()

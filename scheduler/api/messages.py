@@ -17,7 +17,7 @@ from typing import Any
 from uuid import UUID
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from scheduler.api.errors import ApiError, Code, invalid
 from scheduler.domain.schedule import ScheduleKind, ScheduleState
@@ -67,7 +67,14 @@ def payload_of(message: Message, field: str = "payload") -> Any:
     """A Value field as JSON data ({} when not set); 413 past the payload limit."""
     if not message.HasField(field):
         return {}
-    value = _integral(json_format.MessageToDict(getattr(message, field)))
+    try:
+        value = _integral(json_format.MessageToDict(getattr(message, field)))
+    except (ValueError, RecursionError):  # NaN or an infinity, which JSON cannot carry; or too deep
+        raise ApiError(
+            Code.INVALID_SCHEDULE,
+            f"{field} holds a value JSON cannot carry (NaN, an infinity, or too deep)",
+            {"field": field},
+        ) from None
     try:
         encoded_payload(value)
     except InvalidSchedule as exc:
@@ -81,6 +88,16 @@ def json_value(data: Any) -> struct_pb2.Value:
     value = struct_pb2.Value()
     json_format.ParseDict(data, value)
     return value
+
+
+def stored_value(data: Any) -> struct_pb2.Value:
+    """A stored JSON value as a message. Stored before payloads were limited to the depth protobuf
+    carries, a value may be deeper: it is shown as a string saying so, so that the listing holding
+    it still answers (the CLI shows it whole)."""
+    try:
+        return json_value(data)
+    except (DecodeError, json_format.ParseError, RecursionError, ValueError):
+        return json_value("(nested too deeply for the API to carry: read it with `scheduler schedules get`)")
 
 
 def as_dict(message: Message) -> dict[str, Any]:
@@ -195,7 +212,7 @@ def schedule_message(row: Row) -> pb.Schedule:
         start_at=timestamp(row["start_at"]),
         end_at=timestamp(row["end_at"]),
         handler=row["handler"],
-        payload=json_value(row["payload"]),
+        payload=stored_value(row["payload"]),
         enabled=row["state"] == ScheduleState.ACTIVE,
         retry_config=pb.RetryConfig(
             max_attempts=row["max_attempts"],
@@ -271,8 +288,8 @@ def audit_message(row: Row) -> pb.AuditEntry:
         entity=row["entity"],
         entity_id=row["entity_id"],
         app=row["app"] or "",
-        old_value=None if row["old_value"] is None else json_value(row["old_value"]),
-        new_value=None if row["new_value"] is None else json_value(row["new_value"]),
+        old_value=None if row["old_value"] is None else stored_value(row["old_value"]),
+        new_value=None if row["new_value"] is None else stored_value(row["new_value"]),
     )
 
 

@@ -130,7 +130,7 @@ def _domain_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, InvalidTransition):
         return ApiError(Code.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, KeyConflict):
-        return ApiError(Code.ALREADY_EXISTS, str(exc))
+        return ApiError(Code.ALREADY_EXISTS, str(exc), {} if exc.index is None else {"index": exc.index})
     if isinstance(exc, InvalidSchedule):  # UnknownApp and InvalidBatchItem too
         index = getattr(exc, "index", None)
         return ApiError(Code.INVALID_SCHEDULE, str(exc), {} if index is None else {"index": index})
@@ -158,8 +158,12 @@ class SchedulerApi:
             for name in METHODS
         }
 
-    def call(self, method_name: str, authorization: str | None, request: Message) -> Message:
-        """One call of ``method_name``; see the module docstring for what happens in which order."""
+    def call(
+        self, method_name: str, authorization: str | None, request: Message | Callable[[], Message]
+    ) -> Message:
+        """One call of ``method_name``; see the module docstring for what happens in which order.
+        ``request`` may be a function that parses it, called only once the caller is authenticated
+        and allowed the method (so that an unauthenticated client's body costs no parsing)."""
         method = METHODS[method_name]
         started = time.perf_counter()
         code = "OK"
@@ -171,16 +175,19 @@ class SchedulerApi:
                     f"{method.name} needs a role that may {method.access.value} "
                     f"(the token has {', '.join(sorted(principal.roles)) or 'no scheduler role'})",
                 )
+            if not isinstance(request, Message):
+                request = request()
             m.check_strings(request)
             with self.pool.connection() as conn:
                 self.limiter.take(conn, principal.key, method.bucket)
                 handler = self._handlers[method.name]
+                parsed = request
                 if method.idempotent:
                     return idempotency.once(
-                        conn, principal.key, method.name, request, method.response,
-                        lambda: handler(conn, principal, request),
+                        conn, principal.key, method.name, parsed, method.response,
+                        lambda: handler(conn, principal, parsed), scope=principal.scope(),
                     )  # fmt: skip
-                return handler(conn, principal, request)
+                return handler(conn, principal, parsed)
         except Exception as exc:
             error = _domain_error(exc)
             if error is None:
@@ -194,9 +201,9 @@ class SchedulerApi:
 
     # --- scope ------------------------------------------------------------------------------------
 
-    def _schedule(self, conn: Conn, principal: Principal, text: str) -> Row:
+    def _schedule(self, conn: Conn, principal: Principal, text: str, lock: bool = False) -> Row:
         schedule_id = m.uuid_of(text, "id")
-        row = store.schedule_with_key(conn, schedule_id)
+        row = (store.lock_schedule_with_key if lock else store.schedule_with_key)(conn, schedule_id)
         if row is None or not principal.sees(row["app"]):
             raise not_found(f"schedule {schedule_id}")
         return row
@@ -252,7 +259,7 @@ class SchedulerApi:
         self, conn: Conn, principal: Principal, request: pb.UpdateScheduleRequest
     ) -> pb.Schedule:
         with conn.transaction():
-            row = self._schedule(conn, principal, request.id)
+            row = self._schedule(conn, principal, request.id, lock=True)
             version = request.version if request.HasField("version") else None
             if version is not None and row["version"] != version:
                 raise VersionConflict(
@@ -261,7 +268,7 @@ class SchedulerApi:
             new = row
             if m.changes_spec(request):
                 spec = m.spec_of_update(stored_spec(row), request)
-                new = service.update_schedule(conn, row["id"], spec, principal.actor, version)
+                new = service.update_schedule(conn, row["id"], spec, principal.actor, row["version"])
             if request.HasField("enabled") and request.enabled != (new["state"] == ScheduleState.ACTIVE):
                 change = service.resume if request.enabled else service.pause
                 new = change(conn, row["id"], principal.actor, new["version"])
@@ -274,9 +281,12 @@ class SchedulerApi:
         request: pb.DeleteScheduleRequest | pb.PauseScheduleRequest | pb.ResumeScheduleRequest,
         change: Callable[[Conn, UUID, str, int | None], Row],
     ) -> pb.Schedule:
-        row = self._schedule(conn, principal, request.id)
-        version = request.version if request.HasField("version") else None
-        new = change(conn, row["id"], principal.actor, version)
+        with conn.transaction():
+            # Locked: a change without a version applies to the latest one, never fails on a
+            # concurrent change it did not ask to guard against.
+            row = self._schedule(conn, principal, request.id, lock=True)
+            version = request.version if request.HasField("version") else None
+            new = change(conn, row["id"], principal.actor, version)
         return m.schedule_message(new | {"schedule_key": row["schedule_key"]})
 
     def _delete_schedule(
@@ -419,7 +429,7 @@ class SchedulerApi:
         cursor = m.decode_cursor(request.cursor, 1)
         before_id = None
         if cursor is not None:
-            if not cursor[0].isdigit() or len(cursor[0]) > 19:
+            if not (cursor[0].isascii() and cursor[0].isdigit()) or len(cursor[0]) > 18:
                 raise invalid("cursor is not one this API gave", field="cursor")
             before_id = int(cursor[0])
         rows = store.audit_page(

@@ -126,6 +126,8 @@ class Schedule:
     error: str | None = None
     """Why its fires could not be computed, while it is in state error."""
     errored_at: datetime | None = None
+    description: str | None = None
+    """What the schedule is for, in its owner's words; nothing the scheduler acts on."""
 
     @property
     def execution(self) -> ExecutionSettings:

@@ -62,7 +62,11 @@ class InvalidTransition(ValueError):
 
 
 class KeyConflict(ValueError):
-    """The app already has a schedule of that key."""
+    """The app already has a schedule of that key (``index``: which item of a batch)."""
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
 
 
 class AppConflict(ValueError):
@@ -249,7 +253,7 @@ def create_schedules(conn: psycopg.Connection[Row], batch: Sequence[NewSchedule]
         ids.append(uuid.uuid4())
         key = (item.spec.app, item.schedule_key or str(ids[-1]))
         if key in keys:
-            raise KeyConflict(f"schedules[{index}]: key {key[1]!r} of app {key[0]!r} is given twice")
+            raise KeyConflict(f"schedules[{index}]: key {key[1]!r} of app {key[0]!r} is given twice", index)
         keys[key] = index
     with conn.transaction():
         declared = ingest.known_apps(conn, {item.spec.app for item in batch})
@@ -284,10 +288,9 @@ def create_schedules(conn: psycopg.Connection[Row], batch: Sequence[NewSchedule]
         created = ingest.create_keyed_schedules(conn, new)
         if len(created) < len(new):
             first = next(n for n in new if n.id not in created)
-            raise KeyConflict(
-                f"schedules[{keys[(first.app, first.schedule_key)]}]: app {first.app!r} already has a "
-                f"schedule with key {first.schedule_key!r}"
-            )
+            index = keys[(first.app, first.schedule_key)]
+            taken = f"app {first.app!r} already has a schedule with key {first.schedule_key!r}"
+            raise KeyConflict(f"schedules[{index}]: {taken}", index)
         schedules.notify_due(conn)
         rows = {row["id"]: row for row in api.schedules_with_keys(conn, ids)}
     return [rows[schedule_id] for schedule_id in ids]

@@ -19,7 +19,7 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from scheduler.domain.cron import CronSchedule, InvalidCronExpression, UnknownTimeZone, time_zone
@@ -35,9 +35,11 @@ HANDLER_RE = re.compile(
     rf"(?!{BUILTIN_MODULE}:){MODULE_RE.pattern}:[A-Za-z_]\w*|{BUILTIN_MODULE}:({'|'.join(BUILTINS)})"
 )
 MAX_PAYLOAD_BYTES = 1024 * 1024
-# Deep enough for any document people write; shallow enough that every reader of the payload
-# (json in the workers, jsonb in PostgreSQL, a recursive handler) stays far from its own limit.
-MAX_PAYLOAD_DEPTH = 100
+# Deep enough for any document people write; shallow enough that every reader of the payload stays
+# within its own limit: json in the workers, jsonb in PostgreSQL, a recursive handler, and the
+# API's protobuf Value, the tightest (protobuf nests at most 100 messages, three per JSON object
+# level, and an audit entry carries a payload two levels below its response).
+MAX_PAYLOAD_DEPTH = 30
 MAX_NAME_LENGTH = 200
 MAX_DESCRIPTION_LENGTH = 2000
 MAX_HANDLER_LENGTH = 300
@@ -196,9 +198,19 @@ def check_declared_handler(handler: str, app: str, declared: Sequence[str] | Non
         )
 
 
+# Fire times are computed and stored as instants between these; outside them the date arithmetic
+# of a cron schedule (and PostgreSQL's own range) has no room.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
 def _aware(moment: datetime | None, what: str) -> None:
-    if moment is not None and moment.utcoffset() is None:
+    if moment is None:
+        return
+    if moment.utcoffset() is None:
         raise InvalidSchedule(f"{what} must carry a time zone offset (e.g. 2027-01-01T09:00:00Z)")
+    if not EARLIEST <= moment <= LATEST:
+        raise InvalidSchedule(f"{what} must be between 1970 and 9000, got {moment.isoformat()}")
 
 
 def validate(spec: ScheduleSpec) -> ScheduleSpec:

@@ -31,7 +31,7 @@ class Database:
         return connect(self.conninfo, autocommit=autocommit, connect_timeout=connect_timeout)
 
     def pool(
-        self, size: int, timeout_s: float = 10.0
+        self, size: int, timeout_s: float = 5.0
     ) -> psycopg_pool.ConnectionPool[psycopg.Connection[dict[str, Any]]]:
         """A pool of autocommit connections for request-serving components (the API), opened at
         once; a connection waited for longer than ``timeout_s`` raises ``PoolTimeout``. Its

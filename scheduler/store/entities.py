@@ -57,6 +57,7 @@ def schedule_from_row(row: Mapping[str, Any]) -> Schedule:
         traceparent=row.get("traceparent"),
         error=row.get("error"),
         errored_at=row.get("errored_at"),
+        description=row.get("description"),
     )
 
 

@@ -6,7 +6,7 @@ What the matrix covers, and what it cannot: malformed Avro, a record of another 
 UTF-8 in a string field and unknown command fields are all `undecodable` (Avro carries no field
 names, so a command with a field this scheduler does not know was written with a schema it does not
 know: its fingerprint is unknown). Unknown fields in the JSON payload are the user's business and
-are kept. JSON nested deeper than 100 levels, a payload over 1 MiB encoded (exactly 1 MiB is fine),
+are kept. JSON nested deeper than 30 levels, a payload over 1 MiB encoded (exactly 1 MiB is fine),
 a NUL character anywhere (PostgreSQL cannot store it) and text that is not valid Unicode are
 `invalid`, each with its reason. A command line cannot carry a NUL at all (the operating system
 ends an argument there), so the CLI meets NUL only in a payload file.
@@ -131,7 +131,7 @@ BAD: dict[str, tuple[bytes, str, str]] = {
         f"payload nests deeper than {MAX_PAYLOAD_DEPTH} levels",
     ),
     "one level too deep": (
-        CODEC.encode(create("deep-101", payload=nested(MAX_PAYLOAD_DEPTH + 1))),
+        CODEC.encode(create("deep-over", payload=nested(MAX_PAYLOAD_DEPTH + 1))),
         "invalid",
         f"payload nests deeper than {MAX_PAYLOAD_DEPTH} levels",
     ),
@@ -186,7 +186,7 @@ BAD: dict[str, tuple[bytes, str, str]] = {
 GOOD: dict[str, tuple[str, Any]] = {
     "exactly 1 MiB": ("one-mib", blob(MAX_PAYLOAD_BYTES)),
     "unknown fields in the payload": ("unknown-fields", {"anything": {"nested": [1, 2]}, "extra": True}),
-    "100 levels": ("deep-100", json.loads(nested(MAX_PAYLOAD_DEPTH))),
+    "the deepest allowed": ("deep-max", json.loads(nested(MAX_PAYLOAD_DEPTH))),
 }
 
 
@@ -282,7 +282,10 @@ def test_the_cli_refuses_each_bad_payload_and_name_with_one_line(
         )
 
     refused: dict[str, tuple[list[str | bytes], str]] = {
-        "deep": (["--payload", payload_file("deep.json", nested(10_000))], "nests deeper than 100 levels"),
+        "deep": (
+            ["--payload", payload_file("deep.json", nested(10_000))],
+            f"nests deeper than {MAX_PAYLOAD_DEPTH} levels",
+        ),
         "too big": (
             ["--payload", payload_file("big.json", json.dumps(blob(MAX_PAYLOAD_BYTES + 1)))],
             "the limit is 1048576 (1 MiB)",

@@ -89,6 +89,15 @@ select s.*, k.schedule_key
   left join schedule_keys k on k.schedule_id = s.id
  where s.id = %(id)s::uuid;
 
+-- name: lock_schedule_with_key
+-- An update's read: locked, so that a concurrent update merges its fields on this one's result
+-- rather than on the row both read (a lost update).
+select s.*, k.schedule_key
+  from schedules s
+  left join schedule_keys k on k.schedule_id = s.id
+ where s.id = %(id)s::uuid
+   for update of s;
+
 -- name: schedules_with_keys
 select s.*, k.schedule_key
   from schedules s
