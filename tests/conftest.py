@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,9 +61,9 @@ def stack() -> Iterator[StackInfo]:
             local.down()
 
 
-@pytest.fixture
-def database_url(stack: StackInfo) -> Iterator[str]:
-    """A fresh, migrated database of this test's own."""
+@contextmanager
+def fresh_database(stack: StackInfo) -> Iterator[str]:
+    """A migrated database cloned from the template, dropped at the end."""
     name = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(stack.database_url, autocommit=True) as admin:
         admin.execute(f'create database "{name}" template "{stack.template_db}"')
@@ -73,9 +74,29 @@ def database_url(stack: StackInfo) -> Iterator[str]:
             admin.execute(f'drop database if exists "{name}" with (force)')
 
 
+@pytest.fixture
+def database_url(stack: StackInfo) -> Iterator[str]:
+    """A fresh, migrated database of this test's own."""
+    with fresh_database(stack) as url:
+        yield url
+
+
 # Workers run only registered Python handlers: the tests' own, importable from the project root.
 TEST_HANDLERS = "tests.unit.handler_fixtures"
 PROJECT_ROOT = str(Path(__file__).resolve().parents[1])
+
+
+def stack_env(stack: StackInfo, database_url: str, prefix: str) -> dict[str, str]:
+    """The environment of a process that uses ``database_url`` and topic ``prefix`` on the stack."""
+    return (
+        dict(os.environ)
+        | _test_handlers_env()
+        | {
+            "SCHEDULER_DATABASE_URL": database_url,
+            "SCHEDULER_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
+            "SCHEDULER_TOPIC_PREFIX": prefix,
+        }
+    )
 
 
 def _test_handlers_env() -> dict[str, str]:
@@ -90,16 +111,7 @@ def _test_handlers_env() -> dict[str, str]:
 def settings(stack: StackInfo, database_url: str) -> Iterator[Settings]:
     """Settings for this test: its own database and its own topic prefix (topics deleted after)."""
     prefix = f"t{uuid.uuid4().hex[:10]}"
-    env = (
-        dict(os.environ)
-        | _test_handlers_env()
-        | {
-            "SCHEDULER_DATABASE_URL": database_url,
-            "SCHEDULER_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
-            "SCHEDULER_TOPIC_PREFIX": prefix,
-        }
-    )
-    yield load_settings(env)
+    yield load_settings(stack_env(stack, database_url, prefix))
     admin = TopicAdmin(stack.kafka_bootstrap)
     admin.delete_topics([t for t in admin.topics() if t.startswith(f"{prefix}.")])
 

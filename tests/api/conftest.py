@@ -7,7 +7,6 @@ its own with the limits it checks (:meth:`ApiStack.start`).
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +22,7 @@ from scheduler.kafka.transport import TopicAdmin
 from scheduler.schedule import service
 from scheduler.store import connect
 from tests.api.client import SECRET, GrpcCaller, HttpCaller
-from tests.conftest import StackInfo, _test_handlers_env
+from tests.conftest import StackInfo, fresh_database, stack_env
 from tests.e2e.health import free_port
 from tests.support import Component, wait_for
 
@@ -93,37 +92,25 @@ def _serving(process: ApiProcess) -> bool:
 @pytest.fixture(scope="module")
 def api_stack(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiStack]:
     """A database and topic prefix for this module, its two apps, and the environment of its API."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(stack.database_url, autocommit=True) as admin:
-        admin.execute(f'create database "{name}" template "{stack.template_db}"')
-    database_url = stack.url_for(name)
     prefix = f"t{uuid.uuid4().hex[:10]}"
-    env = (
-        dict(os.environ)
-        | _test_handlers_env()
-        | {
-            "SCHEDULER_DATABASE_URL": database_url,
-            "SCHEDULER_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
-            "SCHEDULER_TOPIC_PREFIX": prefix,
+    admin_client = TopicAdmin(stack.kafka_bootstrap)
+    with fresh_database(stack) as database_url:
+        env = stack_env(stack, database_url, prefix) | {
             "SCHEDULER_JWT_SECRET": SECRET,
             "SCHEDULER_API_RATE_LIMITS": UNLIMITED,
         }
-    )
-    settings = load_settings(env)
-    admin_client = TopicAdmin(stack.kafka_bootstrap)
-    with connect(database_url) as conn:
-        for app in APPS:
-            service.create_app(conn, admin_client, settings, app, 1, "tests")
-    api = ApiStack(settings, env, tmp_path_factory.mktemp("api"), database_url)
-    try:
-        yield api
-    finally:
-        for process in api.processes:
-            code = process.stop()
-            assert code == 0, f"the API exited {code}:\n{process.component.output()[-3000:]}"
-        admin_client.delete_topics([t for t in admin_client.topics() if t.startswith(f"{prefix}.")])
-        with psycopg.connect(stack.database_url, autocommit=True) as admin:
-            admin.execute(f'drop database if exists "{name}" with (force)')
+        settings = load_settings(env)
+        with connect(database_url) as conn:
+            for app in APPS:
+                service.create_app(conn, admin_client, settings, app, 1, "tests")
+        api = ApiStack(settings, env, tmp_path_factory.mktemp("api"), database_url)
+        try:
+            yield api
+        finally:
+            for process in api.processes:
+                code = process.stop()
+                assert code == 0, f"the API exited {code}:\n{process.component.output()[-3000:]}"
+            admin_client.delete_topics([t for t in admin_client.topics() if t.startswith(f"{prefix}.")])
 
 
 @pytest.fixture(scope="module")
