@@ -161,12 +161,9 @@ def _endpoint(api: SchedulerApi, executor: Executor, route: Route) -> Callable[[
             received = await _receive(route, request)
             loop = asyncio.get_running_loop()
             authorization = request.headers.get("authorization")
-            # Parsing, like the call, runs on the executor, never on the loop both transports share,
-            # and only once the caller is authenticated.
-            response = await loop.run_in_executor(
-                executor, api.call, route.method, authorization, partial(_request_message, route, received)
-            )
-            body = await loop.run_in_executor(executor, _json_body, response)
+            # Parsing, the call and the answer's JSON run in one job on the executor, never on the loop
+            # both transports share; the parsing only once the caller is authenticated.
+            body = await loop.run_in_executor(executor, _answer, api, route, authorization, received)
         except ApiError as error:
             return error_response(error)
         return Response(body, media_type="application/json")
@@ -175,12 +172,14 @@ def _endpoint(api: SchedulerApi, executor: Executor, route: Route) -> Callable[[
     return endpoint
 
 
-def _json_body(response: Message) -> bytes:
+def _answer(api: SchedulerApi, route: Route, authorization: str | None, received: _Received) -> bytes:
+    response = api.call(route.method, authorization, partial(_request_message, route, received))
     return json.dumps(as_dict(response), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
 def create_app(api: SchedulerApi, executor: Executor, serving: Callable[[], bool]) -> FastAPI:
-    """The ASGI application; ``serving()`` answers /v1/health (it may block: it runs on ``executor``)."""
+    """The ASGI application; ``serving()`` answers /v1/health (it may block: it runs on a thread of
+    its own, not on ``executor``)."""
     app = FastAPI(
         title="scheduler.v1.SchedulerService",
         openapi_url="/openapi.json",
