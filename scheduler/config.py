@@ -384,24 +384,17 @@ def _jwt_settings(env: Mapping[str, str]) -> JwtSettings:
     algorithms = tuple(a.strip() for a in raw.split(",") if a.strip())
     if not algorithms:
         algorithms = ("HS256",) if secret is not None else ("RS256", "ES256") if jwks is not None else ()
-    # Without a key only the API cares (it refuses to start): the other components, which read the
-    # same settings, take any algorithm a key could be given for.
-    allowed = (
-        HMAC_ALGORITHMS
-        if secret is not None
-        else KEY_PAIR_ALGORITHMS
-        if jwks is not None
-        else HMAC_ALGORITHMS + KEY_PAIR_ALGORITHMS
-    )
+    allowed: tuple[str, ...]
+    if secret is not None:
+        allowed, kind = HMAC_ALGORITHMS, "SCHEDULER_JWT_SECRET (HMAC)"
+    elif jwks is not None:
+        allowed, kind = KEY_PAIR_ALGORITHMS, "SCHEDULER_JWT_JWKS (key pairs)"
+    else:
+        # Without a key only the API cares (it refuses to start): the other components, which read
+        # the same settings, take any algorithm a key could be given for.
+        allowed, kind = HMAC_ALGORITHMS + KEY_PAIR_ALGORITHMS, "any key"
     for algorithm in algorithms:
         if algorithm not in allowed:
-            kind = (
-                "SCHEDULER_JWT_SECRET (HMAC)"
-                if secret is not None
-                else "SCHEDULER_JWT_JWKS (key pairs)"
-                if jwks is not None
-                else "any key"
-            )
             raise ConfigError(
                 f"SCHEDULER_JWT_ALGORITHMS: {algorithm!r} cannot be used with {kind}; "
                 f"choose from {', '.join(allowed)}"

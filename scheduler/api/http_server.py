@@ -101,19 +101,18 @@ class _Received:
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
+    too_large = ApiError(
+        Code.PAYLOAD_TOO_LARGE, f"the request is larger than {limit} bytes", {"limit_bytes": limit}
+    )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(
-            Code.PAYLOAD_TOO_LARGE, f"the request is larger than {limit} bytes", {"limit_bytes": limit}
-        )
+        raise too_large
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    async for chunk in request.stream():  # counted as it comes: a chunked body declares no length
         size += len(chunk)
         if size > limit:
-            raise ApiError(
-                Code.PAYLOAD_TOO_LARGE, f"the request is larger than {limit} bytes", {"limit_bytes": limit}
-            )
+            raise too_large
         chunks.append(chunk)
     return b"".join(chunks)
 

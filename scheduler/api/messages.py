@@ -21,7 +21,13 @@ from google.protobuf.message import DecodeError, Message
 
 from scheduler.api.errors import ApiError, Code, invalid
 from scheduler.domain.schedule import ScheduleKind, ScheduleState
-from scheduler.schedule.spec import MAX_PAYLOAD_BYTES, InvalidSchedule, ScheduleSpec, encoded_payload
+from scheduler.schedule.spec import (
+    MAX_PAYLOAD_BYTES,
+    InvalidSchedule,
+    PayloadTooLarge,
+    ScheduleSpec,
+    encoded_payload,
+)
 from scheduler.v1 import scheduler_pb2 as pb
 
 Row = Mapping[str, Any]
@@ -77,9 +83,9 @@ def payload_of(message: Message, field: str = "payload") -> Any:
         ) from None
     try:
         encoded_payload(value)
+    except PayloadTooLarge as exc:
+        raise ApiError(Code.PAYLOAD_TOO_LARGE, str(exc), {"limit_bytes": MAX_PAYLOAD_BYTES}) from None
     except InvalidSchedule as exc:
-        if "limit" in str(exc):
-            raise ApiError(Code.PAYLOAD_TOO_LARGE, str(exc), {"limit_bytes": MAX_PAYLOAD_BYTES}) from None
         raise ApiError(Code.INVALID_SCHEDULE, str(exc), {"field": field}) from None
     return value
 

@@ -43,7 +43,7 @@ from scheduler.schedule.service import (
     ScheduleNotFound,
     UnknownApp,
 )
-from scheduler.schedule.spec import InvalidSchedule, stored_spec
+from scheduler.schedule.spec import InvalidSchedule, PayloadTooLarge, stored_spec
 from scheduler.store import api as store
 from scheduler.store import runs as run_store
 from scheduler.store.schedules import VersionConflict
@@ -131,6 +131,8 @@ def _domain_error(exc: Exception) -> ApiError | None:
         return ApiError(Code.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, KeyConflict):
         return ApiError(Code.ALREADY_EXISTS, str(exc), {} if exc.index is None else {"index": exc.index})
+    if isinstance(exc, PayloadTooLarge):
+        return ApiError(Code.PAYLOAD_TOO_LARGE, str(exc))
     if isinstance(exc, InvalidSchedule):  # UnknownApp and InvalidBatchItem too
         index = getattr(exc, "index", None)
         return ApiError(Code.INVALID_SCHEDULE, str(exc), {} if index is None else {"index": index})

@@ -119,11 +119,15 @@ def set_app_handlers(
     with conn.transaction():
         old = schedules.get_app(conn, name)
         if old is None:
-            raise UnknownApp(f"unknown app {name!r}: create it first with `scheduler apps create {name}`")
+            raise _unknown_app(name)
         new = schedules.set_app_handlers(conn, name, declared)
         schedules.audit(conn, actor, "handlers", "app", name, old, new)
     assert new is not None
     return new
+
+
+def _unknown_app(name: str) -> UnknownApp:
+    return UnknownApp(f"unknown app {name!r}: create it first with `scheduler apps create {name}`")
 
 
 def _declaration(handlers: Sequence[str] | None) -> str:
@@ -134,7 +138,7 @@ def _app_of(conn: psycopg.Connection[Row], spec: ScheduleSpec) -> Row:
     """The spec's app, which must exist and admit the spec's handler."""
     app = schedules.get_app(conn, spec.app)
     if app is None:
-        raise UnknownApp(f"unknown app {spec.app!r}: create it first with `scheduler apps create {spec.app}`")
+        raise _unknown_app(spec.app)
     check_declared_handler(spec.handler, spec.app, app["handlers"])
     return app
 
@@ -263,9 +267,7 @@ def create_schedules(conn: psycopg.Connection[Row], batch: Sequence[NewSchedule]
             spec = item.spec
             try:
                 if spec.app not in declared:
-                    raise UnknownApp(
-                        f"unknown app {spec.app!r}: create it first with `scheduler apps create`"
-                    )
+                    raise _unknown_app(spec.app)
                 check_declared_handler(spec.handler, spec.app, declared[spec.app])
                 next_fire_at = first_fire(spec, schedule_id, now)
                 payload = encoded_payload(spec.payload)

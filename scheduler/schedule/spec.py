@@ -57,6 +57,10 @@ class InvalidSchedule(ValueError):
     """A schedule request that cannot be stored; the message is one line naming the field."""
 
 
+class PayloadTooLarge(InvalidSchedule):
+    """The payload's encoded size is over the limit (the API answers 413 for it)."""
+
+
 @dataclass(frozen=True)
 class ScheduleSpec:
     app: str
@@ -153,7 +157,7 @@ def encoded_payload(payload: Any) -> str:
         raise InvalidSchedule(f"payload is not JSON: {exc}") from None
     size = len(text.encode())
     if size > MAX_PAYLOAD_BYTES:
-        raise InvalidSchedule(f"payload is {size} bytes encoded; the limit is {MAX_PAYLOAD_BYTES} (1 MiB)")
+        raise PayloadTooLarge(f"payload is {size} bytes encoded; the limit is {MAX_PAYLOAD_BYTES} (1 MiB)")
     return text
 
 

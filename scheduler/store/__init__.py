@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 
 from scheduler.store.sql import query
 
-__all__ = ["connect", "query"]
+__all__ = ["CONNECTION_OPTIONS", "connect", "query"]
 
 
 def connect(
@@ -24,10 +24,14 @@ def connect(
     None leaves the URL's own, or none."""
     # Keyword arguments are merged into the connection string, over the URL's own.
     extra: dict[str, Any] = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
-    conn = psycopg.connect(
-        url, autocommit=autocommit, row_factory=dict_row, application_name="scheduler", **extra
-    )
+    return psycopg.connect(url, autocommit=autocommit, **CONNECTION_OPTIONS, **extra)
+
+
+# How every connection is made, alone (connect) or in a pool (Database.pool).
+CONNECTION_OPTIONS: dict[str, Any] = {
+    "row_factory": dict_row,
+    "application_name": "scheduler",
     # No server-side prepared statements: a batch statement runs once per batch, so planning it
     # costs little, while a cached generic plan built on "1 row" estimates can cost seconds a batch.
-    conn.prepare_threshold = None
-    return conn
+    "prepare_threshold": None,
+}

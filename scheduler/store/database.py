@@ -11,10 +11,9 @@ from typing import Any, LiteralString
 
 import psycopg
 import psycopg_pool
-from psycopg.rows import dict_row
 
 from scheduler.runtime.service import Check
-from scheduler.store import connect
+from scheduler.store import CONNECTION_OPTIONS, connect
 from scheduler.store.listen import Wakeup
 
 PROBE_TIMEOUT_S = 2
@@ -41,12 +40,7 @@ class Database:
             min_size=min(2, size),
             max_size=size,
             timeout=timeout_s,
-            kwargs={
-                "autocommit": True,
-                "row_factory": dict_row,
-                "application_name": "scheduler",
-                "prepare_threshold": None,
-            },
+            kwargs={"autocommit": True, **CONNECTION_OPTIONS},
             open=True,
             name="api",
         )
