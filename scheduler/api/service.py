@@ -46,6 +46,7 @@ from scheduler.schedule.service import (
 from scheduler.schedule.spec import InvalidSchedule, PayloadTooLarge, stored_spec
 from scheduler.store import api as store
 from scheduler.store import runs as run_store
+from scheduler.store import schedules as schedule_store
 from scheduler.store.schedules import VersionConflict
 from scheduler.v1 import scheduler_pb2 as pb
 
@@ -205,7 +206,9 @@ class SchedulerApi:
 
     def _schedule(self, conn: Conn, principal: Principal, text: str, lock: bool = False) -> Row:
         schedule_id = m.uuid_of(text, "id")
-        row = (store.lock_schedule_with_key if lock else store.schedule_with_key)(conn, schedule_id)
+        row = (schedule_store.lock_schedule_with_key if lock else schedule_store.schedule_with_key)(
+            conn, schedule_id
+        )
         if row is None or not principal.sees(row["app"]):
             raise not_found(f"schedule {schedule_id}")
         return row

@@ -241,10 +241,9 @@ def get(schedule: str, as_json: bool) -> None:
     """Print one schedule as JSON, with its key; name it by id or by its app and key."""
     with database(wiring_or_exit()) as conn:
         schedule_id = _schedule_id(conn, schedule)
-        row = store.get_schedule(conn, schedule_id) if schedule_id else None
-        if schedule_id is None or row is None:
+        row = store.schedule_with_key(conn, schedule_id) if schedule_id else None
+        if row is None:
             fail(f"no schedule {schedule}")
-        row |= {"schedule_key": store.schedule_key_of(conn, schedule_id)}
     echo_json(shown(row))
 
 

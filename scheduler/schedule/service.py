@@ -40,7 +40,7 @@ from scheduler.schedule.spec import (
     validate_handler_refs,
     validate_schedule_key,
 )
-from scheduler.store import api, ingest, scan, schedules
+from scheduler.store import ingest, scan, schedules
 from scheduler.store.entities import schedule_from_row
 from scheduler.store.ingest import NewKeyedSchedule
 from scheduler.store.scan import NewRun
@@ -294,7 +294,7 @@ def create_schedules(conn: psycopg.Connection[Row], batch: Sequence[NewSchedule]
             taken = f"app {first.app!r} already has a schedule with key {first.schedule_key!r}"
             raise KeyConflict(f"schedules[{index}]: {taken}", index)
         schedules.notify_due(conn)
-        rows = {row["id"]: row for row in api.schedules_with_keys(conn, ids)}
+        rows = {row["id"]: row for row in schedules.schedules_with_keys(conn, ids)}
     return [rows[schedule_id] for schedule_id in ids]
 
 

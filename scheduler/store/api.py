@@ -97,20 +97,6 @@ def schedules_page(
     return conn.execute(query("schedules_page"), params).fetchall()
 
 
-def schedule_with_key(conn: psycopg.Connection[Row], schedule_id: UUID) -> Row | None:
-    return conn.execute(query("schedule_with_key"), {"id": schedule_id}).fetchone()
-
-
-def lock_schedule_with_key(conn: psycopg.Connection[Row], schedule_id: UUID) -> Row | None:
-    """The schedule with its key, locked until the transaction ends."""
-    return conn.execute(query("lock_schedule_with_key"), {"id": schedule_id}).fetchone()
-
-
-def schedules_with_keys(conn: psycopg.Connection[Row], ids: Sequence[UUID]) -> list[Row]:
-    """The schedules of ``ids``, in no particular order."""
-    return conn.execute(query("schedules_with_keys"), {"ids": list(ids)}).fetchall()
-
-
 def runs_page(
     conn: psycopg.Connection[Row], schedule_id: UUID, before: datetime | None, limit: int
 ) -> list[Row]:

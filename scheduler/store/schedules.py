@@ -85,9 +85,19 @@ def insert_schedule_key(
     return row is not None
 
 
-def schedule_key_of(conn: psycopg.Connection[Row], schedule_id: UUID) -> str | None:
-    row = conn.execute(query("schedule_key_of"), {"schedule_id": schedule_id}).fetchone()
-    return None if row is None else str(row["schedule_key"])
+def schedule_with_key(conn: psycopg.Connection[Row], schedule_id: UUID) -> Row | None:
+    """The schedule's row with its ``schedule_key``."""
+    return conn.execute(query("schedule_with_key"), {"id": schedule_id}).fetchone()
+
+
+def lock_schedule_with_key(conn: psycopg.Connection[Row], schedule_id: UUID) -> Row | None:
+    """The schedule with its key, locked until the transaction ends."""
+    return conn.execute(query("lock_schedule_with_key"), {"id": schedule_id}).fetchone()
+
+
+def schedules_with_keys(conn: psycopg.Connection[Row], ids: Sequence[UUID]) -> list[Row]:
+    """The schedules of ``ids``, with their keys, in no particular order."""
+    return conn.execute(query("schedules_with_keys"), {"ids": list(ids)}).fetchall()
 
 
 def schedule_id_by_key(conn: psycopg.Connection[Row], app: str, schedule_key: str) -> UUID | None:

@@ -83,27 +83,6 @@ select s.*, k.schedule_key
  order by s.created_at, s.id
  limit %(limit)s::int;
 
--- name: schedule_with_key
-select s.*, k.schedule_key
-  from schedules s
-  left join schedule_keys k on k.schedule_id = s.id
- where s.id = %(id)s::uuid;
-
--- name: lock_schedule_with_key
--- An update's read: locked, so that a concurrent update merges its fields on this one's result
--- rather than on the row both read (a lost update).
-select s.*, k.schedule_key
-  from schedules s
-  left join schedule_keys k on k.schedule_id = s.id
- where s.id = %(id)s::uuid
-   for update of s;
-
--- name: schedules_with_keys
-select s.*, k.schedule_key
-  from schedules s
-  left join schedule_keys k on k.schedule_id = s.id
- where s.id = any(%(ids)s::uuid[]);
-
 -- name: runs_page
 -- A schedule's runs, newest fire first, after the cursor's fire time (unique per schedule).
 select r.*

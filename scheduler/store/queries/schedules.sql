@@ -90,8 +90,26 @@ values (%(app)s::text, %(schedule_key)s::text, %(schedule_id)s::uuid)
 on conflict do nothing
 returning schedule_key;
 
--- name: schedule_key_of
-select schedule_key from schedule_keys where schedule_id = %(schedule_id)s::uuid;
-
 -- name: schedule_id_by_key
 select schedule_id from schedule_keys where app = %(app)s::text and schedule_key = %(schedule_key)s::text;
+
+-- name: schedule_with_key
+select s.*, k.schedule_key
+  from schedules s
+  left join schedule_keys k on k.schedule_id = s.id
+ where s.id = %(id)s::uuid;
+
+-- name: lock_schedule_with_key
+-- An update's read: locked, so that a concurrent update merges its fields on this one's result
+-- rather than on the row both read (a lost update).
+select s.*, k.schedule_key
+  from schedules s
+  left join schedule_keys k on k.schedule_id = s.id
+ where s.id = %(id)s::uuid
+   for update of s;
+
+-- name: schedules_with_keys
+select s.*, k.schedule_key
+  from schedules s
+  left join schedule_keys k on k.schedule_id = s.id
+ where s.id = any(%(ids)s::uuid[]);
