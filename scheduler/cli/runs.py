@@ -35,7 +35,7 @@ def list_(schedule_id: UUID | None, app: str | None, state: str | None, limit: i
     if as_json:
         echo_json(rows)
         return
-    table = Table("run", "app", "scheduled for", "state", "attempt", "dispatched", "worker", "error")
+    table = Table("run", "app", "scheduled for", "state", "attempt", "started", "worker", "error")
     for r in rows:
         table.add_row(
             str(r["id"]),
@@ -43,7 +43,7 @@ def list_(schedule_id: UUID | None, app: str | None, state: str | None, limit: i
             r["scheduled_for"].isoformat(),
             r["state"] + (f" ({r['skip_reason']})" if r["skip_reason"] else ""),
             str(r["attempt"]),
-            r["dispatched_at"].isoformat() if r["dispatched_at"] else "-",
+            r["started_at"].isoformat() if r["started_at"] else "-",
             r["worker"] or "-",
             (r["error"] or "")[:60],
         )
@@ -68,23 +68,23 @@ def get(run_id: UUID, as_json: bool) -> None:
     "before",
     required=True,
     metavar="TIME",
-    help="ISO 8601: runs Kafka acknowledged before this moment, i.e. when the topics were lost.",
+    help="ISO 8601: runs whose message was queued before this moment, i.e. when the topics were lost.",
 )
 @click.option("--app")
 @click.option("--limit", type=click.IntRange(1, 10_000_000), default=100_000, show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print what would be sent again; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def redispatch(before: str, app: str | None, limit: int, dry_run: bool, as_json: bool) -> None:
-    """Send dispatched runs that no worker started through the pipeline again (after Kafka's topics
-    were lost: their job messages went with them). Each gets a new attempt number and its message
-    in the outbox; if the old message was not lost after all, its outcome is fenced off and counted
-    as a duplicate."""
+    """Send runs whose message left the outbox but that no worker started through the pipeline
+    again (after Kafka's topics were lost: their job messages went with them). Each gets a new
+    attempt number and its message in the outbox; if the old message was not lost after all, its
+    outcome is fenced off and counted as a duplicate."""
     moment = parse_instant(before, "--dispatched-before")
     wiring = wiring_or_exit()
     replayer = Replayer(wiring.settings, wiring.dispatcher)
     with database(wiring) as conn:
-        # The relay stamps a redispatched run with the time Kafka acknowledges it: a cut-off later
-        # than now would take the same runs again, batch after batch. The database's clock decides.
+        # A redispatched run is stamped with the time it is queued again: a cut-off later than now
+        # would take the same runs again, batch after batch. The database's clock decides.
         with conn.transaction(force_rollback=True):  # each batch below commits on its own
             now = db_now(conn)
         if moment > now:

@@ -74,6 +74,15 @@ def server_root(stack_dir: Path) -> Path:
     return Path(tempfile.gettempdir()) / f"scheduler-postgres-{digest}"
 
 
+def _statement_statistics(bin_dir: Path) -> list[str]:
+    """pg_stat_statements when the server has it: the benchmarks count statements per job with it
+    (``bench/cost.py``), and a developer reading a slow run wants it too. Left out where the
+    library is missing, since the server would not start with it preloaded."""
+    if not (bin_dir.parent / "lib" / "pg_stat_statements.so").exists():
+        return []
+    return ["-c shared_preload_libraries=pg_stat_statements"]
+
+
 class LocalPostgres:
     def __init__(self, stack_dir: Path, port: int) -> None:
         self.root = server_root(stack_dir)
@@ -164,6 +173,7 @@ class LocalPostgres:
                 "-c max_connections=300",
                 "-c shared_buffers=256MB",
                 "-c max_wal_size=2GB",
+                *_statement_statistics(bin_dir),
             ]
         )
         self._run(

@@ -32,8 +32,12 @@ class RunState(StrEnum):
     """A run's state. Each value names the component that moves a run into it."""
 
     # Set by the scanner: the run row and its dispatch message in the outbox, in one transaction.
+    # It stays pending until a worker reports the job's start: while its message waits in the
+    # outbox, on the topic, or in a worker holding it until its instant. The relay writes nothing
+    # to runs (a second write of every run cost more than the state said).
     PENDING = "pending"
-    # Set by the relay: Kafka acknowledged the dispatch message (acks=all).
+    # Set by the relay of earlier versions once Kafka acknowledged the dispatch message. Nothing
+    # moves a run here any more; runs left in it behave as pending ones whose message left the outbox.
     DISPATCHED = "dispatched"
     # Set by the reconciler: a worker reported the job's start, or a heartbeat. Only a running run
     # holds a lease (renewed by each report); waiting to be picked up never expires an attempt.
@@ -68,15 +72,14 @@ ACTIVE: frozenset[RunState] = frozenset(RunState) - TERMINAL
 INITIAL: frozenset[RunState] = frozenset({RunState.PENDING, RunState.SKIPPED})
 """The states the scanner inserts runs in."""
 
-# The relay marks a run dispatched only after Kafka acknowledges it, and a fast worker's events
-# can reach the reconciler first; so every reconciler outcome is legal from pending, and the
-# relay's pending -> dispatched must then find the run moved on and do nothing.
+# Every reconciler outcome is legal from pending: the first event of an attempt may be its start,
+# or (start and end in one batch) its end.
 _OUTCOMES = frozenset({RunState.RUNNING, RunState.RETRY_WAIT, RunState.SUCCEEDED, RunState.DEAD})
 
 TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
-    RunState.PENDING: _OUTCOMES | {RunState.DISPATCHED},
-    # dispatched -> pending: an operator's redispatch of a run whose job message was lost with
+    # pending -> pending: an operator's redispatch of a run whose job message was lost with
     # Kafka's topics (`scheduler runs redispatch`), as a new attempt, like a replay.
+    RunState.PENDING: _OUTCOMES | {RunState.PENDING},
     RunState.DISPATCHED: _OUTCOMES | {RunState.PENDING},
     # running -> running is a heartbeat: it extends the lease and changes nothing else.
     RunState.RUNNING: _OUTCOMES,

@@ -6,9 +6,9 @@ of its schedule's ``max_attempts``, and its message goes to the outbox, from whe
 a worker and the reconciler treat it like any other attempt. Each replay is written to
 ``audit_log`` with who did it; a run replayed once is not replayed again unless forced.
 
-Redispatching is the same move for runs that are ``dispatched`` but whose job messages are gone
-(Kafka's topics were lost and rebuilt): runs Kafka acknowledged before a cut-off the operator
-gives, that no worker started. Their budget grows by one, since the lost attempt never ran.
+Redispatching is the same move for runs whose job messages are gone (Kafka's topics were lost and
+rebuilt): runs whose message left the outbox, queued before a cut-off the operator gives, that no
+worker started. Their budget grows by one, since the lost attempt never ran.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class Replayer:
         with conn.transaction():
             lost = dlq.lost_runs_for_redispatch(conn, before=before, app=app, limit=limit)
             attempts = [self._next_attempt(run, budget=run.run.max_attempts + 1) for run in lost]
-            moved = dlq.replay_runs(conn, attempts, actor, from_state="dispatched", action="redispatch")
+            moved = dlq.replay_runs(conn, attempts, actor, action="redispatch")
             if moved:
                 scan.notify_outbox(conn)
         return moved

@@ -1,26 +1,32 @@
-"""The relay: publishes the transactional outbox to Kafka and marks the runs dispatched.
+"""The relay: publishes the transactional outbox to Kafka.
 
-Each batch follows three steps, in this order, so that nothing is lost, nothing is marked sent
-before it is, and no row holds up another:
+Each batch is one transaction, so that nothing is lost, nothing is marked sent before it is, and a
+batch costs PostgreSQL no write but the rows' delete:
 
-1. Claim the rows that are due (``available_at`` passed) by status with SKIP LOCKED, and commit
-   the claim.
+1. Lock the rows that are due (``available_at`` passed), oldest first, with SKIP LOCKED: other
+   relays take the rows after them. The locks hold while the batch is published; the transaction
+   is bounded (``idle_in_transaction_session_timeout`` = ``SCHEDULER_RELAY_CLAIM_SECONDS``), so a
+   relay that stops answering loses its session and its rows go to another relay.
 2. Make sure every row's topic exists (checked against the cluster's metadata). A missing job
    topic whose app exists in PostgreSQL is created, sized as ``apps create`` sizes it: the app may
    have been committed while Kafka was down, or its topic deleted by mistake. A row whose topic
    still does not exist is held, never quarantined: its runs did nothing wrong.
 3. Produce every other row with its own delivery outcome (idempotent producer, acks=all) and wait
-   for all of them. The broker refuses a record batch as a whole, so when several messages come
-   back refused for good, each is produced again alone: only alone does a refusal say which row it is.
-4. In one transaction: delete the acknowledged rows and mark their runs ``dispatched``; move the
-   rows Kafka refused for a fault of the message itself (:data:`MESSAGE_REFUSED`: too large,
-   invalid) to ``quarantine``, their runs ``dead`` with ``RelayRefused``; hand back every other
-   row (Kafka down, a timeout, a missing topic, rights), each with a growing delay when the rest of
-   the batch went through, and the held rows always with it.
+   for all of them, within three quarters of that bound. The broker refuses a record batch as a
+   whole, so when several messages come back refused for good, each is produced again alone: only
+   alone does a refusal say which row it is.
+4. Still in the transaction: delete the acknowledged rows; move the rows Kafka refused for a fault
+   of the message itself (:data:`MESSAGE_REFUSED`: too large, invalid) to ``quarantine``, their
+   runs ``dead`` with ``RelayRefused``; hand back every other row (Kafka down, a timeout, a missing
+   topic, rights), each produced one counted in ``publish_count`` and, when the rest of the batch
+   went through, with a growing delay, and the held rows always with a delay. Then commit.
 
-A relay that dies between (3) and (4) leaves its claim to lapse, another relay publishes the rows
-again, and ``publish_count`` counts the duplicate. While Kafka or PostgreSQL is down the relay
-backs off and retries; rows wait in the outbox, which is the point of having one.
+The runs are not touched: a run stays ``pending`` until its worker's start event, so the relay never
+waits on the reconciler's run locks. A relay that dies between (3) and the commit leaves its rows
+to the next relay, which publishes them again; the copies are harmless (the worker and the
+reconciler fence by attempt) and the reconciler counts a second execution. While Kafka or
+PostgreSQL is down the relay backs off and retries; rows wait in the outbox, which is the point of
+having one.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from opentelemetry.trace import Span, SpanKind
@@ -55,10 +62,8 @@ from scheduler.telemetry.tracing import (
 )
 
 CHANNEL = "scheduler_outbox"
-# Rows of a relay that died become claimable again after this; a live relay finishes well within it.
-DEFAULT_CLAIM_SECONDS = 60.0
-# Publishing, retries of refused messages included, ends within this share of the claim, so the
-# claim never lapses under a live relay (another relay would publish the rows a second time).
+# Publishing, retries of refused messages included, ends within this share of the transaction's
+# bound (SCHEDULER_RELAY_CLAIM_SECONDS), so the server never ends a live relay's session mid-batch.
 PUBLISH_SHARE_OF_CLAIM = 0.75
 IDLE_WAKE_S = 1.0
 MIN_IDLE_S = 0.01
@@ -108,10 +113,9 @@ class _Hold:
 
 @dataclass(frozen=True)
 class BatchReport:
-    claimed: int
+    taken: int  # rows locked for the batch
     published: int
     republished: int
-    dispatched: int
     quarantined: int = 0
     released: int = 0
     held: int = 0  # rows whose topic does not exist, handed back to wait for it
@@ -127,7 +131,9 @@ class _Outcomes:
 
 
 class Relay(Service):
-    transient = (TransportError, psycopg.OperationalError)
+    # The server ends a session that idled in its batch past the bound (a relay that was stopped,
+    # or starved): the rows went to another relay, and this one starts afresh.
+    transient = (TransportError, psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
 
     def __init__(
         self,
@@ -175,7 +181,7 @@ class Relay(Service):
             metrics.OUTBOX_DEPTH.set(stats.depth)
             metrics.OUTBOX_OLDEST_AGE.set(stats.oldest_age_s)
             self._last_stats = time.monotonic()
-        more = report.claimed >= self.settings.relay_batch_size
+        more = report.taken >= self.settings.relay_batch_size
         if not more:
             with conn.transaction():
                 self._next_available_s = outbox.next_available_in(conn)
@@ -183,7 +189,7 @@ class Relay(Service):
 
     def idle(self, stop: threading.Event) -> None:
         """Woken by the scanner's NOTIFY or when the first held-back row becomes due; never idle
-        longer than a second (a lapsed claim)."""
+        longer than a second (rows an older relay's lapsed claim frees)."""
         wait = IDLE_WAKE_S
         if self._next_available_s is not None:
             wait = max(MIN_IDLE_S, min(wait, self._next_available_s))
@@ -198,19 +204,28 @@ class Relay(Service):
             self._producer.close()
 
     def relay_once(self) -> BatchReport:
-        """Claim, publish and settle one batch; raises when Kafka took none of it (or PostgreSQL failed)."""
+        """Lock, publish and settle one batch in one transaction; raises when Kafka took none of it
+        (after handing it back) or PostgreSQL failed (the rollback hands it back)."""
         conn = self.session.conn
         with conn.transaction():
-            rows = outbox.claim(conn, self.instance, self.settings.relay_batch_size, self.claim_seconds)
-            again = [row.id for row in rows if row.publish_count > 1]
-            if again:
-                # Rare (a relay died, or Kafka's answer was lost): only then is the runs table read.
-                dropped = outbox.drop_obsolete_republishes(conn, self.instance, again, self._jobs_prefix)
-                if dropped:
-                    metrics.OBSOLETE_DROPPED.inc(len(dropped))
-                    rows = [row for row in rows if row.id not in dropped]
+            outbox.bound_transaction(conn, self.claim_seconds)
+            report, stuck = self._relay_locked(conn)
+        self._raise_if_stuck(*stuck)
+        return report
+
+    def _relay_locked(
+        self, conn: psycopg.Connection[Any]
+    ) -> tuple[BatchReport, tuple[list[OutboxRow], list[tuple[OutboxRow, DeliveryError]]]]:
+        rows = outbox.lock(conn, self.settings.relay_batch_size)
+        again = [row.id for row in rows if row.publish_count > 0]
+        if again:
+            # Rare (Kafka's answer to an earlier publish was lost): only then is the runs table read.
+            dropped = outbox.drop_obsolete_republishes(conn, again, self._jobs_prefix)
+            if dropped:
+                metrics.OBSOLETE_DROPPED.inc(len(dropped))
+                rows = [row for row in rows if row.id not in dropped]
         if not rows:
-            return BatchReport(0, 0, 0, 0)
+            return BatchReport(0, 0, 0), ([], [])
         started = time.monotonic()
         deadline = started + self.claim_seconds * PUBLISH_SHARE_OF_CLAIM
         try:
@@ -218,9 +233,7 @@ class Relay(Service):
             holds = self._create_app_topics(missing) if missing else {}
         except TransportError:
             metrics.FAILURES.inc()
-            with conn.transaction():
-                outbox.release(conn, self.instance, [row.id for row in rows])
-            raise
+            raise  # the rollback hands the batch back
         waiting = [row for row in rows if row.topic in holds]
         sending = [row for row in rows if row.topic not in holds]
         outcomes = self._publish(sending, deadline)
@@ -243,16 +256,15 @@ class Relay(Service):
                     # A topic deleted since we looked times out like an unreachable broker: ask again.
                     self._topics.discard(row.topic)
 
-        with conn.transaction():
-            done = outbox.complete(conn, self.instance, [row.id for row in acked]) if acked else _NOTHING_DONE
-            held = outbox.quarantine(conn, self.instance, refusals) if refusals else None
-            if failed:
-                # Kafka took the rest of the batch: these wait a little, so the rows behind them go first.
-                outbox.release(conn, self.instance, [row.id for row, _ in failed], back_off=bool(acked))
-            if waiting:
-                # Always with the growing delay: a missing topic is not a reason to stop the relay,
-                # and its rows must not be claimed first by every batch.
-                outbox.release(conn, self.instance, [row.id for row in waiting], back_off=True)
+        done = outbox.complete(conn, [row.id for row in acked]) if acked else _NOTHING_DONE
+        held = outbox.quarantine(conn, refusals) if refusals else None
+        if failed:
+            # Kafka took the rest of the batch: these wait a little, so the rows behind them go first.
+            outbox.release(conn, [row.id for row, _ in failed], produced=True, back_off=bool(acked))
+        if waiting:
+            # Always with a delay: a missing topic is not a reason to stop the relay, and its rows
+            # must not be taken first by every batch.
+            outbox.release(conn, [row.id for row in waiting], produced=False, back_off=True)
 
         metrics.PUBLISHED.inc(done.published)
         metrics.REPUBLISHED.inc(done.republished)
@@ -272,16 +284,15 @@ class Relay(Service):
                     )
         metrics.RELEASED.inc(len(failed))
         self._report_held(waiting, holds)
-        self._raise_if_stuck(acked, failed)
-        return BatchReport(
+        report = BatchReport(
             len(rows),
             done.published,
             done.republished,
-            done.dispatched,
             quarantined=0 if held is None else held.quarantined,
             released=len(failed),
             held=len(waiting),
         )
+        return report, (acked, failed)
 
     def _report_held(self, waiting: Sequence[OutboxRow], holds: dict[str, _Hold]) -> None:
         """Count the held rows, and say so once a minute per topic; forget topics that exist now."""
@@ -419,7 +430,7 @@ class Relay(Service):
 
 # The outcome of a message Kafka did not answer in time (neither acknowledged nor refused).
 _NO_ANSWER = DeliveryError("no delivery report in time", code=None, retriable=True)
-_NOTHING_DONE = outbox.Completion(0, 0, 0)
+_NOTHING_DONE = outbox.Completion(0, 0)
 
 
 def _job_of(row: OutboxRow) -> dict[str, str | int]:

@@ -78,11 +78,10 @@ def replay_runs(
     attempts: Sequence[tuple[NextAttempt, int]],
     actor: str,
     *,
-    from_state: str = "dead",
     action: str = "replay",
 ) -> int:
-    """Move each run from ``from_state`` to its (next attempt, max_attempts), its message in the
-    outbox, audited as ``action``; returns how many runs moved."""
+    """Move each (dead or lost) run to its (next attempt, max_attempts), its message in the
+    outbox, audited as ``action`` with the state it left; returns how many runs moved."""
     if not attempts:
         return 0
     row = conn.execute(
@@ -97,7 +96,6 @@ def replay_runs(
             "values": [a.message.value for a, _ in attempts],
             "headers": [Jsonb(a.message.headers) for a, _ in attempts],
             "actor": actor,
-            "from_state": from_state,
             "action": action,
         },
     ).fetchone()

@@ -1,5 +1,5 @@
-"""The transactional outbox as the relay sees it: claim a batch, then complete, release or
-quarantine each of its rows."""
+"""The transactional outbox as the relay sees it: lock a batch, then complete, release or
+quarantine each of its rows, all in the transaction that locked them."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class OutboxRow:
     run_id: UUID | None
     attempt: int | None
     publish_count: int
-    age_s: float  # since the row was written, by the database clock, at the claim
+    age_s: float  # since the row was written, by the database clock, when it was locked
 
     @classmethod
     def from_row(cls, row: Row) -> OutboxRow:
@@ -47,47 +47,49 @@ class OutboxRow:
 class Completion:
     published: int
     republished: int
-    dispatched: int
 
 
-def claim(
-    conn: psycopg.Connection[Row], relay: str, limit: int, claim_seconds: float, now: datetime | None = None
-) -> list[OutboxRow]:
-    rows = conn.execute(
-        query("claim_outbox"), {"relay": relay, "limit": limit, "claim_seconds": claim_seconds, "now": now}
-    ).fetchall()
+def bound_transaction(conn: psycopg.Connection[Row], timeout_s: float) -> None:
+    """End this session, and release its locks, should it idle inside the transaction this long."""
+    conn.execute(query("bound_relay_transaction"), {"timeout_ms": max(1, int(timeout_s * 1000))})
+
+
+def lock(conn: psycopg.Connection[Row], limit: int, now: datetime | None = None) -> list[OutboxRow]:
+    """Up to ``limit`` publishable rows, oldest first, locked until the transaction ends."""
+    rows = conn.execute(query("lock_outbox"), {"limit": limit, "now": now}).fetchall()
     return [OutboxRow.from_row(row) for row in rows]
 
 
 def drop_obsolete_republishes(
-    conn: psycopg.Connection[Row], relay: str, ids: Sequence[int], jobs_prefix: str
+    conn: psycopg.Connection[Row], ids: Sequence[int], jobs_prefix: str
 ) -> set[int]:
     """Of the rows ``ids`` being published again, delete (and return) the job messages whose
     attempt a worker already started or that a later attempt replaced."""
     rows = conn.execute(
-        query("drop_obsolete_republishes"), {"relay": relay, "ids": list(ids), "jobs_prefix": jobs_prefix}
+        query("drop_obsolete_republishes"), {"ids": list(ids), "jobs_prefix": jobs_prefix}
     ).fetchall()
     return {row["id"] for row in rows}
 
 
-def complete(
-    conn: psycopg.Connection[Row], relay: str, ids: list[int], now: datetime | None = None
-) -> Completion:
-    row = conn.execute(query("complete_outbox"), {"relay": relay, "ids": ids, "now": now}).fetchone()
+def complete(conn: psycopg.Connection[Row], ids: list[int]) -> Completion:
+    row = conn.execute(query("complete_outbox"), {"ids": ids}).fetchone()
     assert row is not None
-    return Completion(row["published"], row["republished"], row["dispatched"])
+    return Completion(row["published"], row["republished"])
 
 
 def release(
     conn: psycopg.Connection[Row],
-    relay: str,
     ids: list[int],
     *,
+    produced: bool,
     back_off: bool = False,
     now: datetime | None = None,
 ) -> None:
-    """Hand rows back unpublished; with ``back_off`` each waits before it may be claimed again."""
-    conn.execute(query("release_outbox"), {"relay": relay, "ids": ids, "back_off": back_off, "now": now})
+    """Hand rows back unpublished; ``produced`` ones count as published once more (one of them may
+    be on the topic after all); with ``back_off`` each waits before it may be taken again."""
+    conn.execute(
+        query("release_outbox"), {"ids": ids, "produced": produced, "back_off": back_off, "now": now}
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,13 +99,12 @@ class Quarantine:
 
 
 def quarantine(
-    conn: psycopg.Connection[Row], relay: str, reasons: dict[int, str], now: datetime | None = None
+    conn: psycopg.Connection[Row], reasons: dict[int, str], now: datetime | None = None
 ) -> Quarantine:
     """Move the refused rows (id -> reason) to ``quarantine`` and their waiting runs to ``dead``."""
     ids = list(reasons)
     row = conn.execute(
-        query("quarantine_outbox"),
-        {"relay": relay, "ids": ids, "reasons": [reasons[i] for i in ids], "now": now},
+        query("quarantine_outbox"), {"ids": ids, "reasons": [reasons[i] for i in ids], "now": now}
     ).fetchone()
     assert row is not None
     return Quarantine(row["quarantined"], row["dead"])

@@ -22,6 +22,7 @@ from scheduler.kafka.transport import TopicAdmin
 from scheduler.schedule import service
 from scheduler.store import connect
 from scheduler.wiring import Wiring
+from tests.e2e.test_fire_on_time import PUBLISHED
 from tests.support import SCHEDULER, Component, components, read_topic, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -86,13 +87,13 @@ def test_a_ten_minute_backlog_with_a_five_second_timeout_costs_no_attempt(
 
     env = settings_env | {"SCHEDULER_MAX_SCAN_SLEEP": "0.2"}
     with components(env, tmp_path, "relay"):
-        wait_for(lambda: count(settings, "state = 'dispatched'") == jobs, 60, "every run dispatched")
+        wait_for(lambda: count(settings, PUBLISHED) == jobs, 60, "every run's message published")
     # Ten more minutes waiting on the topic: nothing a sweeper could expire.
     with connect(settings.database_url) as conn:
         swept = (
             Wiring(settings).lease_sweeper().sweep(conn, now=database_now(settings) + timedelta(minutes=10))
         )
-    assert swept.swept == 0 and count(settings, "state = 'dispatched'") == jobs
+    assert swept.swept == 0 and count(settings, f"state = 'pending' and {PUBLISHED}") == jobs
 
     with components(env, tmp_path, "scanner", "relay", "reconciler"):
         worker = Component("worker", env, tmp_path, "--app", APP, "--concurrency", "8")

@@ -19,6 +19,7 @@ from scheduler.kafka.messages import JobMessage
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.store import connect
 from scheduler.wiring import Wiring
+from tests.e2e.test_fire_on_time import PUBLISHED
 from tests.support import Component, read_topic, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -62,7 +63,7 @@ def schedule_due_runs(settings: Settings, count: int) -> None:
 def counts(settings: Settings) -> dict[str, int]:
     with connect(settings.database_url) as conn:
         row: dict[str, Any] | None = conn.execute(
-            "select (select count(*) from runs where state = 'dispatched') as dispatched, "
+            f"select (select count(*) from runs where {PUBLISHED}) as dispatched, "
             "(select count(*) from outbox) as outbox"
         ).fetchone()
     assert row is not None

@@ -1,22 +1,27 @@
-"""Two relays claiming the outbox at once never claim the same row; a row held back by its
-available_at is not claimed before that time."""
+"""Relays take outbox batches by row lock: two at once never take the same row, a batch's rows are
+free again the moment its relay's session ends (or the server ends it for idling past its bound),
+a row held back by its available_at is not taken before that time, and a claim by a relay of an
+earlier version is respected until it lapses."""
 
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
+import psycopg
 import pytest
 
-from scheduler.store import connect, outbox, query
+from scheduler.store import connect, outbox
 from scheduler.store.schedules import db_now
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
 ROWS = 5000
 
 
-def test_two_concurrent_claimers_drain_the_outbox_without_claiming_a_row_twice(database_url: str) -> None:
+def test_two_concurrent_relays_drain_the_outbox_without_taking_a_row_twice(database_url: str) -> None:
     with connect(database_url) as conn:
         conn.execute(
             "insert into outbox (topic, value) select 'jobs', convert_to(g::text, 'utf8') "
@@ -25,40 +30,76 @@ def test_two_concurrent_claimers_drain_the_outbox_without_claiming_a_row_twice(d
         )
         conn.commit()
 
-    claimed: dict[str, list[int]] = {"a": [], "b": []}
+    taken: dict[str, list[int]] = {"a": [], "b": []}
     start = threading.Barrier(2)
 
-    def claimer(name: str) -> None:
+    def relay(name: str) -> None:
         with connect(database_url) as conn:
             start.wait()
             while True:
+                # What a relay does: lock a batch, "publish" it, delete it, in one transaction.
                 with conn.transaction():
-                    rows = conn.execute(
-                        query("claim_outbox"),
-                        {"now": None, "claim_seconds": 600, "relay": name, "limit": 100},
-                    ).fetchall()
-                if not rows:
-                    return
-                claimed[name].extend(int(str(r["id"])) for r in rows)
+                    rows = outbox.lock(conn, 100)
+                    if not rows:
+                        return
+                    taken[name].extend(row.id for row in rows)
+                    outbox.complete(conn, [row.id for row in rows])
 
-    threads = [threading.Thread(target=claimer, args=(n,)) for n in claimed]
+    threads = [threading.Thread(target=relay, args=(n,)) for n in taken]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
 
-    a, b = claimed["a"], claimed["b"]
+    a, b = taken["a"], taken["b"]
     assert len(a) + len(b) == ROWS
-    assert len(set(a) | set(b)) == ROWS
     assert not set(a) & set(b)
     # Both did real work: SKIP LOCKED let them run side by side instead of one waiting.
     assert a and b
     with connect(database_url) as conn:
-        row = conn.execute("select count(*) as n, max(publish_count) as most from outbox").fetchone()
-    assert row == {"n": ROWS, "most": 1}
+        assert conn.execute("select count(*) as n from outbox").fetchone() == {"n": 0}
 
 
-def test_a_row_held_back_by_available_at_is_claimed_only_once_that_time_passes(database_url: str) -> None:
+def test_a_batch_is_free_for_another_relay_once_its_relay_is_gone_or_idles_past_the_bound(
+    database_url: str,
+) -> None:
+    with connect(database_url) as conn:
+        conn.execute("insert into outbox (topic, value) select 'jobs', 'x' from generate_series(1, 10)")
+        conn.commit()
+    with connect(database_url) as first, connect(database_url) as second:
+        first.execute("begin")
+        mine = outbox.lock(first, 6)
+        with second.transaction():
+            others = outbox.lock(second, 100)
+        assert len(mine) == 6
+        assert {row.id for row in others}.isdisjoint(row.id for row in mine) and len(others) == 4
+        first.rollback()  # the relay gave up (an exception): its rows are free at once
+        with second.transaction():
+            assert len(outbox.lock(second, 100)) == 10
+
+    # A relay that stops answering mid-batch (SIGSTOP, a hung host): the server ends its session
+    # after the bound, and another relay takes the rows without waiting for the stuck one.
+    stuck = connect(database_url)
+    try:
+        stuck.execute("begin")
+        outbox.bound_transaction(stuck, 1.0)
+        assert len(outbox.lock(stuck, 100)) == 10
+        started = time.monotonic()
+        with connect(database_url) as other:
+
+            def free() -> bool:
+                with other.transaction():
+                    return len(outbox.lock(other, 100)) == 10
+
+            wait_for(free, timeout_s=15, what="the stuck relay's rows to be free")
+        assert time.monotonic() - started >= 0.9
+        with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+            stuck.execute("select 1")
+    finally:
+        stuck.close()
+
+
+def test_a_row_held_back_by_available_at_is_taken_only_once_that_time_passes(database_url: str) -> None:
     with connect(database_url) as conn:
         conn.execute(
             "insert into outbox (topic, value, available_at) values "
@@ -67,16 +108,46 @@ def test_a_row_held_back_by_available_at_is_claimed_only_once_that_time_passes(d
         )
         conn.commit()
         with conn.transaction():
-            claimed = outbox.claim(conn, "a", 100, 3600)
-        assert sorted(bytes(r.value) for r in claimed) == [b"due", b"now"]
+            taken = outbox.lock(conn, 100)
+            assert sorted(bytes(r.value) for r in taken) == [b"due", b"now"]
+            outbox.complete(conn, [r.id for r in taken])
         # What the idle relay sleeps for: until the held-back row is due (by the database clock).
         wait_s = outbox.next_available_in(conn)
         assert wait_s is not None and 590 < wait_s <= 600
         with conn.transaction():
-            assert outbox.claim(conn, "b", 100, 600, now=db_now(conn) + timedelta(minutes=9)) == []
-            [later] = outbox.claim(conn, "b", 100, 600, now=db_now(conn) + timedelta(minutes=11))
+            assert outbox.lock(conn, 100, now=db_now(conn) + timedelta(minutes=9)) == []
+            [later] = outbox.lock(conn, 100, now=db_now(conn) + timedelta(minutes=11))
         assert later.value == b"later"
-        assert outbox.next_available_in(conn) is None
+
+
+def test_a_claim_by_a_relay_of_an_earlier_version_is_respected_until_it_lapses(database_url: str) -> None:
+    with connect(database_url) as conn:
+        conn.execute(
+            "insert into outbox (topic, value, claimed_by, claimed_until, publish_count) values "
+            "('jobs', 'claimed', 'old-relay', now() + interval '1 minute', 1), "
+            "('jobs', 'lapsed', 'old-relay', now() - interval '1 second', 1), ('jobs', 'free', null, null, 0)"
+        )
+        conn.commit()
+        with conn.transaction():
+            assert sorted(bytes(r.value) for r in outbox.lock(conn, 100)) == [b"free", b"lapsed"]
+
+
+def test_a_released_row_counts_its_publish_only_when_it_was_produced(database_url: str) -> None:
+    with connect(database_url) as conn:
+        conn.execute("insert into outbox (topic, value) values ('jobs', 'produced'), ('jobs', 'held')")
+        conn.commit()
+        with conn.transaction():
+            produced, held = outbox.lock(conn, 100)
+            outbox.release(conn, [produced.id], produced=True, back_off=True)
+            outbox.release(conn, [held.id], produced=False, back_off=True)
+        rows = conn.execute(
+            "select convert_from(value, 'utf8') as value, publish_count, available_at > now() as waiting"
+            "  from outbox order by id"
+        ).fetchall()
+    assert rows == [
+        {"value": "produced", "publish_count": 1, "waiting": True},
+        {"value": "held", "publish_count": 0, "waiting": True},
+    ]
 
 
 def test_a_republished_job_whose_attempt_already_started_is_dropped_not_published_twice(
@@ -101,7 +172,7 @@ def test_a_republished_job_whose_attempt_already_started_is_dropped_not_publishe
                     attempt,
                 ),
             )
-            # Every row was claimed once before (its relay died), and is now due to be published again.
+            # Every row was published once without an answer, and is now due to be published again.
             conn.execute(
                 "insert into outbox (topic, value, run_id, attempt, publish_count) values (%s, %s, %s, 1, 1)",
                 ("p.jobs.billing", state.encode(), f"00000000-0000-0000-0000-00000000000{n}"),
@@ -113,8 +184,8 @@ def test_a_republished_job_whose_attempt_already_started_is_dropped_not_publishe
         )
         conn.commit()
         with conn.transaction():
-            claimed = outbox.claim(conn, "a", 100, 60)
-            dropped = outbox.drop_obsolete_republishes(conn, "a", [r.id for r in claimed], "p.jobs.")
-        kept = sorted(bytes(r.value) for r in claimed if r.id not in dropped)
+            taken = outbox.lock(conn, 100)
+            dropped = outbox.drop_obsolete_republishes(conn, [r.id for r in taken], "p.jobs.")
+        kept = sorted(bytes(r.value) for r in taken if r.id not in dropped)
         assert kept == [b"letter", b"pending"]
         assert conn.execute("select count(*) as n from outbox").fetchone() == {"n": 2}

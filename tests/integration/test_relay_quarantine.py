@@ -105,11 +105,9 @@ def test_a_row_over_the_producers_limit_is_quarantined_and_the_rows_after_it_go_
 
     report = relay.relay_once()
 
-    assert (report.claimed, report.published, report.dispatched, report.quarantined, report.released) == (
-        10, 9, 9, 1, 0,
-    )  # fmt: skip
+    assert (report.taken, report.published, report.quarantined, report.released) == (10, 9, 1, 0)
     states = runs(settings)
-    assert [states[r]["state"] for r in run_ids] == ["dispatched"] * 3 + ["dead"] + ["dispatched"] * 6
+    assert [states[r]["state"] for r in run_ids] == ["pending"] * 3 + ["dead"] + ["pending"] * 6
     error = states[run_ids[3]]["error"]
     assert error.startswith("RelayRefused: ") and "too large" in error.lower() and str(BIG) in error
     [held] = rows(settings, "select component, reason, run_id, app, original_bytes from quarantine")
@@ -121,7 +119,7 @@ def test_a_row_over_the_producers_limit_is_quarantined_and_the_rows_after_it_go_
     assert rows(settings, "select count(*) as n from outbox") == [{"n": 0}]
 
     # Nothing is published again: the next round finds an empty outbox, the topic has each once.
-    assert relay.relay_once().claimed == 0
+    assert relay.relay_once().taken == 0
     published = [value for _, value, _ in read_topic(settings.kafka_bootstrap, settings.jobs_topic(APP))]
     assert sorted(published) == sorted(v for i, v in enumerate(values) if i != 3)
 
@@ -142,7 +140,7 @@ def test_a_message_the_broker_refuses_in_a_batch_is_found_and_the_others_of_its_
     states = runs(settings)
     assert [r for r in run_ids if states[r]["state"] == "dead"] == [run_ids[5]]
     assert "Message size too large" in states[run_ids[5]]["error"]
-    assert relay.relay_once().claimed == 0
+    assert relay.relay_once().taken == 0
     published = [value for _, value, _ in read_topic(settings.kafka_bootstrap, topic)]
     assert sorted(published) == sorted(v for i, v in enumerate(values) if i != 5), "each good row once"
 
@@ -167,7 +165,7 @@ def test_a_row_for_a_topic_that_does_not_exist_is_held_and_published_once_its_ap
 
     assert (report.published, report.quarantined, report.released, report.held) == (3, 0, 0, 1)
     states = runs(settings)
-    assert {states[r]["state"] for r in good + more} == {"dispatched"}
+    assert {states[r]["state"] for r in good + more} == {"pending"}
     assert states[waiting[0]]["state"] == "pending" and states[waiting[0]]["error"] is None
     assert rows(settings, "select count(*) as n from quarantine") == [{"n": 0}]
     held = rows(settings, "select claimed_by, available_at > now() as waiting from outbox")
@@ -191,7 +189,7 @@ def test_a_row_for_a_topic_that_does_not_exist_is_held_and_published_once_its_ap
     make_due(settings)
     report = relay.relay_once()
     assert (report.published, report.held) == (1, 0)
-    assert runs(settings)[waiting[0]]["state"] == "dispatched"
+    assert runs(settings)[waiting[0]]["state"] == "pending"
     assert TopicAdmin(settings.kafka).partitions(never) == 3
     assert topic_limit(settings, never) == TOPIC_CONFIG["max.message.bytes"]
     assert [value for _, value, _ in read_topic(settings.kafka_bootstrap, never)] == [b"c"]
@@ -217,7 +215,7 @@ def test_a_retriable_failure_hands_back_only_the_failed_rows_and_a_deleted_topic
 
     assert (report.published, report.quarantined, report.released) == (3, 0, 2)
     states = runs(settings)
-    assert {states[r]["state"] for r in first + last} == {"dispatched"}
+    assert {states[r]["state"] for r in first + last} == {"pending"}
     assert {states[r]["state"] for r in failing} == {"pending"}
     held = rows(
         settings,
@@ -244,7 +242,7 @@ def test_a_retriable_failure_hands_back_only_the_failed_rows_and_a_deleted_topic
     make_due(settings)
     report = relay.relay_once()
     assert (report.published, report.held, report.quarantined) == (2, 0, 0)
-    assert {runs(settings)[r]["state"] for r in failing} == {"dispatched"}
+    assert {runs(settings)[r]["state"] for r in failing} == {"pending"}
     assert sorted(value for _, value, _ in read_topic(settings.kafka_bootstrap, gone)) == [b"c", b"d"]
 
 
@@ -334,11 +332,11 @@ def test_rows_held_back_by_available_at_are_claimed_once_it_passes(settings: Set
         conn.commit()
 
     assert relay.step() is False
-    assert runs(settings)[now]["state"] == "dispatched"
+    assert runs(settings)[now]["state"] == "pending"
     assert runs(settings)[later]["state"] == "pending"
     # The idle relay wakes when the held-back row becomes due, not at its next poll.
     with connect(settings.database_url) as conn:
         wait_s = outbox.next_available_in(conn)
     assert wait_s is not None and 0.5 < wait_s <= 1.5
     wait_for(lambda: relay.relay_once().published == 1, 10, "the held-back row published once it is due")
-    assert runs(settings)[later]["state"] == "dispatched"
+    assert runs(settings)[later]["state"] == "pending"

@@ -37,9 +37,9 @@ def test_schedule_enums_are_spelled_as_in_the_design() -> None:
 @pytest.mark.parametrize(
     ("current", "target"),
     [
-        ("pending", "dispatched"),  # relay
-        ("pending", "succeeded"),  # a fast worker's result beat the relay's bookkeeping
-        ("dispatched", "running"),
+        ("pending", "running"),  # the worker's start: the relay writes nothing to runs
+        ("pending", "succeeded"),  # start and end in one reconciler batch
+        ("dispatched", "running"),  # a run an earlier version's relay marked
         ("running", "running"),  # heartbeat
         ("running", "retry_wait"),
         ("dispatched", "retry_wait"),  # lease expired
@@ -50,7 +50,8 @@ def test_schedule_enums_are_spelled_as_in_the_design() -> None:
         ("retry_wait", "dead"),  # a late non-retryable error of the current attempt
         ("retry_wait", "retry_wait"),  # the worker's own retry decision after the sweeper's
         ("dead", "pending"),  # DLQ replay
-        ("dispatched", "pending"),  # redispatch of a run whose job message was lost with Kafka
+        ("pending", "pending"),  # redispatch of a run whose job message was lost with Kafka
+        ("dispatched", "pending"),  # the same, for a run an earlier version's relay marked
     ],
 )
 def test_allowed_moves(current: str, target: str) -> None:
@@ -68,6 +69,7 @@ def test_allowed_moves(current: str, target: str) -> None:
         ("retry_wait", "running"),  # a late heartbeat of the attempt that failed
         ("running", "pending"),  # a started run goes back only through its lease's expiry
         ("running", "dispatched"),
+        ("pending", "dispatched"),  # nothing marks runs dispatched any more
         ("pending", "skipped"),
         ("pending", "cancelled"),  # no component cancels runs
         ("retry_wait", "cancelled"),
@@ -93,5 +95,6 @@ def test_every_state_but_cancelled_is_reachable_from_an_initial_state() -> None:
             if following not in seen:
                 seen.add(following)
                 frontier.append(following)
-    # The schema admits cancelled runs, but nothing cancels one yet.
-    assert seen == set(RunState) - {RunState.CANCELLED}
+    # The schema admits cancelled runs, but nothing cancels one yet; dispatched is only where an
+    # earlier version's relay left a run.
+    assert seen == set(RunState) - {RunState.CANCELLED, RunState.DISPATCHED}

@@ -32,12 +32,10 @@ _OUTCOMES = (RunState.RUNNING, RunState.RETRY_WAIT, RunState.SUCCEEDED, RunState
 
 # What each statement that changes runs.state does, in words and as the reader must find it.
 EXPECTED_MOVES: dict[str, frozenset[Move]] = {
-    # The relay, once Kafka acknowledged the job message of the run's current attempt.
-    "complete_outbox": frozenset({(_P, _D)}),
     # The scanner, when a retry is due: the next attempt, as pending, with its message.
     "redispatch_runs": frozenset({(_W, _P)}),
     # An operator's dead-letter replay, or redispatch of runs whose messages were lost with Kafka.
-    "replay_runs": frozenset({(RunState.DEAD, _P), (_D, _P)}),
+    "replay_runs": frozenset({(RunState.DEAD, _P), (_P, _P), (_D, _P)}),
     # The reconciler: an outcome of the current attempt of a run that is not terminal; a start or a
     # heartbeat does not revive a run in retry_wait.
     "apply_outcomes": frozenset(itertools.product(ACTIVE, _OUTCOMES)) - {(_W, _R)},

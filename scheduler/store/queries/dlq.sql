@@ -45,18 +45,22 @@ select r.*, s.handler, s.payload, s.timeout_ms, s.max_attempts as budget, s.back
    for update of r skip locked;
 
 -- name: lost_runs_for_redispatch
--- Runs Kafka acknowledged before the cut-off that no worker ever started, and that have no message
--- waiting in the outbox: after the topics were lost, their job messages went with them. Locked
--- like dead_runs_for_replay.
+-- Runs whose job message left the outbox before the cut-off (Kafka acknowledged it) and that no
+-- worker ever started: after the topics were lost, their job messages went with them. The relay
+-- does not record when it published a run, so the cut-off is compared with when the run's current
+-- attempt was queued: dispatched_at for an attempt queued again (a retry, a replay, a redispatch,
+-- or Kafka's acknowledgement in earlier versions), else the run's creation. Locked like
+-- dead_runs_for_replay.
 select r.*, s.handler, s.payload, s.timeout_ms, s.max_attempts as budget, s.backoff_base_ms,
        s.backoff_max_ms, now() as now
   from runs r
   join schedules s on s.id = r.schedule_id
- where r.state = 'dispatched'
-   and r.dispatched_at < %(before)s::timestamptz
+ where r.state in ('pending', 'dispatched')
+   and not r.buffered
+   and coalesce(r.dispatched_at, r.created_at) < %(before)s::timestamptz
    and (%(app)s::text is null or r.app = %(app)s::text)
    and not exists (select 1 from outbox o where o.run_id = r.id)
- order by r.dispatched_at, r.id
+ order by coalesce(r.dispatched_at, r.created_at), r.id
  limit %(limit)s::int
    for update of r skip locked;
 
@@ -70,22 +74,28 @@ with replay as (
                   %(lease_expires_at)b::timestamptz[], %(topics)b::text[], %(keys)b::bytea[],
                   %(values)b::bytea[], %(headers)b::jsonb[])
            as n(id, attempt, max_attempts, lease_expires_at, topic, key, value, headers)
+), previous as (
+    -- What each run was before: every part of one statement sees the same snapshot.
+    select r.id, r.state from runs r join replay n using (id)
 ), moved as (
     update runs r
        set state = 'pending', attempt = n.attempt, max_attempts = n.max_attempts,
-           lease_expires_at = n.lease_expires_at, next_attempt_at = null, dispatched_at = null,
+           -- When this attempt was queued: a redispatch's cut-off is compared with it, so the
+           -- same runs are not taken again once their new messages leave the outbox.
+           lease_expires_at = n.lease_expires_at, next_attempt_at = null, dispatched_at = now(),
            started_at = null, finished_at = null, worker = null, error = null, version = r.version + 1
       from replay n
-     -- Each run was selected and locked (FOR UPDATE) in this transaction as dead, or as dispatched
-     -- and lost; the guard only keeps any other state out.
-     where r.id = n.id and r.state in ('dead', 'dispatched')
+     -- Each run was selected and locked (FOR UPDATE) in this transaction as dead, or as lost
+     -- (pending or dispatched, its message gone); the guard only keeps any other state out.
+     where r.id = n.id and r.state in ('dead', 'pending', 'dispatched')
     returning r.id, r.attempt
 ), audited as (
     insert into audit_log (actor, action, entity, entity_id, old_value, new_value)
     select %(actor)s::text, %(action)s::text, 'run', m.id::text,
-           jsonb_build_object('state', %(from_state)s::text, 'attempt', m.attempt - 1),
+           jsonb_build_object('state', p.state, 'attempt', m.attempt - 1),
            jsonb_build_object('state', 'pending', 'attempt', m.attempt)
       from moved m
+      join previous p using (id)
 ), queued as (
     insert into outbox (topic, key, value, headers, run_id, attempt)
     select n.topic, n.key, n.value, n.headers, n.id, n.attempt

@@ -1,84 +1,68 @@
--- name: claim_outbox
--- Claims up to %(limit)s publishable rows for one relay. SKIP LOCKED lets any number of relays
--- claim side by side without waiting on each other; a claim is a status (claimed_until), not a
--- held transaction, so a relay that dies mid-publish only delays its rows until the claim lapses.
--- A row is publishable once its available_at (a fire's jitter, a retry's delay) has passed.
--- The ids are collected once (array of a subquery, an init plan): as a joined subquery the
--- planner may re-run the locking scan for every outbox row, which stalls a large burst.
-update outbox o
-   set claimed_until = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(claim_seconds)s::float8),
-       claimed_by = %(relay)s::text,
-       publish_count = o.publish_count + 1
- where o.id = any(array(
-           select id
-             from outbox
-            where (claimed_until is null or claimed_until < coalesce(%(now)s::timestamptz, now()))
-              and (available_at is null or available_at <= coalesce(%(now)s::timestamptz, now()))
-            order by id
-            limit %(limit)s::int
-              for update skip locked))
-returning o.id, o.topic, o.key, o.value, o.headers, o.run_id, o.attempt, o.publish_count,
-          extract(epoch from coalesce(%(now)s::timestamptz, now()) - o.created_at)::float8 as age_s;
+-- name: bound_relay_transaction
+-- A relay holds its batch's row locks while it publishes. Should it stop answering mid-batch
+-- (SIGSTOP, a hung host), the server ends its session after this long, and the locks with it, so
+-- another relay takes the rows; a live relay settles its batch well within it.
+select set_config('idle_in_transaction_session_timeout', %(timeout_ms)s::text, true);
+
+-- name: lock_outbox
+-- Up to %(limit)s publishable rows for one relay, locked until its transaction ends: the relay
+-- publishes them and deletes them (or hands them back) in that one transaction, so a batch costs
+-- no write but its delete. SKIP LOCKED lets any number of relays take batches side by side, and a
+-- relay that dies mid-publish releases its rows with its session. A row is publishable once its
+-- available_at (a fire's jitter, a retry's delay) has passed. claimed_until is only ever set by a
+-- relay of an earlier version (which claimed by status); its claims are respected until they lapse.
+select o.id, o.topic, o.key, o.value, o.headers, o.run_id, o.attempt, o.publish_count,
+       extract(epoch from coalesce(%(now)s::timestamptz, now()) - o.created_at)::float8 as age_s
+  from outbox o
+ where (o.available_at is null or o.available_at <= coalesce(%(now)s::timestamptz, now()))
+   and (o.claimed_until is null or o.claimed_until < coalesce(%(now)s::timestamptz, now()))
+ order by o.id
+ limit %(limit)s::int
+   for update skip locked;
 
 -- name: drop_obsolete_republishes
--- A job message about to be published again (its relay died, or Kafka's answer was lost) whose
+-- A job message about to be published again (Kafka's answer to an earlier publish was lost) whose
 -- attempt a worker has already started, or that is past: its first copy reached Kafka and ran, so
 -- a second copy would only run the job twice. Dropped instead; only job topics' rows, never a dead
 -- letter's (whose run is dead by design).
 delete from outbox o
  where o.id = any(%(ids)s::bigint[])
-   and o.claimed_by = %(relay)s::text
-   and o.publish_count > 1
+   and o.publish_count > 0
    and left(o.topic, length(%(jobs_prefix)s::text)) = %(jobs_prefix)s::text
    and exists (select 1 from runs r
                 where r.id = o.run_id and not (r.state = 'pending' and r.attempt = o.attempt))
 returning o.id;
 
 -- name: complete_outbox
--- After Kafka acknowledged: remove the rows this relay still holds and mark their runs dispatched.
--- A row whose claim lapsed and was taken by another relay is left to that relay (it republishes,
--- and publish_count records the duplicate).
+-- After Kafka acknowledged: the rows go, and nothing else is written. The run stays `pending`
+-- until its worker's start event: marking it `dispatched` here cost a second write of every run
+-- and its indexes, and made the relay wait on the reconciler's run locks. A row published before
+-- without an answer (publish_count) may now be on the topic twice: counted as republished.
 with published as (
     delete from outbox
      where id = any(%(ids)s::bigint[])
-       and claimed_by = %(relay)s::text
-    returning run_id, attempt, publish_count
-), locked as (
-    -- Locked in id order, as the reconciler locks them: a relay and a reconciler never deadlock.
-    -- By primary key (array of a subquery), whatever the statistics say about `published`.
-    select r.id
-      from runs r
-     where r.id = any(array(select run_id from published))
-     order by r.id
-       for update
-), dispatched as (
-    update runs r
-       set state = 'dispatched',
-           dispatched_at = coalesce(%(now)s::timestamptz, now()),
-           version = r.version + 1
-      from published p
-     where r.id = any(array(select id from locked))
-       and r.id = p.run_id and r.attempt = p.attempt and r.state = 'pending'
-    returning r.id
+    returning publish_count
 )
-select (select count(*) from published) as published,
-       (select coalesce(sum(publish_count - 1), 0) from published)::int as republished,
-       (select count(*) from dispatched) as dispatched;
+select count(*) as published,
+       coalesce(sum(publish_count), 0)::int as republished
+  from published;
 
 -- name: release_outbox
--- Kafka did not acknowledge these rows for a reason that may pass: hand them back at once instead
--- of waiting for the claim to lapse. With %(back_off)s (the rest of their batch went through, so
--- Kafka is up) each waits 2^(publishes - 1) s, at most 30 s, so that a row that keeps failing
--- is not taken first again by every batch and the rows behind it go first.
+-- Kafka did not acknowledge these rows for a reason that may pass: they go back at once, the
+-- produced ones (%(produced)s) counted in publish_count, since one of them may be on the topic
+-- after all. With %(back_off)s (the rest of their batch went through, so Kafka is up) each waits
+-- 2^(publishes - 1) s, at most 30 s, so that a row that keeps failing is not taken first again by
+-- every batch and the rows behind it go first. Times here are the statement's, not the
+-- transaction's: the batch's transaction began before its publish, which may have taken seconds.
 update outbox
    set claimed_until = null,
        claimed_by = null,
+       publish_count = publish_count + case when %(produced)s::bool then 1 else 0 end,
        available_at = case when %(back_off)s::bool
-                           then coalesce(%(now)s::timestamptz, now())
-                                + make_interval(secs => least(30, power(2, greatest(publish_count - 1, 0)))::float8)
+                           then coalesce(%(now)s::timestamptz, statement_timestamp())
+                                + make_interval(secs => least(30, power(2, greatest(publish_count, 0)))::float8)
                            else available_at end
- where id = any(%(ids)s::bigint[])
-   and claimed_by = %(relay)s::text;
+ where id = any(%(ids)s::bigint[]);
 
 -- name: quarantine_outbox
 -- Rows Kafka refuses for good (too large, invalid: the message's own fault): each leaves the
@@ -94,10 +78,9 @@ with refused as (
     delete from outbox o
      using refused f
      where o.id = f.id
-       and o.claimed_by = %(relay)s::text
     returning o.id, o.topic, o.value, o.run_id, o.attempt, f.reason
 ), locked as (
-    -- Locked in id order, as the reconciler and complete_outbox lock them: never a deadlock.
+    -- Locked in id order, as the reconciler locks them: never a deadlock.
     select r.id
       from runs r
      where r.id = any(array(select run_id from removed))
@@ -106,7 +89,7 @@ with refused as (
 ), died as (
     update runs r
        set state = 'dead',
-           finished_at = coalesce(%(now)s::timestamptz, now()),
+           finished_at = coalesce(%(now)s::timestamptz, statement_timestamp()),
            next_attempt_at = null,
            lease_expires_at = null,
            error = 'RelayRefused: ' || q.reason,
@@ -117,12 +100,12 @@ with refused as (
     returning r.id, r.attempt, q.reason
 ), quarantined as (
     insert into quarantine (quarantined_at, component, reason, run_id, app, original_bytes)
-    select coalesce(%(now)s::timestamptz, now()), 'relay', q.reason, q.run_id, r.app, q.value
+    select coalesce(%(now)s::timestamptz, statement_timestamp()), 'relay', q.reason, q.run_id, r.app, q.value
       from removed q
       left join runs r on r.id = q.run_id
 ), recorded as (
     insert into attempts (run_id, attempt, kind, outcome, worker, finished_at, error, error_class)
-    select id, attempt, 'dead', 'applied', 'relay', coalesce(%(now)s::timestamptz, now()), reason, 'RelayRefused'
+    select id, attempt, 'dead', 'applied', 'relay', coalesce(%(now)s::timestamptz, statement_timestamp()), reason, 'RelayRefused'
       from died
 ), notified as (
     -- A run that ended wakes the buffer release (a buffered fire of its schedule may go now).
@@ -133,12 +116,11 @@ select (select count(*) from removed) as quarantined,
        (select count(*) from notified) as notified;
 
 -- name: outbox_next_available
--- How long until the first row held back by its available_at may be claimed (null: none is), so
+-- How long until the first row held back by its available_at may be taken (null: none is), so
 -- an idle relay wakes for it rather than at its next poll.
 select extract(epoch from min(available_at) - coalesce(%(now)s::timestamptz, now()))::float8 as wait_s
   from outbox
- where available_at > coalesce(%(now)s::timestamptz, now())
-   and claimed_until is null;
+ where available_at > coalesce(%(now)s::timestamptz, now());
 
 -- name: outbox_stats
 -- For the relay's gauges: how many rows wait, and how long the oldest has. The count is exact, so
