@@ -142,6 +142,9 @@ class Settings:
     relay_claim_s: float = 60.0
     max_scan_sleep_s: float = 1.0
     catchup_window_s: float = 60.0
+    # How far ahead of its instant a fire is leased and dispatched (0: only once due), so that its
+    # job already waits in a worker at that instant. Schedules with overlap allow only.
+    lookahead_s: float = 1.0
     # How long a started job's run stays leased after its start event or a heartbeat (the worker
     # sends one every 5 s): silence past this is what lets the lease sweeper give up on it.
     lease_window_s: float = 30.0
@@ -472,6 +475,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         relay_claim_s=_float(env, "SCHEDULER_RELAY_CLAIM_SECONDS", 60.0, 2.0, 3600.0),
         max_scan_sleep_s=_float(env, "SCHEDULER_MAX_SCAN_SLEEP", 1.0, 0.01, 60.0),
         catchup_window_s=_float(env, "SCHEDULER_CATCHUP_WINDOW", 60.0, 0.0, 86_400.0),
+        lookahead_s=_float(env, "SCHEDULER_LOOKAHEAD_S", 1.0, 0.0, 60.0),
         # At least two heartbeat intervals, so that one late heartbeat never expires a live job.
         lease_window_s=_float(env, "SCHEDULER_LEASE_WINDOW_S", 30.0, 10.0, 86_400.0),
         http_allowlist=allowlist,

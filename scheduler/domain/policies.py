@@ -11,6 +11,12 @@ a year on an every-second schedule costs one plan of at most 100 runs and 100 sk
 never a storm, and a cron schedule keeps a next fire time for as long as its expression and end
 bound give it one. :func:`overlap_action` then decides, per fire, what an unfinished previous run
 means for it.
+
+Look-ahead: a scan may also take the fires due within the next ``lookahead`` (its horizon is
+``now + lookahead``), so that their jobs reach a worker before their instant and wait there for it.
+Only schedules whose overlap policy is ``allow`` are planned ahead: ``skip`` and ``buffer_one``
+decide on the previous run's state, which is known only at the fire's instant. Lateness is always
+judged against the real ``now``: a fire still in the future is never a misfire.
 """
 
 from __future__ import annotations
@@ -31,7 +37,15 @@ from scheduler.domain.schedule import (
     SkipReason,
 )
 
-__all__ = ["FirePlan", "OverlapAction", "SkippedFire", "fires_of", "overlap_action", "plan_fires"]
+__all__ = [
+    "FirePlan",
+    "OverlapAction",
+    "SkippedFire",
+    "fires_of",
+    "lookahead_of",
+    "overlap_action",
+    "plan_fires",
+]
 
 
 @dataclass(frozen=True)
@@ -51,9 +65,9 @@ class FirePlan:
     further missed fires may have gone unrecorded (counting them all would mean walking every
     one). ``next_fire_at``: the schedule's new next fire time, None when it fires no more (a
     one-shot that fired, a cron expression without further fire times or past its end bound): the
-    schedule is then completed. It is after ``now`` except when ``fire_all`` (or an on-time
-    backlog) hit the cap, in which case it is the first fire not yet run and the next scan
-    continues from there.
+    schedule is then completed. It is after the scan's horizon (``now``, or ``now`` plus the
+    look-ahead) except when ``fire_all`` (or an on-time backlog) hit the cap, in which case it is
+    the first fire not yet run and the next scan continues from there.
     """
 
     fires: tuple[datetime, ...]
@@ -69,20 +83,25 @@ class FirePlan:
 
 
 def fires_of(
-    schedule: Schedule, now: datetime, catchup_window: timedelta = DEFAULT_CATCHUP_WINDOW
+    schedule: Schedule,
+    now: datetime,
+    catchup_window: timedelta = DEFAULT_CATCHUP_WINDOW,
+    lookahead: timedelta = timedelta(0),
 ) -> FirePlan:
     """What a scan at ``now`` does with ``schedule``, an active schedule the scanner leased.
 
     A one-shot fires once at its ``next_fire_at``, however late, unless its misfire policy is
     ``skip`` and it is later than ``catchup_window``: then the fire is recorded as skipped. Either
     way the schedule is completed. A cron schedule follows :func:`plan_fires`, and nothing after its
-    ``end_at`` fires, is recorded, or stays its next fire time.
+    ``end_at`` fires, is recorded, or stays its next fire time. Fires up to ``now + lookahead`` are
+    planned, for a schedule whose overlap policy is ``allow``; the others only up to ``now``.
     """
     due = schedule.next_fire_at
     if due is None:
         raise ValueError(f"schedule {schedule.id} has no next fire time, so nothing of it is due")
+    horizon = now + lookahead_of(schedule, lookahead)
     if schedule.kind is not ScheduleKind.CRON:
-        if due > now:
+        if due > horizon:
             return FirePlan(fires=(), skipped=(), more_skipped=False, next_fire_at=due, misfired=False)
         late = now - due > catchup_window
         if late and schedule.misfire_policy is MisfirePolicy.SKIP:
@@ -92,7 +111,7 @@ def fires_of(
     if schedule.cron is None:
         raise ValueError(f"cron schedule {schedule.id} has no cron expression")
     cron = CronSchedule.of(schedule.cron, schedule.tz, schedule_id=schedule.id)
-    plan = plan_fires(cron, due, now, schedule.misfire_policy, catchup_window)
+    plan = plan_fires(cron, due, now, schedule.misfire_policy, catchup_window, horizon=horizon)
     end = schedule.end_at
     if end is None:
         return plan
@@ -108,6 +127,14 @@ def fires_of(
     )
 
 
+def lookahead_of(schedule: Schedule, lookahead: timedelta) -> timedelta:
+    """How far ahead of its fires ``schedule`` may be planned: ``lookahead`` when its overlap policy
+    is ``allow``, else none (the previous run's state decides its fires, and only at their instant)."""
+    if lookahead < timedelta(0):
+        raise ValueError(f"lookahead must not be negative, got {lookahead}")
+    return lookahead if schedule.overlap_policy is OverlapPolicy.ALLOW else timedelta(0)
+
+
 def plan_fires(
     schedule: CronSchedule,
     next_fire_at: datetime,
@@ -115,23 +142,29 @@ def plan_fires(
     policy: MisfirePolicy = MisfirePolicy.FIRE_ONCE,
     catchup_window: timedelta = DEFAULT_CATCHUP_WINDOW,
     limit: int = MAX_CATCHUP_FIRES,
+    horizon: datetime | None = None,
 ) -> FirePlan:
     """Decide the runs for a cron schedule whose stored next fire time is ``next_fire_at``.
 
     ``now`` is the database's clock. As in Quartz, lateness is judged on the oldest due fire: if
     it is later than ``catchup_window`` the schedule has misfired and the policy applies to the
-    whole backlog up to ``now``.
+    whole backlog up to ``now``. ``horizon`` (``now`` when not given, never before it) is how far
+    fires are planned: those after ``now`` and up to it are on time by definition, and run.
     """
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     if catchup_window < timedelta(0):
         raise ValueError(f"catchup_window must not be negative, got {catchup_window}")
-    if next_fire_at > now:
+    horizon = now if horizon is None else horizon
+    if horizon < now:
+        raise ValueError(f"horizon {horizon} is before now {now}")
+    if next_fire_at > horizon:
         return FirePlan(fires=(), skipped=(), more_skipped=False, next_fire_at=next_fire_at, misfired=False)
 
+    # Negative for a fire still ahead: never a misfire.
     misfired = now - next_fire_at > catchup_window
     if not misfired or policy is MisfirePolicy.FIRE_ALL:
-        fires, following = _due_fires(schedule, next_fire_at, now, limit)
+        fires, following = _due_fires(schedule, next_fire_at, horizon, limit)
         return FirePlan(
             fires=fires, skipped=(), more_skipped=False, next_fire_at=following, misfired=misfired
         )
@@ -147,11 +180,17 @@ def plan_fires(
             break
         skipped.append(SkippedFire(missed, SkipReason.MISFIRE))
         missed = _next_or_none(schedule, missed)
+    runs: tuple[datetime, ...] = (latest,) if fire_latest else ()
+    following = _next_or_none(schedule, now)
+    if following is not None and following <= horizon and len(runs) < limit:
+        # The fires after now and within the horizon are on time: they run, misfire or not.
+        ahead, following = _due_fires(schedule, following, horizon, limit - len(runs))
+        runs += ahead
     return FirePlan(
-        fires=(latest,) if fire_latest else (),
+        fires=runs,
         skipped=tuple(skipped),
         more_skipped=more_skipped,
-        next_fire_at=_next_or_none(schedule, now),
+        next_fire_at=following,
         misfired=True,
     )
 
@@ -176,12 +215,12 @@ def overlap_action(policy: OverlapPolicy, previous_active: bool, fire_waiting: b
 
 
 def _due_fires(
-    schedule: CronSchedule, first: datetime, now: datetime, limit: int
+    schedule: CronSchedule, first: datetime, until: datetime, limit: int
 ) -> tuple[tuple[datetime, ...], datetime | None]:
-    """Fires from ``first`` up to ``now``, at most ``limit``, and the fire after the last one."""
+    """Fires from ``first`` up to ``until``, at most ``limit``, and the fire after the last one."""
     fires = [first]
     following = _next_or_none(schedule, first)
-    while following is not None and following <= now and len(fires) < limit:
+    while following is not None and following <= until and len(fires) < limit:
         fires.append(following)
         following = _next_or_none(schedule, following)
     return tuple(fires), following

@@ -9,6 +9,14 @@ scheduled_for) makes a fire impossible to create twice. Between batches the scan
 the earliest due time by the database clock (at most ``max_scan_sleep_s``), and a NOTIFY from a
 create, trigger or resume wakes it at once.
 
+Look-ahead (``lookahead_s``, 1 s by default): a schedule whose overlap policy is ``allow`` is
+leased that long before its next fire, and its fires up to now + look-ahead become runs and outbox
+rows at once, each run's ``scheduled_for`` its fire instant. The job then reaches a worker before
+that instant and waits there for it, so the start lag no longer includes the scan, the relay,
+Kafka and the worker's fetch. ``skip`` and ``buffer_one`` decide on the previous run's state, known
+only at the fire's instant: those schedules are leased once due, as are retries. The sleep between
+batches ends at the earliest lease time: look-ahead before the next such fire.
+
 A schedule whose fires cannot be computed (a zone the zone database no longer has, an expression
 the cron library now refuses, anything that raises while planning it) is quarantined in the same
 transaction: state ``error`` with the reason, counted, and the rest of the batch goes on. Without
@@ -16,11 +24,13 @@ that, the schedule would stay the oldest due one and stop every scan.
 
 Runs and retries are dispatched without a lease: their attempt's clock starts when a worker starts
 the job. A fire of a schedule with jitter has its outbox row held back by a random delay of up to
-``jitter_ms``, which spreads schedules that share a fire time.
+``jitter_ms`` after the fire's instant (leased ahead or not), which spreads schedules that share a
+fire time.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -84,6 +94,7 @@ class Scanner(Service):
         self.database = database
         self.dispatcher = dispatcher
         self.catchup_window = timedelta(seconds=settings.catchup_window_s)
+        self.lookahead = timedelta(seconds=settings.lookahead_s)
         self.session = Session(database, CHANNEL)
         self.random = random.Random()
         self._due_in: float | None = None
@@ -98,11 +109,12 @@ class Scanner(Service):
         batch = self.settings.scan_batch_size
         refresh = report.errored > 0 or time.monotonic() - self._error_gauge_at >= ERROR_GAUGE_EVERY_S
         with conn.transaction():
-            self._due_in = store.next_due_in(conn)
+            self._due_in = store.next_due_in(conn, lookahead_s=self.settings.lookahead_s)
             if refresh:
                 metrics.SCHEDULES_IN_ERROR.set(store.schedules_in_error(conn))
                 self._error_gauge_at = time.monotonic()
-        # Negative: the oldest due fire is that late, which is what the scan lag reports.
+        # Negative: the oldest due lease (a fire, less the look-ahead when it has one) is that late,
+        # which is what the scan lag reports: how far the scanner is behind its own work.
         metrics.SCAN_LAG.set(0.0 if self._due_in is None else max(0.0, -self._due_in))
         return report.schedules >= batch or report.retries >= batch
 
@@ -120,7 +132,9 @@ class Scanner(Service):
     def scan_once(self, conn: psycopg.Connection[Row], now: datetime | None = None) -> ScanReport:
         """One batch in one transaction. ``now`` replaces the database clock in tests."""
         with conn.transaction():
-            due = store.lease_due_schedules(conn, self.settings.scan_batch_size, now)
+            due = store.lease_due_schedules(
+                conn, self.settings.scan_batch_size, now, self.settings.lookahead_s
+            )
             retries = store.lease_due_retries(conn, self.settings.scan_batch_size, now)
             plan = self._plan(conn, due)
             runs = plan.runs
@@ -147,7 +161,8 @@ class Scanner(Service):
                 continue
             metrics.JOBS_SCHEDULED.labels(run.app, str(kinds[run.schedule_id])).inc()
             if run.message is not None:
-                metrics.FIRE_LAG.observe((due[0].now - run.scheduled_for).total_seconds())
+                # A fire leased ahead of its instant is on time: 0, not a negative lag.
+                metrics.FIRE_LAG.observe(max(0.0, (due[0].now - run.scheduled_for).total_seconds()))
         for retry in retries:
             metrics.JOBS_SCHEDULED.labels(retry.run.app, "retry").inc()
         return ScanReport(
@@ -175,7 +190,7 @@ class Scanner(Service):
     ) -> tuple[list[NewRun], ScheduleAdvance]:
         """One schedule's runs (with their messages) and its advance; raises if it cannot be planned."""
         schedule = leased.schedule
-        plan = fires_of(schedule, leased.now, self.catchup_window)
+        plan = fires_of(schedule, leased.now, self.catchup_window, self.lookahead)
         runs = [self._skipped(leased, s.scheduled_for, s.reason) for s in plan.skipped]
         active, waiting = open_runs
         for at in plan.fires:
@@ -193,7 +208,8 @@ class Scanner(Service):
                     job=schedule.execution,
                     scheduled_for=at,
                     attempt=1,
-                    deadline=attempt_deadline(leased.now, schedule.timeout_ms),
+                    # Informational: a fire leased ahead is not dispatched before its instant.
+                    deadline=attempt_deadline(max(leased.now, at), schedule.timeout_ms),
                     # A cron schedule's fires are traces of their own, not its creation's.
                     traceparent=None if schedule.kind is ScheduleKind.CRON else schedule.traceparent,
                 )
@@ -207,13 +223,22 @@ class Scanner(Service):
                     max_attempts=schedule.max_attempts,
                     buffered=buffered,
                     message=message,
-                    delay_ms=self.random.randint(0, schedule.jitter_ms) if schedule.jitter_ms > 0 else 0,
+                    delay_ms=self._jitter_ms(leased, at),
                 )
             )
             # The run just created is the "previous run" of the next fire in this batch.
             active += 0 if buffered else 1
             waiting += 1 if buffered else 0
         return runs, ScheduleAdvance(schedule.id, plan.next_fire_at, plan.schedule_state)
+
+    def _jitter_ms(self, leased: DueSchedule, at: datetime) -> int:
+        """A fire's random delay, counted from its instant: a fire leased ahead of it has its row
+        held back until then as well, or the jitter would be spent waiting in a worker."""
+        jitter_ms = leased.schedule.jitter_ms
+        if jitter_ms <= 0:
+            return 0
+        ahead_ms = max(0, math.ceil((at - leased.now).total_seconds() * 1000))
+        return ahead_ms + self.random.randint(0, jitter_ms)
 
     def _skipped(self, leased: DueSchedule, at: datetime, reason: SkipReason) -> NewRun:
         return NewRun(

@@ -112,9 +112,12 @@ class ScheduleAdvance:
 
 
 def lease_due_schedules(
-    conn: psycopg.Connection[Row], limit: int, now: datetime | None = None
+    conn: psycopg.Connection[Row], limit: int, now: datetime | None = None, lookahead_s: float = 0.0
 ) -> list[DueSchedule]:
-    rows = conn.execute(query("lease_due_schedules"), {"limit": limit, "now": now}).fetchall()
+    """Due schedules, and those (overlap allow) whose next fire comes within ``lookahead_s``."""
+    rows = conn.execute(
+        query("lease_due_schedules"), {"limit": limit, "now": now, "lookahead_s": lookahead_s}
+    ).fetchall()
     return [DueSchedule(schedule_from_row(row), row["scan_now"]) for row in rows]
 
 
@@ -209,9 +212,13 @@ def redispatch_runs(conn: psycopg.Connection[Row], attempts: Sequence[NextAttemp
     )
 
 
-def next_due_in(conn: psycopg.Connection[Row], now: datetime | None = None) -> float | None:
-    """Seconds until the earliest due schedule or retry, by the database clock; None if none."""
-    row = conn.execute(query("next_due_in"), {"now": now}).fetchone()
+def next_due_in(
+    conn: psycopg.Connection[Row], now: datetime | None = None, lookahead_s: float = 0.0
+) -> float | None:
+    """Seconds until the scanner has work, by the database clock: the earliest retry, or the
+    earliest schedule's lease time (``lookahead_s`` before its fire for overlap allow); None if
+    nothing is scheduled."""
+    row = conn.execute(query("next_due_in"), {"now": now, "lookahead_s": lookahead_s}).fetchone()
     return None if row is None or row["seconds"] is None else float(row["seconds"])
 
 

@@ -38,6 +38,12 @@ QUEUE_SIZE = Gauge(
     registry=REGISTRY,
 )
 ACTIVE_JOBS = Gauge("scheduler_active_jobs", "Handlers running now", ["app"], registry=REGISTRY)
+HELD_JOBS = Gauge(
+    "scheduler_worker_held_jobs",
+    "Jobs fetched before their instant and held until it (in no slot; their offsets uncommitted)",
+    ["app"],
+    registry=REGISTRY,
+)
 CONCURRENCY = Gauge(
     "scheduler_worker_concurrency", "Handler slots of this worker (--concurrency)", ["app"], registry=REGISTRY
 )

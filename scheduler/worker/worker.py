@@ -6,6 +6,9 @@ Threads and their jobs:
    lasts, so the group keeps it as a member), hands each batch to the event loop, serves the
    producer's delivery reports, produces failed outcomes again, and commits per-partition
    watermarks once Kafka acknowledged the outcomes below them (:mod:`scheduler.worker.progress`).
+   It decodes each job: one whose ``scheduled_for`` is still ahead by this worker's clock (the
+   scanner leased it ahead, ``SCHEDULER_LOOKAHEAD_S``) is *held*, in no slot; fetching goes on
+   while fewer than :data:`MAX_HELD_JOBS` (and :data:`MAX_HELD_BYTES`) are held.
 2. One asyncio loop runs every job: async handlers on the loop, each sync handler in a daemon
    thread of its own (a timed-out one is left behind, never waited for, and never holds up the
    next job), each under its attempt's timeout counted from the moment this worker starts it.
@@ -15,7 +18,12 @@ Threads and their jobs:
    most one a second). A second copy of an attempt this worker already started (a relay's
    republish, offsets re-read after a lost commit) is finished, not run again. Whatever a handler
    raises, ``SystemExit`` and ``KeyboardInterrupt`` included, fails its attempt and never the
-   loop; a coroutine a sync handler returns is awaited, as its work.
+   loop; a coroutine a sync handler returns is awaited, as its work. A held job sleeps on the
+   loop's timers until its instant (a timer that fires early sleeps the rest: never started
+   early), then waits for a slot ahead of the jobs fetched since, and starts like any other: its
+   ``started`` event, its handler, its timeout counted from that start. The workers' clocks are
+   assumed synchronised with the database's (NTP): the scanner's "now" is PostgreSQL's, the hold
+   is this worker's wall clock.
 3. An outcome is produced to ``.results`` (success), ``.retry`` (retryable, attempts left, with
    the backoff delay) or ``.dlq`` (dead, with the error, the attempt history and the original
    bytes), its texts capped so that it always fits (:mod:`scheduler.domain.storable`). It is
@@ -28,11 +36,14 @@ A consumer that fails for good (fenced by a member with the same ``group.instanc
 error) is rebuilt by the lifecycle; the new one resumes from the committed offsets, so the
 watermarks start afresh.
 
-Workers never talk to PostgreSQL. On SIGTERM the worker stops fetching, lets in-flight jobs finish
-within the grace period, publishes their outcomes, commits synchronously, and exits; whatever did
-not finish is re-delivered to another member. On a revoke it waits a bounded time for the
-in-flight jobs of the revoked partitions, commits what finished and lets go, so that a rebalance
-re-runs as little as possible and it never commits past unfinished work it no longer owns.
+Workers never talk to PostgreSQL. On SIGTERM the worker stops fetching, drops the jobs it has not
+started (held until their instant, or waiting for a slot), lets in-flight jobs finish within the
+grace period, publishes their outcomes, commits synchronously, and exits; whatever did not finish
+or start is re-delivered to another member. On a revoke it drops the revoked partitions' jobs not
+started, waits a bounded time for their in-flight jobs, commits what finished and lets go, so
+that a rebalance re-runs as little as possible and it never commits past unfinished work it no
+longer owns. A dropped or held job's offset is never committed (the watermark stops below it), so
+a worker killed while holding jobs loses none: the group redelivers them.
 """
 
 from __future__ import annotations
@@ -49,7 +60,7 @@ import random
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -151,6 +162,14 @@ START_RETRY_INITIAL_S = 0.5
 START_RETRY_MAX_S = 5.0
 
 METRICS_EVERY_S = 1.0
+# Jobs fetched before their instant are held (no slot) until it. At most this many, and this many
+# bytes of messages, are held at once; beyond either, fetching pauses. 5,000 covers one worker at
+# 5,000 fires/s with the default 1 s look-ahead; the byte bound keeps memory bounded whatever the
+# payloads (a 1 MiB payload is valid, and 5,000 of them would not be).
+MAX_HELD_JOBS = 5_000
+MAX_HELD_BYTES = 64 * 1024 * 1024
+# The longest wait for the job loop to drop the held jobs of revoked partitions.
+DROP_WAIT_S = 1.0
 # The job loop answers the main thread's ping within this, or the worker is not ready: an async
 # handler that blocks the loop stops every job's timeout and heartbeats on this worker.
 LOOP_STALL_S = 10.0
@@ -187,6 +206,24 @@ class Delivery:
     outcome_traceparent: str | None = None
     # The message's headers, read only when its body cannot be decoded (see _attempt_of).
     headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+@dataclass(slots=True, eq=False)
+class _Fetched:
+    """A consumed job as the main thread decoded it: ``job`` is None when its bytes are poison
+    (``error`` says why). ``stage``: ``held`` (due after the moment it was fetched: held until
+    then, in no slot), ``waiting`` (fetched due) or ``due`` (held until now) while it waits for a
+    slot, ``running`` in its slot, ``done``. It says what the job's end gives back."""
+
+    delivery: Delivery
+    job: JobMessage | None
+    error: str | None
+    stage: str
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def key(self) -> Key:
+        return (self.delivery.topic, self.delivery.partition)
 
 
 @dataclass(slots=True)
@@ -240,6 +277,12 @@ class Worker(Service):
         self.unacked_bound = max(concurrency, MIN_UNACKED_BOUND)
         self._running = 0
         self._unacked = 0
+        # Held: fetched before their instant, waiting for it (no slot, bounded by MAX_HELD_JOBS and
+        # MAX_HELD_BYTES). Waiting: due (fetched due, or held until now) and waiting for a slot;
+        # counted against --concurrency when fetching, so new jobs never overtake them.
+        self._held = 0
+        self._held_bytes = 0
+        self._waiting = 0
         self._counts_lock = threading.Lock()
         self._paused = False
         self._full_since: float | None = None
@@ -265,6 +308,12 @@ class Worker(Service):
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="jobs", daemon=True)
         self._tasks: set[asyncio.Task[None]] = set()
+        # The jobs thread only. Jobs not started yet (held, or waiting for a slot), by partition: on
+        # a revoke, a loss or a stop they are dropped, never run early nor waited for.
+        self._unstarted: dict[Key, set[asyncio.Task[None]]] = {}
+        # Futures of jobs waiting for a slot: those whose instant came while held go first.
+        self._due_waiters: deque[tuple[asyncio.Future[None], _Fetched]] = deque()
+        self._fresh_waiters: deque[tuple[asyncio.Future[None], _Fetched]] = deque()
         # (run, attempt) of every job started lately, oldest first; the jobs thread only.
         self._started_attempts: OrderedDict[tuple[uuid.UUID, int], None] = OrderedDict()
         self._abandoned: list[threading.Thread] = []  # guarded by _counts_lock
@@ -344,6 +393,8 @@ class Worker(Service):
     def reset(self) -> None:
         # A rebuilt consumer joins the group afresh; closing this one revokes (and commits) first.
         self._slot.close()
+        # It delivers them again from the committed offsets, the unstarted ones among them.
+        self._drop_unstarted_soon()
         # Whatever its callbacks said, none of its partitions is ours now, and the next consumer
         # delivers them again from their committed offsets: their watermarks start afresh.
         self._assigned = frozenset()
@@ -355,10 +406,11 @@ class Worker(Service):
     def _observe(self) -> None:
         self._ping_loop()
         with self._counts_lock:
-            running, unacked = self._running, self._unacked
+            running, unacked, held = self._running, self._unacked, self._held
             self._abandoned = [t for t in self._abandoned if t.is_alive()]
             abandoned = len(self._abandoned)
         metrics.ACTIVE_JOBS.labels(self.app).set(running)
+        metrics.HELD_JOBS.labels(self.app).set(held)
         metrics.OUTCOMES_UNACKNOWLEDGED.labels(self.app).set(unacked)
         metrics.ABANDONED_THREADS_ALIVE.labels(self.app).set(abandoned)
         consumer = self._slot.built
@@ -377,19 +429,18 @@ class Worker(Service):
             log.warning(message, *args)
 
     def _free_slots(self) -> int:
+        """How many jobs to fetch now: the slots neither running nor promised to a waiting job; none
+        while outcomes await Kafka or the held jobs are at their bound."""
         with self._counts_lock:
             if self._unacked > self.unacked_bound:
                 return 0
-            return self.concurrency - self._running
+            if self._held >= MAX_HELD_JOBS or self._held_bytes >= MAX_HELD_BYTES:
+                return 0
+            return self.concurrency - self._running - self._waiting
 
     def _busy(self) -> bool:
         with self._counts_lock:
             return self._running > 0 or self._unacked > 0
-
-    def _job_done(self) -> None:
-        with self._counts_lock:
-            self._running -= 1
-        self._slot_freed.set()
 
     def _fetch(self) -> None:
         free = self._free_slots()
@@ -419,24 +470,38 @@ class Worker(Service):
         except TransportError as exc:
             self._consumer_error(exc)
             return
-        deliveries: list[Delivery] = []
+        fetched: list[_Fetched] = []
         for message in messages:
             self.progress.started(message.topic, message.partition, message.offset)
-            deliveries.append(
-                Delivery(
-                    message.topic,
-                    message.partition,
-                    message.offset,
-                    message.value,
-                    traceparent_of(message.headers),
-                    headers=message.headers,
+            fetched.append(
+                self._decoded(
+                    Delivery(
+                        message.topic,
+                        message.partition,
+                        message.offset,
+                        message.value,
+                        traceparent_of(message.headers),
+                        headers=message.headers,
+                    )
                 )
             )
-        if deliveries:
+        if fetched:
+            held = [f for f in fetched if f.stage == "held"]
             with self._counts_lock:
-                self._running += len(deliveries)
+                self._held += len(held)
+                self._held_bytes += sum(len(f.delivery.value) for f in held)
+                self._waiting += len(fetched) - len(held)
             # One wake-up of the loop per batch, not per job.
-            self._loop.call_soon_threadsafe(self._start_jobs, deliveries)
+            self._loop.call_soon_threadsafe(self._start_jobs, fetched)
+
+    def _decoded(self, delivery: Delivery) -> _Fetched:
+        """The job a delivery carries, and whether it is held: due after this worker's clock now."""
+        try:
+            job = self.codec.decode(JobMessage, delivery.value)
+        except Exception as exc:  # whatever the bytes make the decoder raise, they are poison
+            reason = str(exc) if isinstance(exc, MessageDecodeError) else f"{type(exc).__name__}: {exc}"
+            return _Fetched(delivery, None, reason, "waiting")
+        return _Fetched(delivery, job, None, "held" if job.scheduled_for > datetime.now(UTC) else "waiting")
 
     def _consumer_error(self, exc: TransportError) -> None:
         """A consumer error from consume or poll: librdkafka recovers from most by itself, so they
@@ -474,6 +539,11 @@ class Worker(Service):
                 self._finish(owed.delivery)
                 with self._counts_lock:
                     self._unacked -= 1
+                    waiting = self._waiting
+                if waiting:
+                    # Jobs may wait for the outcome bound rather than for a slot: let them start.
+                    with contextlib.suppress(RuntimeError):  # a closed loop: the worker stopped
+                        self._loop.call_soon_threadsafe(self._admit)
                 continue
             metrics.OUTCOME_DELIVERY_FAILURES.labels(self.app).inc()
             too_large = isinstance(error, DeliveryError) and error.too_large
@@ -570,20 +640,25 @@ class Worker(Service):
         self._assigned -= frozenset(partitions)
         keys = {(p.topic, p.partition) for p in partitions}
         numbers = sorted(p.partition for p in partitions)
-        in_flight = self.progress.in_flight(keys)
-        if in_flight and not self._draining:
+        # Jobs not started yet (held until their instant, or waiting for a slot) are dropped, not
+        # run early nor waited for: their offsets stay uncommitted and the next owner runs them.
+        dropped = self._drop_unstarted_now(keys)
+        in_flight = self.progress.in_flight(keys) - dropped
+        if in_flight > 0 and not self._draining:
             # Their jobs' next owner would run them again: give them a moment to finish and be
             # acknowledged, so that their offsets are committed before the partitions go.
             began = time.monotonic()
             deadline = began + min(self.grace_s, REVOKE_WAIT_S)
-            while self.progress.in_flight(keys) and time.monotonic() < deadline:
+            while self.progress.in_flight(keys) > dropped and time.monotonic() < deadline:
                 self._serve_outcomes(0.02)
             log.info(
-                "revoked partitions %s: waited %.1f s for %d jobs in flight, %d left unfinished",
+                "revoked partitions %s: waited %.1f s for %d jobs in flight, %d left unfinished, "
+                "%d not started dropped",
                 numbers,
                 time.monotonic() - began,
                 in_flight,
-                self.progress.in_flight(keys),
+                self.progress.in_flight(keys) - dropped,
+                dropped,
             )
         else:
             log.info("revoked partitions %s", numbers)
@@ -596,8 +671,26 @@ class Worker(Service):
         self._assigned -= frozenset(partitions)
         # Lost, not revoked: the group moved on without us, so a commit would be refused anyway.
         log.warning("lost partitions %s", sorted(p.partition for p in partitions))
+        self._drop_unstarted_soon({(p.topic, p.partition) for p in partitions})
         for p in partitions:
             self.progress.forget(p.topic, p.partition)
+
+    def _drop_unstarted_now(self, keys: Collection[Key] | None = None) -> int:
+        """Drop the jobs not started yet (of ``keys``, or all) and return how many, waiting a
+        moment for the job loop to do it; 0 if it did not answer in time (nothing is then known
+        to be dropped, and the caller waits for those jobs as for any)."""
+        if not self._loop_thread.is_alive():
+            return 0
+        try:
+            dropped = asyncio.run_coroutine_threadsafe(self._drop_unstarted(keys), self._loop)
+            return dropped.result(DROP_WAIT_S)
+        except Exception:
+            log.warning("the job loop did not drop the jobs not started in time", exc_info=True)
+            return 0
+
+    def _drop_unstarted_soon(self, keys: Collection[Key] | None = None) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: the worker stopped
+            self._loop.call_soon_threadsafe(self._cancel_unstarted, keys)
 
     def _drain(self) -> None:
         """Stop fetching; wait for in-flight jobs and their outcomes within the grace period, then
@@ -605,6 +698,12 @@ class Worker(Service):
         self._draining = True
         self._paused = True  # partitions assigned from now on are paused too (see _on_assign)
         deadline = time.monotonic() + self.grace_s
+        # A job not started yet would start only at its instant, perhaps past the grace: it is
+        # dropped without an outcome, and its uncommitted offset brings it to another member.
+        dropped = self._drop_unstarted_now()
+        if dropped:
+            log.info("dropped %d jobs not started yet (held until their instant or waiting for a slot)",
+                     dropped)  # fmt: skip
         consumer = self._slot.built  # none after a failed rebuild: nothing to pause or commit
         if consumer is not None:
             try:
@@ -662,17 +761,65 @@ class Worker(Service):
         if tasks:
             await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
 
-    def _start_jobs(self, deliveries: list[Delivery]) -> None:
-        for delivery in deliveries:
-            task = self._loop.create_task(self._execute(delivery))
+    def _start_jobs(self, fetched: list[_Fetched]) -> None:
+        for job in fetched:
+            task = self._loop.create_task(self._execute(job))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            # Whenever it ends, run or dropped (even before its first step), its count goes.
+            task.add_done_callback(partial(self._settled, job))
+            job.task = task
+            self._unstarted.setdefault(job.key, set()).add(task)
 
-    async def _execute(self, delivery: Delivery) -> None:
+    def _settled(self, fetched: _Fetched, _task: object) -> None:
+        """Jobs thread: a job's task ended; whatever it held (a place among the held or waiting
+        jobs, a slot) is given back, and a freed slot goes to the next waiting job."""
+        stage, fetched.stage = fetched.stage, "done"
+        self._forget_unstarted(fetched)
+        with self._counts_lock:
+            if stage == "held":
+                self._held -= 1
+                self._held_bytes -= len(fetched.delivery.value)
+            elif stage in ("waiting", "due"):
+                self._waiting -= 1
+            elif stage == "running":
+                self._running -= 1
+        if stage == "running":
+            self._slot_freed.set()
+            self._admit()
+
+    def _forget_unstarted(self, fetched: _Fetched) -> None:
+        tasks = self._unstarted.get(fetched.key)
+        if tasks is not None and fetched.task is not None:
+            tasks.discard(fetched.task)
+            if not tasks:
+                del self._unstarted[fetched.key]
+
+    async def _drop_unstarted(self, keys: Collection[Key] | None) -> int:
+        return self._cancel_unstarted(keys)
+
+    def _cancel_unstarted(self, keys: Collection[Key] | None) -> int:
+        """Jobs thread: cancel the jobs not started yet (of ``keys``, or all); returns how many."""
+        dropped = 0
+        for key in list(self._unstarted) if keys is None else keys:
+            for task in self._unstarted.pop(key, ()):
+                task.cancel()
+                dropped += 1
+        return dropped
+
+    async def _execute(self, fetched: _Fetched) -> None:
+        delivery = fetched.delivery
         try:
-            await self._execute_job(delivery)
+            if fetched.stage == "held":
+                await self._hold(fetched)
+            await self._take_slot(fetched)
+            # It has its slot: from now on a revoke or a stop lets it finish rather than drop it.
+            self._forget_unstarted(fetched)
+            await self._execute_job(fetched)
         except asyncio.CancelledError:
-            raise  # the worker is stopping: the offset stays unfinished, the job is re-delivered
+            # The worker is stopping, or the job's partition went: the offset stays unfinished
+            # and the job is re-delivered.
+            raise
         except Exception:
             metrics.INTERNAL_ERRORS.labels(self.app).inc()
             log.exception(
@@ -682,16 +829,56 @@ class Worker(Service):
                 delivery.offset,
             )
             self._released.put(delivery)
-        finally:
-            self._job_done()
 
-    async def _execute_job(self, delivery: Delivery) -> None:
-        try:
-            job = self.codec.decode(JobMessage, delivery.value)
-        except Exception as exc:  # whatever the bytes make the decoder raise, they are poison
+    async def _hold(self, fetched: _Fetched) -> None:
+        """Until the job's instant by this worker's clock (a timer of the job loop, re-armed if it
+        fires early); then it waits for a slot, ahead of the jobs fetched since."""
+        assert fetched.job is not None
+        await _until(fetched.job.scheduled_for)
+        with self._counts_lock:
+            self._held -= 1
+            self._held_bytes -= len(fetched.delivery.value)
+            self._waiting += 1
+        fetched.stage = "due"
+
+    async def _take_slot(self, fetched: _Fetched) -> None:
+        """Jobs thread: an execution slot for a waiting job. One whose instant came while it was
+        held goes before the jobs fetched since."""
+        if not self._due_waiters and not self._fresh_waiters and self._grant(fetched):
+            return
+        granted: asyncio.Future[None] = self._loop.create_future()
+        (self._due_waiters if fetched.stage == "due" else self._fresh_waiters).append((granted, fetched))
+        self._admit()
+        await granted
+
+    def _grant(self, fetched: _Fetched) -> bool:
+        """Give a waiting job a slot, if one is free and outcomes are not piling up."""
+        with self._counts_lock:
+            if self._running >= self.concurrency or self._unacked > self.unacked_bound:
+                return False
+            self._running += 1
+            self._waiting -= 1
+        fetched.stage = "running"
+        return True
+
+    def _admit(self) -> None:
+        """Jobs thread: hand free slots to waiting jobs, those held until their instant first."""
+        for waiters in (self._due_waiters, self._fresh_waiters):
+            while waiters:
+                granted, fetched = waiters[0]
+                if granted.done() or fetched.stage == "done":
+                    waiters.popleft()  # its job was dropped meanwhile
+                    continue
+                if not self._grant(fetched):
+                    return
+                waiters.popleft()
+                granted.set_result(None)
+
+    async def _execute_job(self, fetched: _Fetched) -> None:
+        delivery, job = fetched.delivery, fetched.job
+        if job is None:
             metrics.UNDECODABLE.labels(self.app).inc()
-            reason = str(exc) if isinstance(exc, MessageDecodeError) else f"{type(exc).__name__}: {exc}"
-            self._dead_undecodable(delivery, reason)
+            self._dead_undecodable(delivery, fetched.error or "undecodable")
             return
         attempt_key = (job.run_id, job.attempt)
         if attempt_key in self._started_attempts:
@@ -707,8 +894,9 @@ class Worker(Service):
         if len(self._started_attempts) > REMEMBERED_ATTEMPTS:
             self._started_attempts.popitem(last=False)
         # The attempt's time starts now, whatever the message's deadline says: time spent waiting
-        # on the topic or behind a backlog never counts against it.
-        started = datetime.now(UTC)
+        # on the topic, held until its instant or behind a backlog never counts against it. Never
+        # before its instant by this worker's clock (one stepped back since the hold ended).
+        started = await _until(job.scheduled_for)
         with log_context(app=job.app, schedule_id=job.schedule_id, run_id=job.run_id, attempt=job.attempt):
             if not self._tracing:
                 # No span of our own, but the job's trace: log lines still carry its trace id.
@@ -1183,6 +1371,15 @@ def _attempt_of(headers: Sequence[tuple[str, bytes | None]]) -> tuple[uuid.UUID,
     if not text.isdigit() or len(text) > 10 or not 1 <= int(text) <= MAX_ATTEMPT:
         return None
     return run_id, int(text)
+
+
+async def _until(instant: datetime) -> datetime:
+    """Sleep on the running loop's timers until the wall clock reaches ``instant``; returns the
+    wall clock then. A timer that fires early (the loop's clock is monotonic, the wall clock is
+    not) sleeps the rest."""
+    while (now := datetime.now(UTC)) < instant:
+        await asyncio.sleep((instant - now).total_seconds())
+    return now
 
 
 def _cancel_requested() -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -17,6 +18,7 @@ from scheduler.scan import metrics as scan_metrics
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, schedules
+from scheduler.store import scan as scan_store
 from scheduler.wiring import Wiring
 
 pytestmark = pytest.mark.integration
@@ -45,9 +47,10 @@ def runs_of(settings: Settings, schedule_id: Any) -> list[dict[str, Any]]:
         ).fetchall()
 
 
-def scan(settings: Settings, now: datetime) -> None:
+def scan(settings: Settings, now: datetime, lookahead_s: float = 0.0) -> None:
+    """One scan at ``now``; without look-ahead unless asked, so that "due" means due at ``now``."""
     with connect(settings.database_url) as conn:
-        Wiring(settings).scanner().scan_once(conn, now=now)
+        Wiring(replace(settings, lookahead_s=lookahead_s)).scanner().scan_once(conn, now=now)
 
 
 def test_a_delayed_schedule_fires_at_its_time_and_not_before(settings: Settings, app: str) -> None:
@@ -321,3 +324,95 @@ def test_a_retry_carries_its_run_and_attempt_in_headers_and_each_earlier_error_c
     assert earlier.error.startswith("xxx") and earlier.error.endswith(
         f"[truncated {MAX_ERROR_CHARS - MAX_HISTORY_ERROR_CHARS} characters]"
     )
+
+
+def schedule_row(settings: Settings, schedule_id: Any) -> dict[str, Any]:
+    with connect(settings.database_url) as conn:
+        row = schedules.get_schedule(conn, schedule_id)
+    assert row is not None
+    return row
+
+
+def test_with_look_ahead_a_fire_due_within_it_gets_its_run_and_outbox_row_now(
+    settings: Settings, app: str
+) -> None:
+    with connect(settings.database_url) as conn:
+        now = schedules.db_now(conn)
+    soon = create(settings, kind="delayed", run_at=now + timedelta(milliseconds=500))
+    later = create(settings, kind="delayed", run_at=now + timedelta(milliseconds=1500))
+    scan(settings, now, lookahead_s=1.0)
+    [run] = runs_of(settings, soon["id"])
+    assert run["scheduled_for"] == now + timedelta(milliseconds=500), "the fire's instant, not the scan's"
+    assert run["state"] == "pending" and run["queued"]
+    assert schedule_row(settings, soon["id"])["state"] == "completed"
+    assert runs_of(settings, later["id"]) == [], "beyond the look-ahead: not yet"
+    with connect(settings.database_url) as conn:
+        [job] = conn.execute("select value from outbox where run_id = %s", (run["id"],)).fetchall()
+    message = AvroCodec().decode(JobMessage, bytes(cast(bytes, job["value"])))
+    assert message.scheduled_for == now + timedelta(milliseconds=500)
+
+
+def test_without_look_ahead_a_fire_is_leased_only_once_due(settings: Settings, app: str) -> None:
+    with connect(settings.database_url) as conn:
+        now = schedules.db_now(conn)
+    row = create(settings, kind="delayed", run_at=now + timedelta(milliseconds=500))
+    scan(settings, now, lookahead_s=0.0)
+    assert runs_of(settings, row["id"]) == []
+    assert schedule_row(settings, row["id"])["next_fire_at"] == now + timedelta(milliseconds=500)
+
+
+def test_a_cron_schedule_is_leased_ahead_of_each_fire_and_advanced_past_it(
+    settings: Settings, app: str
+) -> None:
+    row = create(settings, kind="cron", cron="*/5 * * * * *")
+    first = row["next_fire_at"]
+    scan(settings, first - timedelta(milliseconds=900), lookahead_s=1.0)
+    assert [r["scheduled_for"] for r in runs_of(settings, row["id"])] == [first]
+    assert schedule_row(settings, row["id"])["next_fire_at"] == first + timedelta(seconds=5)
+    scan(settings, first + timedelta(seconds=3), lookahead_s=1.0)
+    assert len(runs_of(settings, row["id"])) == 1, "the next fire is 2 s away: not yet"
+    scan(settings, first + timedelta(seconds=4, milliseconds=100), lookahead_s=1.0)
+    assert [r["scheduled_for"] for r in runs_of(settings, row["id"])] == [first, first + timedelta(seconds=5)]
+
+
+@pytest.mark.parametrize("overlap", ["skip", "buffer_one"])
+def test_a_schedule_whose_overlap_policy_is_not_allow_is_not_leased_ahead(
+    settings: Settings, app: str, overlap: str
+) -> None:
+    with connect(settings.database_url) as conn:
+        now = schedules.db_now(conn)
+    run_at = now + timedelta(milliseconds=500)
+    row = create(settings, kind="delayed", run_at=run_at, overlap_policy=overlap)
+    scan(settings, now, lookahead_s=1.0)
+    assert runs_of(settings, row["id"]) == []
+    scan(settings, run_at, lookahead_s=1.0)
+    [run] = runs_of(settings, row["id"])
+    assert run["scheduled_for"] == run_at and run["queued"]
+
+
+def test_the_scanner_wakes_its_look_ahead_before_the_next_fire(settings: Settings, app: str) -> None:
+    with connect(settings.database_url) as conn:
+        now = schedules.db_now(conn)
+    create(settings, kind="delayed", run_at=now + timedelta(seconds=10), overlap_policy="skip")
+    with connect(settings.database_url) as conn:
+        assert scan_store.next_due_in(conn, now, lookahead_s=1.0) == pytest.approx(10.0)
+    create(settings, kind="delayed", run_at=now + timedelta(seconds=20))
+    create(settings, kind="delayed", run_at=now + timedelta(seconds=10, milliseconds=500))
+    with connect(settings.database_url) as conn:
+        assert scan_store.next_due_in(conn, now, lookahead_s=1.0) == pytest.approx(9.5)
+        assert scan_store.next_due_in(conn, now, lookahead_s=0.0) == pytest.approx(10.0)
+
+
+def test_jitter_still_holds_a_fire_leased_ahead_back_from_its_instant(settings: Settings, app: str) -> None:
+    with connect(settings.database_url) as conn:
+        now = schedules.db_now(conn)
+    run_at = now + timedelta(seconds=3)
+    rows = [create(settings, kind="delayed", run_at=run_at, jitter_ms=5_000) for _ in range(10)]
+    with connect(settings.database_url) as conn:
+        # The database's own clock: the outbox delay counts from the scan's transaction.
+        Wiring(replace(settings, lookahead_s=10.0)).scanner().scan_once(conn)
+        held: list[dict[str, Any]] = conn.execute(
+            "select o.available_at from outbox o join runs r on r.id = o.run_id"
+        ).fetchall()
+    assert len(held) == len(rows)
+    assert all(run_at <= h["available_at"] <= run_at + timedelta(seconds=5, milliseconds=1) for h in held)

@@ -21,6 +21,11 @@ def test_defaults_point_at_the_local_stack() -> None:
         "sched.dlq",
     )
     assert settings.jobs_topic("billing") == "sched.jobs.billing"
+    assert settings.lookahead_s == 1.0
+
+
+def test_lookahead_zero_turns_it_off() -> None:
+    assert load_settings({"SCHEDULER_LOOKAHEAD_S": "0"}).lookahead_s == 0.0
 
 
 def test_ports_move_the_default_urls() -> None:
@@ -40,6 +45,8 @@ def test_ports_move_the_default_urls() -> None:
         ({"SCHEDULER_TOPIC_PREFIX": "bad prefix"}, "SCHEDULER_TOPIC_PREFIX='bad prefix'"),
         ({"SCHEDULER_SCHEMA_REGISTRY_URL": "registry:8081"}, "must be an http(s) URL"),
         ({"SCHEDULER_CATCHUP_WINDOW": "-1"}, "out of range"),
+        ({"SCHEDULER_LOOKAHEAD_S": "61"}, "SCHEDULER_LOOKAHEAD_S=61.0 is out of range"),
+        ({"SCHEDULER_LOOKAHEAD_S": "soon"}, "SCHEDULER_LOOKAHEAD_S='soon' is not a number"),
     ],
 )
 def test_a_bad_value_names_its_variable(env: dict[str, str], message: str) -> None:

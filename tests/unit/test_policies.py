@@ -287,3 +287,85 @@ def test_a_capped_fire_all_keeps_its_backlog_due_within_end_at() -> None:
 def test_a_schedule_without_a_next_fire_time_is_not_due() -> None:
     with pytest.raises(ValueError, match="no next fire time"):
         fires_of(schedule(ScheduleKind.CRON, None), NOON)
+
+
+LOOKAHEAD = timedelta(seconds=1)
+
+
+def test_with_look_ahead_a_one_shot_due_within_it_fires_now_and_one_beyond_it_waits() -> None:
+    soon = fires_of(
+        schedule(ScheduleKind.DELAYED, NOON + timedelta(milliseconds=500)), NOON, lookahead=LOOKAHEAD
+    )
+    assert soon.fires == (NOON + timedelta(milliseconds=500),) and not soon.misfired
+    assert soon.schedule_state is ScheduleState.COMPLETED
+    later = fires_of(
+        schedule(ScheduleKind.DELAYED, NOON + timedelta(milliseconds=1500)), NOON, lookahead=LOOKAHEAD
+    )
+    assert later.fires == () and later.next_fire_at == NOON + timedelta(milliseconds=1500)
+
+
+def test_with_look_ahead_an_every_second_cron_yields_the_fires_within_it() -> None:
+    every_second = schedule(ScheduleKind.CRON, at(0, 1), cron="* * * * * *")
+    plan = fires_of(every_second, at(0, 0) + timedelta(milliseconds=200), lookahead=timedelta(seconds=3))
+    assert plan.fires == (at(0, 1), at(0, 2), at(0, 3))
+    assert plan.next_fire_at == at(0, 4) and not plan.misfired
+
+
+def test_without_look_ahead_the_same_cron_waits_for_its_fire() -> None:
+    every_second = schedule(ScheduleKind.CRON, at(0, 1), cron="* * * * * *")
+    plan = fires_of(every_second, at(0, 0) + timedelta(milliseconds=200))
+    assert plan.fires == () and plan.next_fire_at == at(0, 1)
+
+
+def test_look_ahead_leaves_the_misfire_of_past_fires_as_it_was() -> None:
+    """Down three minutes: the past fires follow the misfire policy as before; the fires just ahead
+    are on time and run."""
+    now = at(3, 5)
+    for policy in MisfirePolicy:
+        without = plan_fires(EVERY_10_SECONDS, at(0, 10), now, policy)
+        ahead = plan_fires(EVERY_10_SECONDS, at(0, 10), now, policy, horizon=now + timedelta(seconds=6))
+        assert ahead.misfired and ahead.skipped == without.skipped
+        assert ahead.fires == (*without.fires, at(3, 10))
+        assert ahead.next_fire_at == at(3, 20)
+
+
+def test_a_fire_in_the_future_never_counts_as_misfired() -> None:
+    # No catch-up window at all, and a policy that skips every misfire: a fire ahead still runs.
+    one_shot = schedule(
+        ScheduleKind.DELAYED, NOON + timedelta(milliseconds=900), misfire_policy=MisfirePolicy.SKIP
+    )
+    plan = fires_of(one_shot, NOON, catchup_window=timedelta(0), lookahead=LOOKAHEAD)
+    assert plan.fires == (NOON + timedelta(milliseconds=900),) and not plan.misfired and plan.skipped == ()
+    cron = schedule(ScheduleKind.CRON, at(0, 10), misfire_policy=MisfirePolicy.SKIP)
+    plan = fires_of(
+        cron, at(0, 9) + timedelta(milliseconds=1), catchup_window=timedelta(0), lookahead=LOOKAHEAD
+    )
+    assert plan.fires == (at(0, 10),) and not plan.misfired
+
+
+@pytest.mark.parametrize("overlap", [OverlapPolicy.SKIP, OverlapPolicy.BUFFER_ONE])
+def test_a_schedule_whose_overlap_policy_is_not_allow_is_not_planned_ahead(overlap: OverlapPolicy) -> None:
+    guarded = schedule(ScheduleKind.DELAYED, NOON + timedelta(milliseconds=500), overlap_policy=overlap)
+    assert fires_of(guarded, NOON, lookahead=LOOKAHEAD).fires == ()
+    assert fires_of(guarded, NOON + timedelta(milliseconds=500), lookahead=LOOKAHEAD).fires == (
+        NOON + timedelta(milliseconds=500),
+    )
+
+
+def test_a_look_ahead_fire_all_backlog_stays_capped() -> None:
+    plan = plan_fires(EVERY_SECOND, NOON, at(0, 30), MisfirePolicy.FIRE_ALL, horizon=at(5, 0))
+    assert len(plan.fires) == 100 and plan.next_fire_at == at(1, 40)
+    once = plan_fires(EVERY_SECOND, NOON, at(5, 0), MisfirePolicy.FIRE_ONCE, horizon=at(7, 0))
+    assert (
+        len(once.fires) == 100
+        and once.fires[0] == at(5, 0)
+        and once.fires[-1] == at(6, 39)
+        and once.next_fire_at == at(6, 40)
+    )
+
+
+def test_a_negative_look_ahead_or_a_horizon_before_now_is_refused() -> None:
+    with pytest.raises(ValueError, match="lookahead"):
+        fires_of(schedule(ScheduleKind.DELAYED, NOON), NOON, lookahead=-LOOKAHEAD)
+    with pytest.raises(ValueError, match="horizon"):
+        plan_fires(EVERY_SECOND, NOON, NOON, horizon=NOON - LOOKAHEAD)

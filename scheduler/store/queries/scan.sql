@@ -1,10 +1,14 @@
 -- name: lease_due_schedules
--- The scanner's lease: due active schedules, oldest first. SKIP LOCKED lets several scanners share
--- the work; the row locks hold until the batch's transaction commits its runs and outbox rows.
+-- The scanner's lease: due active schedules, oldest first, and those whose next fire comes within
+-- the look-ahead (overlap allow only: skip and buffer_one decide at the fire's instant). The range
+-- on next_fire_at keeps it on the partial index schedules_due; the policy is a filter on the few
+-- rows inside the look-ahead. SKIP LOCKED lets several scanners share the work; the row locks hold
+-- until the batch's transaction commits its runs and outbox rows.
 select s.*, coalesce(%(now)s::timestamptz, now()) as scan_now
   from schedules s
  where s.state = 'active'
-   and s.next_fire_at <= coalesce(%(now)s::timestamptz, now())
+   and s.next_fire_at <= coalesce(%(now)s::timestamptz, now()) + %(lookahead_s)s::float8 * interval '1 second'
+   and (s.overlap_policy = 'allow' or s.next_fire_at <= coalesce(%(now)s::timestamptz, now()))
  order by s.next_fire_at
  limit %(limit)s::int
    for update skip locked;
@@ -129,9 +133,22 @@ select n.topic, n.key, n.value, n.headers, n.id, n.attempt
   join moved using (id);
 
 -- name: next_due_in
--- Seconds until the earliest schedule or retry is due (null when nothing is), by the database clock.
+-- Seconds until the scanner has work (null when none): the earliest retry, or the earliest
+-- schedule's lease time, which is its next fire less the look-ahead for overlap allow. Both
+-- schedule look-ups walk schedules_due from its start and stop at their first row: the first
+-- allow schedule, and a guarded one only if it comes before that one's lease time (any guarded
+-- schedule before it comes first in the index, so the walk ends at once either way).
+with allow as (
+    select min(next_fire_at) - %(lookahead_s)s::float8 * interval '1 second' as due
+      from schedules
+     where state = 'active' and overlap_policy = 'allow'
+)
 select extract(epoch from least(
-           (select min(next_fire_at) from schedules where state = 'active'),
+           (select due from allow),
+           (select min(next_fire_at)
+              from schedules
+             where state = 'active' and overlap_policy <> 'allow'
+               and next_fire_at < coalesce((select due from allow), 'infinity')),
            (select min(next_attempt_at) from runs where state = 'retry_wait'))
        - coalesce(%(now)s::timestamptz, now()))::float8 as seconds;
 

@@ -1,0 +1,186 @@
+"""Look-ahead dispatch through the components as processes: a fire is leased and dispatched before
+its instant, its worker holds the job until that instant, and starts it then, never earlier.
+
+A held job is not started: a worker killed while holding one loses nothing (the group redelivers
+it to another worker, which runs it once), and its attempt's timeout counts from its start, not from
+the moment it was fetched.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.config import Settings
+from scheduler.kafka.avro import AvroCodec
+from scheduler.kafka.messages import JobMessage
+from scheduler.kafka.transport import TopicAdmin
+from scheduler.schedule import service
+from scheduler.schedule.spec import ScheduleSpec
+from scheduler.store import connect, schedules
+from tests.e2e.health import free_port, get, sample_values
+from tests.support import SCHEDULER, Component, components, read_topic, wait_for
+
+pytestmark = pytest.mark.e2e
+
+APP = "ahead"
+
+
+def init(settings: Settings, settings_env: dict[str, str]) -> None:
+    subprocess.run([SCHEDULER, "init"], env=settings_env, check=True, capture_output=True)
+    with connect(settings.database_url) as conn:
+        service.create_app(conn, TopicAdmin(settings.kafka_bootstrap), settings, APP, 2, "test")
+
+
+def database_now(settings: Settings) -> datetime:
+    with connect(settings.database_url) as conn:
+        return schedules.db_now(conn)
+
+
+def create_delayed(settings: Settings, run_at: datetime, **fields: Any) -> Any:
+    fields.setdefault("handler", "builtin:noop")
+    with connect(settings.database_url) as conn:
+        spec = ScheduleSpec(app=APP, kind="delayed", run_at=run_at, **fields)
+        return service.create_schedule(conn, spec, "test")["id"]
+
+
+def runs(settings: Settings) -> list[dict[str, Any]]:
+    """The delayed schedules' runs (not the warm-up's), in fire order."""
+    with connect(settings.database_url) as conn:
+        return conn.execute(
+            "select r.* from runs r join schedules s on s.id = r.schedule_id "
+            "where s.kind = 'delayed' order by r.scheduled_for"
+        ).fetchall()
+
+
+def started_attempts(settings: Settings) -> list[dict[str, Any]]:
+    with connect(settings.database_url) as conn:
+        return conn.execute(
+            "select a.* from attempts a join runs r on r.id = a.run_id "
+            "join schedules s on s.id = r.schedule_id where a.kind = 'started' and s.kind = 'delayed'"
+        ).fetchall()
+
+
+def succeeded(settings: Settings, count: int) -> list[dict[str, Any]] | None:
+    found = runs(settings)
+    done = len(found) == count and all(r["state"] == "succeeded" for r in found)
+    return found if done else None
+
+
+def warm_up(settings: Settings) -> None:
+    """One job through the whole pipeline: every component is up and the workers have partitions."""
+    with connect(settings.database_url) as conn:
+        spec = ScheduleSpec(app=APP, kind="immediate", handler="builtin:noop")
+        schedule_id = service.create_schedule(conn, spec, "test")["id"]
+
+    def done() -> bool:
+        with connect(settings.database_url) as conn:
+            row = conn.execute("select state from runs where schedule_id = %s", (schedule_id,)).fetchone()
+        return row is not None and row["state"] == "succeeded"
+
+    wait_for(done, 60, "the warm-up job to succeed")
+
+
+def on_kafka_at(settings: Settings) -> dict[Any, datetime]:
+    """When each run's job message reached the app's topic (its Kafka timestamp), by run id."""
+    codec = AvroCodec()
+    return {
+        codec.decode(JobMessage, value).run_id: datetime.fromtimestamp(timestamp / 1000, UTC)
+        for _, value, timestamp in read_topic(settings.kafka_bootstrap, settings.jobs_topic(APP))
+    }
+
+
+def held_jobs(port: int) -> float:
+    answer = get(port, "/metrics")
+    values = sample_values(answer.text, "scheduler_worker_held_jobs") if answer.status == 200 else []
+    return sum(value for labels, value in values if labels.get("app") == APP)
+
+
+def test_fires_dispatched_ahead_start_at_their_instant_never_before(
+    settings: Settings, settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    init(settings, settings_env)
+    env = settings_env | {"SCHEDULER_LOOKAHEAD_S": "1"}
+    with components(env, tmp_path, "scanner", "relay", "reconciler"):
+        workers = [Component("worker", env, tmp_path, "--app", APP) for _ in range(2)]
+        try:
+            warm_up(settings)
+            fires = []
+            for i in range(40):
+                # Each 1 to 2 s ahead of its creation: leased at once or within the second.
+                fires.append(database_now(settings) + timedelta(seconds=1, milliseconds=25 * i))
+                create_delayed(settings, fires[-1])
+            done = wait_for(lambda: succeeded(settings, len(fires)), 90, "every run succeeded")
+        finally:
+            for worker in workers:
+                assert worker.stop() == 0, worker.output()[-3000:]
+    assert [r["scheduled_for"] for r in done] == sorted(fires)
+    early = [r for r in done if r["started_at"] < r["scheduled_for"]]
+    assert early == [], "a job started before its instant"
+    # Dispatched ahead: Kafka had the job before its instant, so a worker held it until then.
+    published = on_kafka_at(settings)
+    ahead = [r for r in done if published[r["id"]] < r["scheduled_for"] - timedelta(milliseconds=100)]
+    assert ahead, "no fire was on Kafka before its instant"
+    assert len(started_attempts(settings)) == len(fires), "each job started once"
+
+
+def test_a_worker_killed_while_holding_a_job_loses_nothing(
+    settings: Settings, settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    init(settings, settings_env)
+    # A long look-ahead, so that the job is surely held when the worker dies.
+    env = settings_env | {"SCHEDULER_LOOKAHEAD_S": "20"}
+    port = free_port()
+    with components(env, tmp_path, "scanner", "relay", "reconciler"):
+        holder = Component("worker", env | {"SCHEDULER_METRICS_PORT": str(port)}, tmp_path, "--app", APP)
+        warm_up(settings)
+        at = database_now(settings) + timedelta(seconds=10)
+        create_delayed(settings, at)
+        try:
+            wait_for(lambda: held_jobs(port) == 1, 8, "the worker to hold the job")
+            holder.kill()
+        finally:
+            if holder.proc.poll() is None:
+                holder.kill()
+        assert database_now(settings) < at, "the worker was killed too late to prove anything"
+        assert started_attempts(settings) == []
+        other = Component("worker", env, tmp_path, "--app", APP)
+        try:
+            # The group gives the dead member's partitions away after its session timeout (10 s).
+            [run] = wait_for(lambda: succeeded(settings, 1), 90, "the run to succeed elsewhere")
+        finally:
+            assert other.stop() == 0, other.output()[-3000:]
+    [start] = started_attempts(settings)
+    assert start["worker"] == run["worker"], "started once, by the worker that finished it"
+    assert run["attempt"] == 1 and run["started_at"] >= run["scheduled_for"] == at
+
+
+def test_a_held_job_has_its_whole_timeout_from_its_start(
+    settings: Settings, settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    init(settings, settings_env)
+    env = settings_env | {"SCHEDULER_LOOKAHEAD_S": "10"}
+    with components(env, tmp_path, "scanner", "relay", "reconciler"):
+        worker = Component("worker", env, tmp_path, "--app", APP)
+        try:
+            warm_up(settings)
+            at = database_now(settings) + timedelta(seconds=4)
+            create_delayed(
+                settings,
+                at,
+                handler="builtin:sleep",
+                payload={"seconds": 0.5},
+                timeout_ms=1000,
+                max_attempts=1,
+            )
+            [run] = wait_for(lambda: succeeded(settings, 1), 60, "the run to succeed")
+        finally:
+            assert worker.stop() == 0, worker.output()[-3000:]
+    assert run["attempt"] == 1 and run["started_at"] >= run["scheduled_for"]
+    # On Kafka, and so with the worker, for longer than the job's timeout before it started.
+    assert run["started_at"] - on_kafka_at(settings)[run["id"]] > timedelta(seconds=1)
+    assert run["finished_at"] - run["started_at"] >= timedelta(seconds=0.5)
