@@ -2,9 +2,10 @@
 
 All N schedules become due at one database instant T0 (inserted in bulk; ingestion is measured
 elsewhere). Jobs per second is N over the time from T0 until the last run is reconciled
-(``succeeded`` in PostgreSQL). Per job it reports each stage: scan (due → run created), relay
-(created → dispatched), pickup (dispatched → worker started), run (started → finished) and
-reconcile (finished → outcome applied), and the whole (due → reconciled).
+(``succeeded`` in PostgreSQL). Per job it reports each stage: scan (due → run created), relay and
+pickup (created → worker started), run (started → finished) and reconcile (finished → outcome
+applied), and the whole (due → reconciled), and what the run cost PostgreSQL and Kafka per job
+(``bench/cost.py``).
 
     python -m bench.e2e --jobs 10000 --partitions 12 --workers 4 --concurrency 64
 """
@@ -19,13 +20,15 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import component_env, isolated_settings, percentiles, record, running, wait_until
+from bench.cost import CostProbe, local_kafka_data, show_cost
 from scheduler.schedule import service
 from scheduler.wiring import Wiring
 
 STAGES = {
     "scan": ("scheduled_for", "created_at"),
-    "relay": ("created_at", "dispatched_at"),
-    "pickup": ("dispatched_at", "started_at"),
+    # The relay records nothing on the run (it only deletes the outbox row), so publishing and the
+    # worker's pickup are one stage.
+    "relay_and_pickup": ("created_at", "started_at"),
     "run": ("started_at", "finished_at"),
     "reconcile": ("finished_at", "reconciled_at"),
     "end_to_end": ("scheduled_for", "reconciled_at"),
@@ -44,8 +47,13 @@ def run_e2e(
         env = component_env(
             settings, {"SCHEDULER_SCAN_BATCH_SIZE": "2000", "SCHEDULER_RELAY_BATCH_SIZE": "2000"}
         )
+        probe = CostProbe(
+            settings.database_url, kafka_data=local_kafka_data(), topic_prefix=settings.topic_prefix + "."
+        )
         with running(commands, env), wiring.database.connect() as conn:
             time.sleep(3)  # let the workers join their group before the burst
+            # From before the schedules' insert, as the peers are measured from before their enqueue.
+            probe.start()
             started = time.monotonic()
             conn.execute(
                 "insert into schedules (id, app, name, kind, handler, next_fire_at) "
@@ -65,6 +73,9 @@ def run_e2e(
 
             finished = wait_until(all_done, timeout_s=600, interval_s=0.05)
             elapsed = finished - started
+            # Read before the components stop, so their shutdown is not counted; the polling
+            # above is (a statement every 50 ms, a few per thousand jobs).
+            cost = probe.finish(jobs)
             rows: list[dict[str, Any]] = conn.execute(
                 "select r.scheduled_for, r.created_at, r.dispatched_at, r.started_at, r.finished_at, "
                 "       (select min(a.received_at) from attempts a where a.run_id = r.id "
@@ -95,6 +106,7 @@ def run_e2e(
         "latency_ms": stages["end_to_end"],
         "stages_ms": stages,
         "duplicate_outcomes": duplicates,
+        "cost": cost,
     }
 
 
@@ -109,6 +121,8 @@ def show(figures: dict[str, Any]) -> None:
     for stage, q in figures["stages_ms"].items():
         table.add_row(stage, *(str(q.get(k, "-")) for k in ("p50", "p90", "p99", "max")))
     console.print(table)
+    if "cost" in figures:
+        show_cost("e2e", figures["cost"])
 
 
 def main() -> None:

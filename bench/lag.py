@@ -110,13 +110,13 @@ def wait_for_fires(conn: Conn, fires: int, timeout_s: float, stall_s: float) -> 
     return True
 
 
-def lease_query_ms(conn: Conn, batch: int, repeat: int = 20) -> float:
+def lease_query_ms(conn: Conn, batch: int, repeat: int = 20, lookahead_s: float = 1.0) -> float:
     """Median execution time of the scanner's lease query (rolled back, so nothing is leased)."""
     times = []
     sql = "explain (analyze, format json) " + query("lease_due_schedules")
     for _ in range(repeat):
         with conn.cursor(row_factory=psycopg.rows.tuple_row) as cur:
-            cur.execute(sql, {"now": None, "limit": batch})
+            cur.execute(sql, {"now": None, "limit": batch, "lookahead_s": lookahead_s})
             row = cur.fetchone()
         conn.rollback()
         assert row is not None

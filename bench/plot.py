@@ -3,7 +3,8 @@
 - ``lag.png``: start lag (worker start minus due time) against load, p50/p90/p99 on log scales,
   with dispatch p99 dashed and the peers' p99 at their rate as single points; beside it the
   same 1,000 fires/s with few and with many idle schedules.
-- ``throughput.png``: no-op jobs per second for ours and each peer, and their delayed-job p99.
+- ``throughput.png``: no-op jobs per second for ours and each peer, their delayed-job p99, and
+  what PostgreSQL spent per job (CPU, from ``peers.<name>.cost``; Celery has none).
 
 Runs with matplotlib from the peers' virtualenv, so the project needs no plotting library:
 
@@ -23,8 +24,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 RESULTS = Path(__file__).resolve().parent / "results"
-COLOURS = {"ours": "#1f6feb", "pgqueuer": "#8250df", "celery": "#2da44e"}
-PEER_MARKERS = {"pgqueuer": "D", "celery": "s"}
+COLOURS = {"ours": "#1f6feb", "pgqueuer": "#8250df", "pgqueuer_tuned": "#c297ff", "celery": "#2da44e"}
+PEER_MARKERS = {"pgqueuer": "D", "pgqueuer_tuned": "d", "celery": "s"}
 
 
 def _subtitle(latest: dict[str, Any]) -> str:
@@ -140,7 +141,7 @@ def plot_throughput(latest: dict[str, Any], out: Path) -> Path | None:
         (name for name in systems if systems[name].get("jobs_per_s") is not None),
         key=lambda name: (name != "ours", name),
     )
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8))
+    fig, (left, right, cost) = plt.subplots(1, 3, figsize=(16, 3.8))
     bars = left.barh(
         names, [systems[n]["jobs_per_s"] for n in names], color=[COLOURS.get(n, "#999") for n in names]
     )
@@ -152,7 +153,11 @@ def plot_throughput(latest: dict[str, Any], out: Path) -> Path | None:
         left.text(1.0, -0.3, note, transform=left.transAxes, ha="right", fontsize=7, color="#57606a")
     ours = systems.get("ours", {})
     jobs, workers = ours.get("jobs"), ours.get("workers")
-    left.set_title(f"Throughput: {jobs:,} jobs, {workers} worker processes" if jobs else "Throughput")
+    others = ", ".join(
+        f"{n}: {systems[n]['workers']}" for n in names if systems[n].get("workers") not in (None, workers)
+    )
+    title = f"Throughput: {jobs:,} jobs, {workers} worker processes" if jobs else "Throughput"
+    left.set_title(f"{title} ({others})" if jobs and others else title, fontsize=10 if others else None)
     left.margins(x=0.2)
     lagged = [n for n in names if systems[n].get("lag_p99_ms") is not None]
     if lagged:
@@ -170,12 +175,38 @@ def plot_throughput(latest: dict[str, Any], out: Path) -> Path | None:
         right.margins(x=0.3)
     else:
         right.set_axis_off()
+    plot_cost(cost, systems, names)
     fig.suptitle(f"Ours against peers on the same machine — {_subtitle(latest)}", fontsize=11)
     fig.tight_layout()
     path = out / "throughput.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_cost(axes: Any, systems: dict[str, Any], names: list[str]) -> None:
+    """PostgreSQL CPU per job of the throughput phase, with WAL per job in the label."""
+    costed = [n for n in names if (systems[n].get("cost") or {}).get("pg_cpu_ms_per_job") is not None]
+    if not costed:
+        axes.set_axis_off()
+        return
+    costs = [systems[n]["cost"] for n in costed]
+    bars = axes.barh(
+        costed, [c["pg_cpu_ms_per_job"] for c in costs], color=[COLOURS.get(n, "#999") for n in costed]
+    )
+    axes.bar_label(
+        bars,
+        labels=[
+            f"{c['pg_cpu_ms_per_job']:.2f} ms, {c.get('wal_bytes_per_job', 0) / 1000:.1f} kB WAL"
+            for c in costs
+        ],
+        padding=3,
+        fontsize=9,
+    )
+    axes.invert_yaxis()
+    axes.set_xlabel("PostgreSQL CPU per job, ms (lower is better)")
+    axes.set_title("Database work per job (whole server)")
+    axes.margins(x=0.6)
 
 
 def main() -> None:

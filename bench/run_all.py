@@ -8,7 +8,8 @@ Steps, in order (``--only`` and ``--skip`` take comma-separated names):
 - ``e2e``: N immediate no-op jobs through the whole pipeline (``e2e.jobs_per_s``, ``e2e.latency_ms``),
 - ``lag``: firing precision at several rates (``lag.<rate>.p99_ms``),
 - ``lag_idle``: the same at one rate with few and with many idle schedules (``lag_idle.<count>``),
-- ``peers``: PgQueuer and Celery on the same machine (``peers.<name>.jobs_per_s``, ``.lag_p99_ms``),
+- ``peers``: PgQueuer (defaults and tuned) and Celery on the same machine (``peers.<name>.jobs_per_s``,
+  ``.lag_p99_ms``, ``.cost``: PostgreSQL work per job, with ours over theirs),
 - ``ingest``: Avro commands through the ingestor and the CLI (``ingest.avro_per_s``, ``.cli_per_s``),
 - ``api``: schedule creates through ``scheduler run api``, HTTP/JSON and gRPC, open-loop at several
   rates and in batches (``api.single.<transport>.<rate>.p99_ms``, ``api.batch.<transport>.schedules_per_s``),
@@ -70,7 +71,7 @@ def arguments() -> argparse.Namespace:
     )
     lag.add_argument("--pg-options", help="PGOPTIONS for our components, e.g. '-c plan_cache_mode=...'")
     peers = parser.add_argument_group("peers")
-    peers.add_argument("--peers", default="pgqueuer,celery", help="which peers")
+    peers.add_argument("--peers", default="pgqueuer,pgqueuer_tuned,celery", help="which peers, of these")
     peers.add_argument(
         "--peer-rate", type=int, default=1000, help="delayed jobs per second (ours: lag at it)"
     )
@@ -194,6 +195,8 @@ def summary() -> None:
             for row in (
                 (f"{name} jobs/s", f"peers.{name}.jobs_per_s"),
                 (f"{name} lag p99 ms", f"peers.{name}.lag_p99_ms"),
+                (f"{name} PostgreSQL CPU ms/job", f"peers.{name}.cost.pg_cpu_ms_per_job"),
+                (f"ours ÷ {name} PostgreSQL CPU/job", f"peers.{name}.ours_over_theirs_pg_cpu_per_job"),
             )
         ),
         ("ingest Avro schedules/s", "ingest.avro_per_s"),

@@ -6,6 +6,11 @@ asyncpg connection with an async no-op entrypoint. Throughput: N jobs enqueued i
 statement, timed from before the enqueue until PgQueuer's queue table is empty (every job done and
 acknowledged). Delayed jobs: ``execute_after`` spread evenly over the window; lag is the handler's
 start minus the job's ``execute_after`` as PostgreSQL stored it.
+
+The throughput phase is also measured as ours is (``bench/cost.py``'s ``CostProbe``, imported from
+the repository, which needs only psycopg): WAL, server CPU, statements and transactions per job,
+written under ``cost`` in the figures. ``--autovac`` applies ``pgq autovac`` after the install (the
+autovacuum and fillfactor settings of PgQueuer's performance-tuning guide).
 """
 
 from __future__ import annotations
@@ -18,14 +23,20 @@ import tempfile
 import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import asyncpg
 import harness
 import psycopg
 from pgqueuer import AsyncpgDriver, Job, Queries, QueueManager
 
+if TYPE_CHECKING:
+    from bench.cost import CostProbe
+
 ENTRYPOINT = "noop"
 QUEUE_TABLE = "pgqueuer"
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 def worker(dsn: str, work_dir: str, batch_size: int) -> None:
@@ -63,10 +74,21 @@ def queued(conn: psycopg.Connection) -> int:
     return int(row[0]) if row else 0
 
 
+def cost_probe(dsn: str) -> CostProbe:
+    """The probe our e2e run is measured with, so both are read the same way. This script runs from
+    ``bench/peers`` in another virtualenv, so the repository root goes on the path first."""
+    if str(REPOSITORY) not in sys.path:
+        sys.path.insert(0, str(REPOSITORY))
+    from bench.cost import CostProbe
+
+    return CostProbe(dsn)
+
+
 def main() -> None:
     args = harness.arguments(__doc__.splitlines()[0])
     dsn_arg = sys.argv[sys.argv.index("--dsn") + 1]
     batch_size = int(sys.argv[sys.argv.index("--batch-size") + 1]) if "--batch-size" in sys.argv else 10
+    autovac = "--autovac" in sys.argv
     if args.worker:
         worker(dsn_arg, args.work_dir, batch_size)
         return
@@ -81,6 +103,12 @@ def main() -> None:
             check=True,
             capture_output=True,
         )
+        if autovac:
+            subprocess.run(
+                [sys.executable, "-m", "pgqueuer", "--pg-dsn", dsn, "autovac"],
+                check=True,
+                capture_output=True,
+            )
         work_dir = tempfile.mkdtemp(prefix="pgq-", dir=args.work_dir)
         command = [sys.executable, __file__, "--worker", "--dsn", dsn, "--work-dir", work_dir]
         workers = harness.start([[*command, "--batch-size", str(batch_size), "--out", "-"]] * args.workers)
@@ -88,10 +116,15 @@ def main() -> None:
             enqueue(dsn, [f"w{i}" for i in range(200)], None)
             harness.wait_until(lambda: queued(conn) == 0, 120)
 
+            probe = cost_probe(dsn)
+            probe.start()
             started = time.monotonic()
             enqueue(dsn, [f"t{i}" for i in range(args.jobs)], None)
             enqueued = time.monotonic()
             finished = harness.wait_until(lambda: queued(conn) == 0, 600)
+            # Read while the workers still run, as ours is read before its components stop; the
+            # count(*) polling above is counted too, as our e2e run's is: a statement every 50 ms.
+            cost = probe.finish(args.jobs)
 
             fires = max(1, round(args.rate * args.window))
             lead_s = 2.0 + fires / 20_000
@@ -114,7 +147,8 @@ def main() -> None:
             args.out,
             {
                 "system": "pgqueuer",
-                "config": f"{args.workers} processes x QueueManager(batch_size={batch_size}), asyncpg",
+                "config": f"{args.workers} processes x QueueManager(batch_size={batch_size}), asyncpg, "
+                + ("durable tables with pgq autovac" if autovac else "durable tables"),
                 "jobs": args.jobs,
                 "jobs_done": len(throughput_keys),
                 "seconds": finished - started,
@@ -123,6 +157,7 @@ def main() -> None:
                 "lag_ms": harness.lag_ms(lag),
                 "lag_duplicates": len(lag) - len({key for key, _, _ in lag}),
                 "inserted_ahead_s": ahead_s,
+                "cost": cost,
             },
         )
     finally:

@@ -1,0 +1,309 @@
+"""What a benchmark run cost the database and the broker, per job: the figures that decide how far
+one PostgreSQL carries the scheduler, since it is the one part that does not scale out.
+
+A :class:`CostProbe` takes a snapshot before a run and one after, and reports the difference:
+
+- ``wal_bytes``: ``pg_current_wal_lsn()`` before and after (the whole server's WAL, so nothing else
+  should write meanwhile), from a ``CHECKPOINT`` taken at the start so that every run pays the
+  full-page images of the pages it touches first in the same way; ``statements_wal_bytes`` is the
+  measured database's share, from ``pg_stat_statements``;
+- ``pg_cpu_ms``: user + system CPU of the server's processes from ``/proc``: the postmaster's own
+  and its reaped children's (``cutime``/``cstime``, so a backend that exits mid-run still counts),
+  plus every live child's. Only when the server runs on this machine (the local stack does).
+  ``db_backends_cpu_ms`` is the share of the backends connected to the measured database (those
+  alive at the end), which other databases' work does not inflate;
+- ``statements`` and per-statement figures from ``pg_stat_statements`` of the measured database
+  (calls, execution time, rows, WAL bytes), when the server preloads it (``scheduler dev up``
+  does when the library is there);
+- ``transactions``: commits and rollbacks of the measured database (``pg_stat_database``). A
+  backend reports these when it goes idle, up to about 10 s late, so :meth:`CostProbe.finish`
+  waits ``settle_s`` for them;
+- ``kafka_bytes``: bytes appended to the log segments of the run's topics (by topic-name prefix)
+  in the local broker's data folder, when it is given.
+
+Divided by the job count, these are what ``bench/README.md`` calls the cost per job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# Long statements are cut for the tables; the query id tells them apart.
+QUERY_TEXT_CHARS = 90
+TOP_STATEMENTS = 12
+# The per-job figures, in the order the tables show them.
+SUMMARY = (
+    "wal_bytes_per_job",
+    "statements_wal_bytes_per_job",
+    "pg_cpu_ms_per_job",
+    "db_backends_cpu_ms_per_job",
+    "statements_per_job",
+    "transactions_per_job",
+    "kafka_bytes_per_job",
+    "exec_ms_per_job",
+)
+
+
+@dataclass
+class Snapshot:
+    wal_lsn: str
+    pg_cpu_s: float | None
+    backend_cpu_s: dict[int, float]  # pid -> CPU of each backend connected to the measured database
+    statements: dict[int, dict[str, Any]]
+    transactions: int | None
+    kafka_bytes: int | None
+    at: float = field(default_factory=time.monotonic)
+
+
+def _cpu_seconds(pid: int, *, with_children: bool) -> float:
+    # /proc/<pid>/stat: the command may hold spaces and parentheses, so split after the last ")".
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    utime, stime, cutime, cstime = (int(fields[i]) for i in (11, 12, 13, 14))
+    ticks = utime + stime + (cutime + cstime if with_children else 0)
+    return ticks / CLOCK_TICKS
+
+
+def server_cpu_seconds(postmaster: int) -> float | None:
+    """The server's CPU so far: the postmaster with its reaped children, plus its live children."""
+    try:
+        total = _cpu_seconds(postmaster, with_children=True)
+    except (OSError, IndexError, ValueError):
+        return None
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == postmaster:
+                total += _cpu_seconds(int(entry.name), with_children=False)
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile: the postmaster's cutime has it now
+    return total
+
+
+def kafka_log_bytes(data_dir: Path, topic_prefix: str) -> int:
+    """Bytes in the ``*.log`` segments of the topics named ``<topic_prefix>...`` (the index files
+    are preallocated, so their size says nothing)."""
+    total = 0
+    for partition in data_dir.glob(f"{topic_prefix}*"):
+        for segment in partition.glob("*.log"):
+            try:
+                total += segment.stat().st_size
+            except OSError:
+                continue
+    return total
+
+
+class CostProbe:
+    """Cost of what happens in the database of ``url`` between :meth:`start` and :meth:`finish`.
+
+    The probe creates the ``pg_stat_statements`` extension there when the server preloads it; its
+    own few statements count too, which is noise next to thousands of jobs."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        kafka_data: Path | None = None,
+        topic_prefix: str | None = None,
+    ) -> None:
+        self.url = url
+        self.database = ""
+        self.kafka_data = kafka_data
+        self.topic_prefix = topic_prefix
+        self._before: Snapshot | None = None
+        self._statements = True
+        self._postmaster: int | None = None
+
+    def _connect(self) -> psycopg.Connection[dict[str, Any]]:
+        return psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+
+    def _snapshot(self, conn: psycopg.Connection[dict[str, Any]]) -> Snapshot:
+        row = conn.execute("select pg_current_wal_lsn()::text as lsn").fetchone()
+        assert row is not None
+        statements: dict[int, dict[str, Any]] = {}
+        if self._statements:
+            for stat in conn.execute(
+                "select queryid, calls, total_exec_time, rows, wal_bytes, query "
+                "  from pg_stat_statements s join pg_database d on d.oid = s.dbid "
+                " where d.datname = %s and s.toplevel",
+                (self.database,),
+            ):
+                statements[stat["queryid"]] = stat
+        xact = conn.execute(
+            "select xact_commit + xact_rollback as n from pg_stat_database where datname = %s",
+            (self.database,),
+        ).fetchone()
+        kafka = None
+        if self.kafka_data is not None and self.topic_prefix:
+            kafka = kafka_log_bytes(self.kafka_data, self.topic_prefix)
+        return Snapshot(
+            wal_lsn=row["lsn"],
+            pg_cpu_s=None if self._postmaster is None else server_cpu_seconds(self._postmaster),
+            backend_cpu_s=self._backend_cpu(conn),
+            statements=statements,
+            transactions=None if xact is None else int(xact["n"]),
+            kafka_bytes=kafka,
+        )
+
+    def _backend_cpu(self, conn: psycopg.Connection[dict[str, Any]]) -> dict[int, float]:
+        if self._postmaster is None:
+            return {}
+        cpu: dict[int, float] = {}
+        for row in conn.execute(
+            "select pid from pg_stat_activity where datname = %s and pid <> pg_backend_pid()",
+            (self.database,),
+        ):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                cpu[row["pid"]] = _cpu_seconds(row["pid"], with_children=False)
+        return cpu
+
+    def start(self) -> None:
+        with self._connect() as conn:
+            name = conn.execute("select current_database() as name").fetchone()
+            self.database = "" if name is None else str(name["name"])
+            try:
+                conn.execute("create extension if not exists pg_stat_statements")
+                conn.execute("select 1 from pg_stat_statements limit 1")
+            except psycopg.Error:
+                self._statements = False  # not preloaded: statements are not counted
+            self._postmaster = _local_postmaster(conn)
+            # Every run starts right after a checkpoint, so each pays the full-page images of the
+            # pages it first touches alike, instead of by where the last one happened to fall.
+            # Without the right to (not a superuser, no pg_checkpoint) the figures carry that noise.
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("checkpoint")
+            self._before = self._snapshot(conn)
+
+    def finish(self, jobs: int, settle_s: float = 11.0) -> dict[str, Any]:
+        """The figures since :meth:`start`, in all and per job. CPU, WAL and statements are read at
+        once; the transaction count after ``settle_s`` more (an idle backend reports it late)."""
+        before = self._before
+        if before is None:
+            raise RuntimeError("CostProbe.finish without start")
+        with self._connect() as conn:
+            after = self._snapshot(conn)
+            wal = conn.execute(
+                "select pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint as n", (after.wal_lsn, before.wal_lsn)
+            ).fetchone()
+            if settle_s > 0:
+                time.sleep(settle_s)
+                late = conn.execute(
+                    "select xact_commit + xact_rollback as n from pg_stat_database where datname = %s",
+                    (self.database,),
+                ).fetchone()
+                after.transactions = None if late is None else int(late["n"])
+        per = max(jobs, 1)
+        figures: dict[str, Any] = {"jobs": jobs, "seconds": round(after.at - before.at, 2)}
+        wal_bytes = int(wal["n"]) if wal is not None else 0
+        figures["wal_bytes"] = wal_bytes
+        figures["wal_bytes_per_job"] = round(wal_bytes / per, 1)
+        if before.pg_cpu_s is not None and after.pg_cpu_s is not None:
+            cpu_ms = (after.pg_cpu_s - before.pg_cpu_s) * 1000
+            figures["pg_cpu_ms"] = round(cpu_ms, 1)
+            figures["pg_cpu_ms_per_job"] = round(cpu_ms / per, 4)
+        if after.backend_cpu_s:
+            # Only this database's backends, so other databases' work on the server does not
+            # count; a backend that ended before the second snapshot is missed (ours keep theirs).
+            own_ms = (
+                sum(cpu - before.backend_cpu_s.get(pid, 0.0) for pid, cpu in after.backend_cpu_s.items())
+                * 1000
+            )
+            figures["db_backends_cpu_ms_per_job"] = round(own_ms / per, 4)
+        if before.transactions is not None and after.transactions is not None:
+            figures["transactions"] = after.transactions - before.transactions
+            figures["transactions_per_job"] = round(figures["transactions"] / per, 4)
+        if before.kafka_bytes is not None and after.kafka_bytes is not None:
+            figures["kafka_bytes"] = after.kafka_bytes - before.kafka_bytes
+            figures["kafka_bytes_per_job"] = round(figures["kafka_bytes"] / per, 1)
+        if self._statements:
+            figures |= _statement_figures(before.statements, after.statements, per)
+        return figures
+
+
+def _statement_figures(
+    before: dict[int, dict[str, Any]], after: dict[int, dict[str, Any]], per: int
+) -> dict[str, Any]:
+    rows = []
+    for queryid, stat in after.items():
+        old = before.get(queryid, {})
+        calls = stat["calls"] - old.get("calls", 0)
+        if calls <= 0:
+            continue
+        rows.append(
+            {
+                "query": " ".join(str(stat["query"]).split())[:QUERY_TEXT_CHARS],
+                "calls_per_job": round(calls / per, 4),
+                "exec_ms_per_job": round(
+                    (stat["total_exec_time"] - old.get("total_exec_time", 0.0)) / per, 4
+                ),
+                "rows_per_job": round((stat["rows"] - old.get("rows", 0)) / per, 3),
+                "wal_bytes_per_job": round(float(stat["wal_bytes"] - old.get("wal_bytes", 0)) / per, 1),
+            }
+        )
+    rows.sort(key=lambda r: r["exec_ms_per_job"], reverse=True)
+    calls_per_job = sum(r["calls_per_job"] for r in rows)
+    return {
+        "statements_wal_bytes_per_job": round(sum(r["wal_bytes_per_job"] for r in rows), 1),
+        "statements_per_job": round(calls_per_job, 3),
+        "exec_ms_per_job": round(sum(r["exec_ms_per_job"] for r in rows), 4),
+        "top_statements": rows[:TOP_STATEMENTS],
+    }
+
+
+def _local_postmaster(conn: psycopg.Connection[dict[str, Any]]) -> int | None:
+    """The postmaster's pid when the server runs on this machine: the parent of this connection's
+    backend (a server elsewhere has no such process here)."""
+    row = conn.execute("select pg_backend_pid() as pid").fetchone()
+    if row is None:
+        return None
+    try:
+        stat = Path(f"/proc/{row['pid']}/stat").read_text()
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        cmdline = Path(f"/proc/{parent}/cmdline").read_bytes()
+    except (OSError, IndexError, ValueError):
+        return None
+    return parent if b"postgres" in cmdline else None
+
+
+def local_kafka_data() -> Path | None:
+    """The local stack's broker data folder, when this machine runs it."""
+    from scheduler.config import load_settings
+    from scheduler.devstack import LocalStack
+
+    data: Path = LocalStack(load_settings()).kafka.data
+    return data if data.exists() else None
+
+
+def show_cost(title: str, cost: dict[str, Any]) -> None:
+    """The per-job figures and the top statements as two tables."""
+    from rich.table import Table
+
+    from bench.common import console
+
+    out = console()
+    summary = Table(title=f"{title}: cost per job")
+    for key in SUMMARY:
+        summary.add_column(key.removesuffix("_per_job"))
+    summary.add_row(*(str(cost.get(key, "-")) for key in SUMMARY))
+    out.print(summary)
+    if cost.get("top_statements"):
+        top = Table("calls", "exec ms", "rows", "WAL B", "statement", title="per job, by execution time")
+        for row in cost["top_statements"]:
+            top.add_row(
+                str(row["calls_per_job"]),
+                str(row["exec_ms_per_job"]),
+                str(row["rows_per_job"]),
+                str(row["wal_bytes_per_job"]),
+                row["query"],
+            )
+        out.print(top)
