@@ -126,8 +126,9 @@ class Wiring:
 
     def relay(self) -> Relay:
         name = instance_name("relay", unique=True)
-        # The producer gives up on a message well before the claim lapses, so a slow Kafka makes a
-        # batch fail and be released rather than be published twice by two relays.
+        # The producer gives up on a message well before the batch's transaction reaches its bound
+        # (the server would end the session), so a slow Kafka makes a batch fail and be handed back
+        # rather than be published twice by two relays.
         timeout_ms = int(min(30.0, self.settings.relay_claim_s / 2) * 1000)
         # A factory: a producer broken for good (a fatal idempotence error) is replaced. The
         # relay's own admin client checks topics; the health probe keeps its own.

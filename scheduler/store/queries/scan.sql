@@ -121,7 +121,8 @@ with next_attempt as (
            as n(id, attempt, topic, key, value, headers)
 ), moved as (
     update runs r
-       set state = 'pending', attempt = n.attempt, next_attempt_at = null,
+       -- dispatched_at: when this attempt was queued, what a redispatch's cut-off is compared with.
+       set state = 'pending', attempt = n.attempt, next_attempt_at = null, dispatched_at = now(),
            lease_expires_at = null, version = r.version + 1
       from next_attempt n
      where r.id = n.id and r.state = 'retry_wait' and r.attempt = n.attempt - 1
