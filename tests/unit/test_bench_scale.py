@@ -1,0 +1,50 @@
+"""The scale benchmark's pure helpers: what its figures are computed from."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.scale import hourly_spread, max_overlap, plan_scans, plateau, small_spread
+
+
+def test_in_flight_is_the_most_intervals_open_at_once() -> None:
+    assert max_overlap([(0, 30), (1, 31), (2, 32)]) == 3
+    assert max_overlap([(0, 1), (2, 3)]) == 1
+    # A job that ends at the instant another starts is not in flight with it.
+    assert max_overlap([(0, 1), (1, 2)]) == 1
+    assert max_overlap([]) == 0
+
+
+def test_plateau_is_the_memory_while_nearly_every_job_runs() -> None:
+    samples = [(0, 80.0), (4_000, 120.0), (4_990, 150.0), (5_000, 152.0), (5_000, 154.0), (10, 90.0)]
+    assert plateau(samples, 5_000) == 152.0
+    assert plateau([(10, 80.0)], 5_000) is None
+
+
+def test_the_comparison_fires_at_the_same_rate_from_about_a_thousand_schedules() -> None:
+    big = hourly_spread(60)
+    assert big.expression == "H H * * * *"
+    assert big.period_s == 3600
+    small, count = small_spread(1_000_000 / big.period_s)
+    assert small.expression == "H/4 * * * * *"
+    assert count == 1_111
+    assert count / small.period_s == pytest.approx(1_000_000 / 3600, rel=0.001)
+    assert hourly_spread(10).expression == "H H/10 * * * *"
+    with pytest.raises(ValueError):
+        hourly_spread(7)
+
+
+def test_a_plan_lists_every_scan_with_its_index() -> None:
+    plan = {
+        "Node Type": "Limit",
+        "Plans": [
+            {"Node Type": "Seq Scan", "Relation Name": "runs"},
+            {"Node Type": "Index Scan", "Relation Name": "schedules", "Index Name": "schedules_pkey"},
+        ],
+    }
+    assert list(plan_scans(plan)) == ["Seq Scan on runs", "Index Scan on schedules (schedules_pkey)"]
+
+
+def test_a_scan_that_never_ran_says_so() -> None:
+    plan = {"Node Type": "Seq Scan", "Relation Name": "schedules", "Actual Loops": 0}
+    assert list(plan_scans(plan)) == ["Seq Scan on schedules (never executed)"]
