@@ -3,14 +3,23 @@
 Avro commands: N ``create`` commands (far-future yearly crons, so nothing fires) written as JSON
 lines, produced with ``scheduler produce --file`` while ``scheduler run ingestor`` runs; timed from
 the start of ``produce`` until N schedules are in PostgreSQL (``avro_per_s``), with the producer's
-own rate apart (``produce_per_s``). The ingestor is warmed up with a few commands first.
+own rate apart (``produce_per_s``). The ingestor is warmed up with a few commands first. What the
+same span cost (``cost``: WAL bytes, PostgreSQL CPU, statements and transactions per command, as
+:mod:`bench.cost` measures them for every benchmark) and the ingestors' own CPU per command
+(``ingestor_cpu_us_per_command``) are reported beside the rate: on a shared machine those vary far
+less than the rate does. ``--ingestors 2`` runs two ingestor processes in one consumer group.
+
+Drain: the same N commands put on the topic before any ingestor runs, then read by freshly started
+ingestors (``drain_per_s``, timed from the first schedule of the run to the last, so the start-up
+and the group join are left out). Producer and ingestor share this machine's cores in the first
+figure; here the ingestor has them to itself with PostgreSQL, so this is what it can take.
 
 CLI: ``scheduler schedules create`` in a loop, one process per schedule as a shell script would do
 it (``cli_per_s``; mostly the interpreter's start-up).
 
 Skipped, with the reason recorded, when this checkout has no ``scheduler produce`` or ingestor.
 
-    python -m bench.ingest --commands 10000 --cli 20
+    python -m bench.ingest --commands 10000 --cli 20 [--ingestors 2]
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +48,7 @@ from bench.common import (
     running,
     wait_until,
 )
+from bench.cost import CLOCK_TICKS, CostProbe, local_kafka_data, show_cost
 from scheduler.wiring import Wiring
 
 YEARLY = "0 0 1 1 *"
@@ -85,22 +96,43 @@ def schedule_count(conn: Any, prefix: str) -> int:
     return int(row["n"]) if row else 0
 
 
-def run_avro(commands: int, partitions: int) -> dict[str, Any]:
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system CPU of the processes ``pids`` (all their threads) so far."""
+    total = 0
+    for pid in pids:
+        # /proc/<pid>/stat: the command may hold spaces and parentheses, so split after the last ")".
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / CLOCK_TICKS
+
+
+def run_avro(commands: int, partitions: int, ingestors: int = 1) -> dict[str, Any]:
     with isolated_settings("ingest") as settings, tempfile.TemporaryDirectory() as scratch:
         create_bench_app(settings, partitions)
         env = component_env(settings)
         warm, batch = Path(scratch) / "warm.jsonl", Path(scratch) / "bench.jsonl"
-        write_commands(warm, 10, "warm")
+        # Warm-up commands on every partition: by the time they are all in, the ingestors have as a
+        # rule joined the group and taken their partitions, so the clock starts on a settled group.
+        warmup = 10 * ingestors * partitions
+        write_commands(warm, warmup, "warm")
         write_commands(batch, commands, "avro")
+        probe = CostProbe(
+            settings.database_url, kafka_data=local_kafka_data(), topic_prefix=settings.topic_prefix
+        )
         with (
-            running([["ingestor"]], env, RESULTS / "logs" / "ingest"),
+            running([["ingestor"]] * ingestors, env, RESULTS / "logs" / "ingest") as procs,
             Wiring(settings).database.connect() as conn,
         ):
+            pids = [p.pid for p in procs]
             produce(env, warm)
-            wait_until(lambda: schedule_count(conn, "warm") >= 10, 120, interval_s=0.1)
+            wait_until(lambda: schedule_count(conn, "warm") >= warmup, 120, interval_s=0.1)
+            probe.start()
+            cpu_before = cpu_seconds(pids)
             started = time.monotonic()
             summary = produce(env, batch)
-            finished = wait_until(lambda: schedule_count(conn, "avro") >= commands, 600, interval_s=0.05)
+            finished = wait_until(lambda: all_in(conn, "avro", commands), 600, interval_s=0.05)
+            ingestor_cpu_s = cpu_seconds(pids) - cpu_before
+            cost = probe.finish(commands, settle_s=2.0)
             # The same file once more, as a producer retrying everything would: applied once only.
             produce(env, batch)
             wait_until(lambda: duplicates_seen(conn) >= commands, 600, interval_s=0.1)
@@ -108,10 +140,55 @@ def run_avro(commands: int, partitions: int) -> dict[str, Any]:
     seconds = finished - started
     return {
         "commands": commands,
+        "ingestors": ingestors,
         "seconds": round(seconds, 2),
         "avro_per_s": round(commands / seconds, 1),
         "produce_per_s": summary.get("rate"),
         "schedules_after_producing_twice": after_replay,
+        "ingestor_cpu_us_per_command": round(ingestor_cpu_s / commands * 1e6, 1),
+        "cost": cost,
+    }
+
+
+def all_in(conn: Any, prefix: str, count: int) -> bool:
+    """Whether the ``count`` schedules of ``prefix`` are in. Counting scans the growing table, which
+    polled every 50 ms would cost PostgreSQL as much as the ingestion it measures: the last
+    command's key is looked up first (one index probe), and only once it is in are they counted."""
+    last = (BENCH_APP, f"{prefix}:{count - 1}")
+    row = conn.execute("select 1 from schedule_keys where app = %s and schedule_key = %s", last).fetchone()
+    conn.commit()
+    return row is not None and schedule_count(conn, prefix) >= count
+
+
+def any_in(conn: Any, prefix: str) -> bool:
+    row = conn.execute(
+        "select 1 from schedules where app = %s and name like %s limit 1", (BENCH_APP, prefix + "-%")
+    ).fetchone()
+    conn.commit()
+    return row is not None
+
+
+def run_drain(commands: int, partitions: int, ingestors: int = 1) -> dict[str, Any]:
+    with isolated_settings("drain") as settings, tempfile.TemporaryDirectory() as scratch:
+        create_bench_app(settings, partitions)
+        env = component_env(settings)
+        path = Path(scratch) / "drain.jsonl"
+        write_commands(path, commands, "drain")
+        produce(env, path)
+        with (
+            running([["ingestor"]] * ingestors, env, RESULTS / "logs" / "ingest-drain") as procs,
+            Wiring(settings).database.connect() as conn,
+        ):
+            pids = [p.pid for p in procs]
+            first = wait_until(lambda: any_in(conn, "drain"), 120, interval_s=0.02)
+            head = schedule_count(conn, "drain")
+            cpu_before = cpu_seconds(pids)
+            finished = wait_until(lambda: all_in(conn, "drain", commands), 600, interval_s=0.05)
+            cpu_s = cpu_seconds(pids) - cpu_before
+    drained = max(commands - head, 1)
+    return {
+        "drain_per_s": round(drained / max(finished - first, 1e-3), 1),
+        "drain_ingestor_cpu_us_per_command": round(cpu_s / drained * 1e6, 1),
     }
 
 
@@ -151,11 +228,12 @@ def run_cli(count: int, partitions: int) -> dict[str, Any]:
     return {"cli_commands": count, "cli_seconds": round(seconds, 2), "cli_per_s": round(count / seconds, 1)}
 
 
-def run_ingest(commands: int, cli: int, partitions: int) -> dict[str, Any]:
+def run_ingest(commands: int, cli: int, partitions: int, ingestors: int = 1) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     missing = available()
     if missing is None and commands:
-        figures |= run_avro(commands, partitions)
+        figures |= run_avro(commands, partitions, ingestors)
+        figures |= run_drain(commands, partitions, ingestors)
     else:
         figures |= {"avro_per_s": None, "avro_skipped": missing or "not asked for"}
     if cli:
@@ -166,12 +244,21 @@ def run_ingest(commands: int, cli: int, partitions: int) -> dict[str, Any]:
 def show(figures: dict[str, Any]) -> None:
     table = Table("path", "schedules", "seconds", "schedules/s", "note", title="ingestion into PostgreSQL")
     if figures.get("avro_per_s") is not None:
+        ingestors = figures.get("ingestors", 1)
         table.add_row(
-            "Avro commands → ingestor",
+            f"Avro commands → {ingestors} ingestor{'s' if ingestors > 1 else ''}",
             f"{figures['commands']:,}",
             str(figures["seconds"]),
             f"{figures['avro_per_s']:,}",
-            f"scheduler produce alone: {figures['produce_per_s']:,} commands/s",
+            f"scheduler produce alone: {figures['produce_per_s']:,} commands/s; "
+            f"ingestor CPU {figures['ingestor_cpu_us_per_command']} µs per command",
+        )
+        table.add_row(
+            "  the same, already on the topic",
+            f"{figures['commands']:,}",
+            "-",
+            f"{figures['drain_per_s']:,}",
+            f"drained by fresh ingestors; CPU {figures['drain_ingestor_cpu_us_per_command']} µs per command",
         )
     else:
         table.add_row("Avro commands → ingestor", "-", "-", "-", f"skipped: {figures['avro_skipped']}")
@@ -184,6 +271,8 @@ def show(figures: dict[str, Any]) -> None:
             "one process per schedule",
         )
     console().print(table)
+    if figures.get("cost"):
+        show_cost("Avro commands", figures["cost"])
 
 
 def main() -> None:
@@ -191,8 +280,9 @@ def main() -> None:
     parser.add_argument("--commands", type=int, default=10_000, help="Avro create commands (0 skips)")
     parser.add_argument("--cli", type=int, default=20, help="schedules created with the CLI (0 skips)")
     parser.add_argument("--partitions", type=int, default=12)
+    parser.add_argument("--ingestors", type=int, default=1, help="ingestor processes in one group")
     args = parser.parse_args()
-    figures = run_ingest(args.commands, args.cli, args.partitions)
+    figures = run_ingest(args.commands, args.cli, args.partitions, args.ingestors)
     show(figures)
     print(f"written to {record('ingest', figures)}")
 

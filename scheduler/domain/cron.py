@@ -15,6 +15,7 @@ with Vixie cron's two rules for fixed-time schedules and real-time semantics for
 from __future__ import annotations
 
 import calendar
+import copy
 import functools
 import hashlib
 import re
@@ -141,10 +142,11 @@ class CronExpression:
     @classmethod
     def parse(cls, text: str, schedule_id: str | uuid.UUID | None = None) -> CronExpression:
         """Validate ``text`` (raising :class:`InvalidCronExpression`) and resolve its ``H`` fields."""
-        hash_seed = None if schedule_id is None else _hash_seed(schedule_id)
         # Parsing and validating cost far more than the fire-time maths, and thousands of schedules
         # share an expression: parse each (text, seed) once. The seed matters only where an H may be.
-        return _parse_cached(text, hash_seed if "H" in text.upper() else None)
+        if schedule_id is None or "H" not in text.upper():
+            return _parse_cached(text, None)
+        return _parse_cached(text, _hash_seed(schedule_id))
 
     @classmethod
     def _parse(cls, text: str, hash_seed: str | None) -> CronExpression:
@@ -245,7 +247,7 @@ class CronSchedule:
 
         Raises :class:`NoFireTime` when the expression matches nothing in the next 50 years.
         """
-        return self._next(_WallClock(self.expression), _utc(after))
+        return _next_fire_cached(self, _utc(after))
 
     def fire_times(self, after: datetime) -> Iterator[datetime]:
         """Fire times strictly after ``after``, strictly increasing, for as long as there are any."""
@@ -316,6 +318,14 @@ class CronSchedule:
             wall = _naive(_transition(self.zone, second, first).astimezone(self.zone)) - _ONE_SECOND
 
 
+@functools.lru_cache(maxsize=8192)
+def _next_fire_cached(schedule: CronSchedule, after: datetime) -> datetime:
+    # A pure function of its arguments, asked the same question many times over: a bulk create
+    # asks it for every schedule of one expression at the batch's one "now", and the scanner for
+    # every schedule of one expression that fired at the same instant.
+    return schedule._next(_WallClock(schedule.expression), after)
+
+
 def next_fire_after(
     expression: CronExpression | str,
     tz: ZoneInfo | str,
@@ -341,14 +351,11 @@ class _WallClock:
 
     def __init__(self, expression: CronExpression) -> None:
         self._last_day = expression._last_day
-        self._croniter = croniter(
-            expression._croniter_text,
-            _VALIDATION_START,
-            ret_type=datetime,
-            # Vixie and Kubernetes (robfig/cron) AND the two day fields when either begins with
-            # "*" (as in "*/2"); croniter alone would OR them.
-            implement_cron_bug=True,
-        )
+        # A croniter's expansion of its expression costs far more than a next-time search. Each
+        # clock gets its own shallow copy of a shared one: the copy's position (the only state a
+        # search changes, and every search sets it first) is its own, so clocks in different
+        # threads never interfere, while the expanded fields, which searches only read, are shared.
+        self._croniter = copy.copy(_expanded_croniter(expression._croniter_text))
 
     def next_after(self, wall: datetime) -> datetime:
         candidate = self._croniter.get_next(datetime, start_time=wall)
@@ -356,6 +363,23 @@ class _WallClock:
             end_of_day = candidate.replace(hour=23, minute=59, second=59)
             candidate = self._croniter.get_next(datetime, start_time=end_of_day)
         return candidate
+
+
+@functools.lru_cache(maxsize=8192)
+def _expanded_croniter(croniter_text: str) -> croniter[datetime]:
+    """A croniter of ``croniter_text``, to copy (never to search with itself).
+
+    Keyed by the text croniter reads, in which the expression's ``H`` fields are already resolved
+    with their hash seed: everything a search depends on besides its start (the zone plays no part
+    in croniter's naive wall times)."""
+    return croniter(
+        croniter_text,
+        _VALIDATION_START,
+        ret_type=datetime,
+        # Vixie and Kubernetes (robfig/cron) AND the two day fields when either begins with
+        # "*" (as in "*/2"); croniter alone would OR them.
+        implement_cron_bug=True,
+    )
 
 
 def _utc(moment: datetime) -> datetime:

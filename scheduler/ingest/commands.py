@@ -1,10 +1,11 @@
 """Decoding and validating one consumed ``ScheduleCommand``, before any database is involved.
 
 The first step of the ingestor: every message of a batch becomes either a :class:`ValidCommand`
-(decoded, its spec checked by the same :func:`scheduler.schedule.spec.validate` the CLI uses)
-or a :class:`~scheduler.store.ingest.Rejection` with a code and a one-line reason. Nothing here
-raises for bad input, so one malformed message can never stop a batch; only an unreachable schema
-registry propagates (the message may be fine, so it must be retried, not rejected).
+(decoded, its spec checked by the validation the CLI uses, :mod:`scheduler.schedule.spec`'s
+``validate``) or a :class:`~scheduler.store.ingest.Rejection` with a code and a one-line reason.
+Nothing here raises for bad input, so one malformed message can never stop a batch; only an
+unreachable schema registry propagates (the message may be fine, so it must be retried, not
+rejected).
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from scheduler.schedule.spec import (
     InvalidSchedule,
     ScheduleSpec,
     check_text,
-    encoded_payload,
     parse_payload,
-    validate,
     validate_app_name,
+    validate_encoded,
 )
 from scheduler.store.ingest import Rejection, Source
 
@@ -89,7 +89,7 @@ def rejection(
 
 
 def domain_spec(command: ScheduleCommand, spec: SpecMessage) -> ScheduleSpec:
-    """The command's spec in the terms :func:`validate` checks; raises :class:`InvalidSchedule`."""
+    """The command's spec in the terms validation checks; raises :class:`InvalidSchedule`."""
     payload = parse_payload(spec.payload)
     if not 1 <= spec.timeout_seconds <= 86_400:
         raise InvalidSchedule(f"timeout_seconds must be 1 to 86400, got {spec.timeout_seconds}")
@@ -141,8 +141,8 @@ def decode_command(codec: AvroCodec, consumed: Consumed) -> ValidCommand | Rejec
         if command.operation in SPEC_OPERATIONS:
             if command.spec is None:
                 raise InvalidSchedule(f"the {command.operation} command needs a spec")
-            spec = validate(domain_spec(command, command.spec))
-            return ValidCommand(consumed, command, spec, encoded_payload(spec.payload))
+            spec = domain_spec(command, command.spec)
+            return ValidCommand(consumed, command, spec, validate_encoded(spec))
         if command.spec is not None:
             raise InvalidSchedule(
                 f"the {command.operation} command takes no spec (only create and update take one)"

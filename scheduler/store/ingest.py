@@ -15,6 +15,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from scheduler.store.sql import query
 
@@ -83,6 +84,13 @@ class Rejection:
     source: Source
 
 
+def _tuples(conn: psycopg.Connection[Row], name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """The rows of a statement that returns one per command, as tuples: a dict for each showed in
+    the ingestor's profile."""
+    with conn.cursor(row_factory=tuple_row) as cursor:
+        return cursor.execute(query(name), params).fetchall()
+
+
 def decided_sources(conn: psycopg.Connection[Row], sources: Sequence[Source]) -> set[Source]:
     """The positions among ``sources`` whose message was rejected before."""
     if not sources:
@@ -102,19 +110,16 @@ def claim_commands(conn: psycopg.Connection[Row], claims: Sequence[CommandClaim]
     """The command ids this transaction now owns; every other id of ``claims`` is a duplicate."""
     if not claims:
         return set()
-    rows = conn.execute(
-        query("claim_commands"),
-        {
-            "command_ids": [c.command_id for c in claims],
-            "apps": [c.app for c in claims],
-            "keys": [c.schedule_key for c in claims],
-            "operations": [c.operation for c in claims],
-            "topics": [c.source.topic for c in claims],
-            "partitions": [c.source.partition for c in claims],
-            "offsets": [c.source.offset for c in claims],
-        },
-    ).fetchall()
-    return {r["command_id"] for r in rows if r["claimed"]}
+    params = {
+        "command_ids": [c.command_id for c in claims],
+        "apps": [c.app for c in claims],
+        "keys": [c.schedule_key for c in claims],
+        "operations": [c.operation for c in claims],
+        "topics": [c.source.topic for c in claims],
+        "partitions": [c.source.partition for c in claims],
+        "offsets": [c.source.offset for c in claims],
+    }
+    return {command_id for command_id, claimed in _tuples(conn, "claim_commands", params) if claimed}
 
 
 def unclaim_commands(conn: psycopg.Connection[Row], command_ids: Iterable[str]) -> None:
@@ -150,36 +155,33 @@ def create_keyed_schedules(conn: psycopg.Connection[Row], new: Sequence[NewKeyed
     concurrently leaves its schedule out)."""
     if not new:
         return set()
-    rows = conn.execute(
-        query("create_keyed_schedules"),
-        {
-            "ids": [n.id for n in new],
-            "apps": [n.app for n in new],
-            "keys": [n.schedule_key for n in new],
-            "names": [n.name for n in new],
-            "kinds": [n.kind for n in new],
-            "crons": [n.cron for n in new],
-            "tzs": [n.tz for n in new],
-            "run_at": [n.run_at for n in new],
-            "start_at": [n.start_at for n in new],
-            "end_at": [n.end_at for n in new],
-            "handlers": [n.handler for n in new],
-            "payloads": [n.payload for n in new],
-            "max_attempts": [n.max_attempts for n in new],
-            "backoff_base_ms": [n.backoff_base_ms for n in new],
-            "backoff_max_ms": [n.backoff_max_ms for n in new],
-            "timeout_ms": [n.timeout_ms for n in new],
-            "misfire_policies": [n.misfire_policy for n in new],
-            "overlap_policies": [n.overlap_policy for n in new],
-            "jitter_ms": [n.jitter_ms for n in new],
-            "next_fire_at": [n.next_fire_at for n in new],
-            "actors": [n.actor for n in new],
-            "traceparents": [n.traceparent for n in new],
-            "descriptions": [n.description for n in new],
-            "enabled": [n.enabled for n in new],
-        },
-    ).fetchall()
-    return {r["id"] for r in rows}
+    params = {
+        "ids": [n.id for n in new],
+        "apps": [n.app for n in new],
+        "keys": [n.schedule_key for n in new],
+        "names": [n.name for n in new],
+        "kinds": [n.kind for n in new],
+        "crons": [n.cron for n in new],
+        "tzs": [n.tz for n in new],
+        "run_at": [n.run_at for n in new],
+        "start_at": [n.start_at for n in new],
+        "end_at": [n.end_at for n in new],
+        "handlers": [n.handler for n in new],
+        "payloads": [n.payload for n in new],
+        "max_attempts": [n.max_attempts for n in new],
+        "backoff_base_ms": [n.backoff_base_ms for n in new],
+        "backoff_max_ms": [n.backoff_max_ms for n in new],
+        "timeout_ms": [n.timeout_ms for n in new],
+        "misfire_policies": [n.misfire_policy for n in new],
+        "overlap_policies": [n.overlap_policy for n in new],
+        "jitter_ms": [n.jitter_ms for n in new],
+        "next_fire_at": [n.next_fire_at for n in new],
+        "actors": [n.actor for n in new],
+        "traceparents": [n.traceparent for n in new],
+        "descriptions": [n.description for n in new],
+        "enabled": [n.enabled for n in new],
+    }
+    return {schedule_id for (schedule_id,) in _tuples(conn, "create_keyed_schedules", params)}
 
 
 def record_rejections(

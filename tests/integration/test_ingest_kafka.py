@@ -310,3 +310,49 @@ def test_a_command_the_ingestor_fails_on_is_rejected_and_the_rest_of_its_batch_a
     [letter] = wait_for(lambda: rejected_on_topic(topics), 60, "the rejection on the topic")
     assert (letter.command_id, letter.code) == ("2", "invalid")
     assert letter.reason == "the ingestor failed on this command (RuntimeError: a bug nobody foresaw)"
+
+
+def applied_commands(settings: Settings) -> dict[str, Any]:
+    with connect(settings.database_url) as conn:
+        row = conn.execute(
+            "select (select count(*) from applied_commands) as applied,"
+            "       (select coalesce(sum(duplicates), 0) from applied_commands) as duplicates,"
+            "       (select count(*) from ingest_rejections) as rejected"
+        ).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+def test_a_stopped_ingestor_leaves_nothing_for_the_next_one_to_read_again(topics: Settings) -> None:
+    with ScheduleClient(topics.kafka, topics.topic_prefix) as client:
+        for i in range(300):
+            client.create(key=f"first-{i}", app=APP, cron="0 0 1 1 *", handler="builtin:noop")
+    for _ in running(topics):
+        wait_for(lambda: len(keyed(topics)) == 300, 60, "the first 300 creates")
+    # The ingestor stopped right after its last batch: that batch's offsets are committed too, so the
+    # next ingestor starts after it (a re-read would show as duplicates).
+    with ScheduleClient(topics.kafka, topics.topic_prefix) as client:
+        client.create(key="after-restart", app=APP, cron="0 0 1 1 *", handler="builtin:noop")
+    for _ in running(topics):
+        wait_for(lambda: "after-restart" in keyed(topics), 60, "the create sent after the restart")
+    assert applied_commands(topics) == {"applied": 301, "duplicates": 0, "rejected": 0}
+
+
+def test_creates_read_again_after_the_database_connection_dropped_are_applied_once(
+    ingestor: Ingestor, topics: Settings
+) -> None:
+    count = 4000
+    with ScheduleClient(topics.kafka, topics.topic_prefix) as client:
+        for i in range(count):
+            client.create(key=f"bulk-{i}", app=APP, cron="0 0 1 1 *", handler="builtin:noop")
+    wait_for(lambda: keyed(topics), 60, "the first batch")
+    # Mid-stream, the ingestor's connection drops: the batch it was applying is rolled back, and
+    # every batch not yet committed on Kafka is read again, its creates now found applied.
+    with connect(topics.database_url) as conn:
+        conn.execute(
+            "select pg_terminate_backend(pid) from pg_stat_activity"
+            " where datname = current_database() and pid <> pg_backend_pid()"
+        )
+    wait_for(lambda: len(keyed(topics)) == count, 120, f"all {count} creates")
+    figures = applied_commands(topics)
+    assert (figures["applied"], figures["rejected"]) == (count, 0), "none applied twice, none a conflict"
