@@ -15,10 +15,12 @@ with received as (
            as e(event_id, run_id, attempt, kind, worker, started_at, finished_at, error, error_class,
                 result, not_before, backoff_ms, ord)
 ), event as (
-    -- Each event once; a copy of it later in the same batch is a duplicate.
-    select distinct on (e.event_id) e.*
-      from received e
-     order by e.event_id, e.ord
+    -- Each event once; a copy of it later in the same batch is a duplicate. start_rank numbers the
+    -- starts of one attempt in the batch (a window, not a subquery per event: batches are large).
+    select d.*, row_number() over (partition by d.run_id, d.attempt, d.kind order by d.ord) as start_rank
+      from (select distinct on (e.event_id) e.*
+              from received e
+             order by e.event_id, e.ord) d
 ), seen as (
     select a.event_id from attempts a where a.event_id in (select event_id from event)
 ), restarted as (
@@ -29,9 +31,7 @@ with received as (
        and (exists (select 1 from attempts a
                      where a.run_id = e.run_id and a.attempt = e.attempt and a.kind = 'started'
                        and a.event_id is distinct from e.event_id)
-            or exists (select 1 from event b
-                        where b.run_id = e.run_id and b.attempt = e.attempt and b.kind = 'started'
-                          and b.ord < e.ord))
+            or e.start_rank > 1)
 ), run as (
     -- Locked in id order, as every statement that waits for run locks does: no deadlocks.
     select r.id, r.attempt, r.state
@@ -47,8 +47,9 @@ with received as (
        and r.state not in ('succeeded', 'dead', 'skipped', 'cancelled')
        and e.event_id not in (select event_id from seen)
 ), decisive as (
+    -- The window is computed before DISTINCT ON picks each run's row: over all its accepted events.
     select distinct on (a.run_id) a.*,
-           (select min(b.started_at) from accepted b where b.run_id = a.run_id) as first_started_at
+           min(a.started_at) over (partition by a.run_id) as first_started_at
       from accepted a
      order by a.run_id,
               case a.kind when 'succeeded' then 0 when 'dead' then 0 when 'retry' then 1 else 2 end,
