@@ -22,8 +22,9 @@ def list_runs(
     state: str | None = None,
     limit: int = 100,
 ) -> list[Row]:
+    name = "list_runs" if schedule_id is None else "list_runs_of_schedule"
     return conn.execute(
-        query("list_runs"), {"schedule_id": schedule_id, "app": app, "state": state, "limit": limit}
+        query(name), {"schedule_id": schedule_id, "app": app, "state": state, "limit": limit}
     ).fetchall()
 
 
