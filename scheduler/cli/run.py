@@ -81,7 +81,7 @@ def scanner(metrics_port: int | None) -> None:
 @run.command()
 @metrics_port_option
 def relay(metrics_port: int | None) -> None:
-    """Publish the outbox to Kafka and mark runs dispatched."""
+    """Publish the outbox to Kafka (runs stay pending until a worker starts them)."""
     _serve("relay", lambda w: [w.relay()], metrics_port)
 
 

@@ -19,7 +19,8 @@ batch costs PostgreSQL no write but the rows' delete:
    of the message itself (:data:`MESSAGE_REFUSED`: too large, invalid) to ``quarantine``, their
    runs ``dead`` with ``RelayRefused``; hand back every other row (Kafka down, a timeout, a missing
    topic, rights), each produced one counted in ``publish_count`` and, when the rest of the batch
-   went through, with a growing delay, and the held rows always with a delay. Then commit.
+   went through, with a growing delay, and the held rows always with a delay that grows with
+   their age. Then commit.
 
 The runs are not touched: a run stays ``pending`` until its worker's start event, so the relay never
 waits on the reconciler's run locks. A relay that dies between (3) and the commit leaves its rows
@@ -207,22 +208,29 @@ class Relay(Service):
         """Lock, publish and settle one batch in one transaction; raises when Kafka took none of it
         (after handing it back) or PostgreSQL failed (the rollback hands it back)."""
         conn = self.session.conn
+        counted: list[Callable[[], None]] = []
         with conn.transaction():
             outbox.bound_transaction(conn, self.claim_seconds)
-            report, stuck = self._relay_locked(conn)
+            report, stuck = self._relay_locked(conn, counted)
+        # Counted once committed: a batch rolled back is published again, and counted then.
+        for count in counted:
+            count()
         self._raise_if_stuck(*stuck)
         return report
 
     def _relay_locked(
-        self, conn: psycopg.Connection[Any]
+        self, conn: psycopg.Connection[Any], counted: list[Callable[[], None]]
     ) -> tuple[BatchReport, tuple[list[OutboxRow], list[tuple[OutboxRow, DeliveryError]]]]:
         rows = outbox.lock(conn, self.settings.relay_batch_size)
-        again = [row.id for row in rows if row.publish_count > 0]
+        # Rows that may be on the topic already: Kafka's answer to an earlier publish was lost, or
+        # the row is old enough to have been in the batch of a relay that stopped answering and
+        # whose session the server ended (its rollback left no trace). Rare: only then is the runs
+        # table read.
+        again = [row.id for row in rows if row.publish_count > 0 or row.age_s >= self.claim_seconds]
         if again:
-            # Rare (Kafka's answer to an earlier publish was lost): only then is the runs table read.
             dropped = outbox.drop_obsolete_republishes(conn, again, self._jobs_prefix)
             if dropped:
-                metrics.OBSOLETE_DROPPED.inc(len(dropped))
+                counted.append(functools.partial(metrics.OBSOLETE_DROPPED.inc, len(dropped)))
                 rows = [row for row in rows if row.id not in dropped]
         if not rows:
             return BatchReport(0, 0, 0), ([], [])
@@ -266,24 +274,27 @@ class Relay(Service):
             # must not be taken first by every batch.
             outbox.release(conn, [row.id for row in waiting], produced=False, back_off=True)
 
-        metrics.PUBLISHED.inc(done.published)
-        metrics.REPUBLISHED.inc(done.republished)
-        for row in acked:
-            metrics.DISPATCH_LAG.observe(row.age_s + publish_s)
-        if held is not None:
-            for cause in causes:
-                metrics.QUARANTINED.labels(cause).inc()
-            for row in rows:
-                if row.id in refusals:
-                    self.log.warning(
-                        "outbox row %d (run %s, attempt %s) quarantined: %s",
-                        row.id,
-                        row.run_id,
-                        row.attempt,
-                        refusals[row.id],
-                    )
-        metrics.RELEASED.inc(len(failed))
-        self._report_held(waiting, holds)
+        def count() -> None:
+            metrics.PUBLISHED.inc(done.published)
+            metrics.REPUBLISHED.inc(done.republished)
+            for row in acked:
+                metrics.DISPATCH_LAG.observe(row.age_s + publish_s)
+            if held is not None:
+                for cause in causes:
+                    metrics.QUARANTINED.labels(cause).inc()
+                for row in rows:
+                    if row.id in refusals:
+                        self.log.warning(
+                            "outbox row %d (run %s, attempt %s) quarantined: %s",
+                            row.id,
+                            row.run_id,
+                            row.attempt,
+                            refusals[row.id],
+                        )
+            metrics.RELEASED.inc(len(failed))
+            self._report_held(waiting, holds)
+
+        counted.append(count)
         report = BatchReport(
             len(rows),
             done.published,

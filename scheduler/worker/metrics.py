@@ -44,6 +44,13 @@ HELD_JOBS = Gauge(
     ["app"],
     registry=REGISTRY,
 )
+HOLDS_CUT_SHORT = Counter(
+    "scheduler_worker_holds_cut_short_total",
+    "Jobs due further ahead than any look-ahead allows (a clock off, a message not from a scanner), "
+    "started at the end of the longest hold instead of their instant",
+    ["app"],
+    registry=REGISTRY,
+)
 CONCURRENCY = Gauge(
     "scheduler_worker_concurrency", "Handler slots of this worker (--concurrency)", ["app"], registry=REGISTRY
 )

@@ -168,6 +168,8 @@ METRICS_EVERY_S = 1.0
 # payloads (a 1 MiB payload is valid, and 5,000 of them would not be).
 MAX_HELD_JOBS = 5_000
 MAX_HELD_BYTES = 64 * 1024 * 1024
+# The longest hold: the greatest SCHEDULER_LOOKAHEAD_S allowed (60 s) and a margin for clocks.
+MAX_HOLD = timedelta(seconds=65)
 # The longest wait for the job loop to drop the held jobs of revoked partitions.
 DROP_WAIT_S = 1.0
 # The job loop answers the main thread's ping within this, or the worker is not ready: an async
@@ -220,6 +222,9 @@ class _Fetched:
     error: str | None
     stage: str
     task: asyncio.Task[None] | None = None
+    # When it may start: its instant, or, for one further ahead than any look-ahead allows (a
+    # clock far off, a message not from a scanner), the end of the longest hold.
+    start_at: datetime | None = None
 
     @property
     def key(self) -> Key:
@@ -310,7 +315,7 @@ class Worker(Service):
         self._tasks: set[asyncio.Task[None]] = set()
         # The jobs thread only. Jobs not started yet (held, or waiting for a slot), by partition: on
         # a revoke, a loss or a stop they are dropped, never run early nor waited for.
-        self._unstarted: dict[Key, set[asyncio.Task[None]]] = {}
+        self._unstarted: dict[Key, dict[asyncio.Task[None], _Fetched]] = {}
         # Futures of jobs waiting for a slot: those whose instant came while held go first.
         self._due_waiters: deque[tuple[asyncio.Future[None], _Fetched]] = deque()
         self._fresh_waiters: deque[tuple[asyncio.Future[None], _Fetched]] = deque()
@@ -436,11 +441,14 @@ class Worker(Service):
                 return 0
             if self._held >= MAX_HELD_JOBS or self._held_bytes >= MAX_HELD_BYTES:
                 return 0
-            return self.concurrency - self._running - self._waiting
+            # Never more than the held jobs' room either: every job fetched may be one to hold.
+            return min(self.concurrency - self._running - self._waiting, MAX_HELD_JOBS - self._held)
 
     def _busy(self) -> bool:
+        """Whether the drain still waits: jobs running, outcomes unacknowledged, or jobs kept (due
+        within the grace's first half) that have yet to start."""
         with self._counts_lock:
-            return self._running > 0 or self._unacked > 0
+            return self._running > 0 or self._unacked > 0 or self._held > 0 or self._waiting > 0
 
     def _fetch(self) -> None:
         free = self._free_slots()
@@ -501,7 +509,23 @@ class Worker(Service):
         except Exception as exc:  # whatever the bytes make the decoder raise, they are poison
             reason = str(exc) if isinstance(exc, MessageDecodeError) else f"{type(exc).__name__}: {exc}"
             return _Fetched(delivery, None, reason, "waiting")
-        return _Fetched(delivery, job, None, "held" if job.scheduled_for > datetime.now(UTC) else "waiting")
+        now = datetime.now(UTC)
+        start_at = job.scheduled_for
+        if start_at > now + MAX_HOLD:
+            # Held to its instant, it would keep its partition's commits behind it for that long.
+            # No scanner sends a job this far ahead, so this worker's clock (or the message) is off.
+            start_at = now + MAX_HOLD
+            metrics.HOLDS_CUT_SHORT.labels(self.app).inc()
+            self._warn(
+                "hold",
+                "job of run %s due %s, further ahead than any look-ahead (%s s): started at %s; "
+                "is this worker's clock synchronised?",
+                job.run_id,
+                job.scheduled_for.isoformat(),
+                MAX_HOLD.total_seconds(),
+                start_at.isoformat(),
+            )
+        return _Fetched(delivery, job, None, "held" if start_at > now else "waiting", start_at=start_at)
 
     def _consumer_error(self, exc: TransportError) -> None:
         """A consumer error from consume or poll: librdkafka recovers from most by itself, so they
@@ -640,15 +664,17 @@ class Worker(Service):
         self._assigned -= frozenset(partitions)
         keys = {(p.topic, p.partition) for p in partitions}
         numbers = sorted(p.partition for p in partitions)
-        # Jobs not started yet (held until their instant, or waiting for a slot) are dropped, not
-        # run early nor waited for: their offsets stay uncommitted and the next owner runs them.
-        dropped = self._drop_unstarted_now(keys)
+        # Jobs not started yet (held until their instant, or waiting for a slot) are dropped unless
+        # due within the first half of the wait below (then they run, and are waited for): never run
+        # early, and their offsets stay uncommitted for the next owner to run them.
+        wait_s = min(self.grace_s, REVOKE_WAIT_S)
+        dropped = self._drop_unstarted_now(keys, 0.0 if self._draining else wait_s / 2)
         in_flight = self.progress.in_flight(keys) - dropped
         if in_flight > 0 and not self._draining:
             # Their jobs' next owner would run them again: give them a moment to finish and be
             # acknowledged, so that their offsets are committed before the partitions go.
             began = time.monotonic()
-            deadline = began + min(self.grace_s, REVOKE_WAIT_S)
+            deadline = began + wait_s
             while self.progress.in_flight(keys) > dropped and time.monotonic() < deadline:
                 self._serve_outcomes(0.02)
             log.info(
@@ -675,14 +701,17 @@ class Worker(Service):
         for p in partitions:
             self.progress.forget(p.topic, p.partition)
 
-    def _drop_unstarted_now(self, keys: Collection[Key] | None = None) -> int:
-        """Drop the jobs not started yet (of ``keys``, or all) and return how many, waiting a
-        moment for the job loop to do it; 0 if it did not answer in time (nothing is then known
-        to be dropped, and the caller waits for those jobs as for any)."""
+    def _drop_unstarted_now(self, keys: Collection[Key] | None = None, keep_within_s: float = 0.0) -> int:
+        """Drop the jobs not started yet (of ``keys``, or all) but those due to start within
+        ``keep_within_s``, and return how many, waiting a moment for the job loop to do it; 0 if it
+        did not answer in time (nothing is then known to be dropped, and the caller waits for those
+        jobs as for any). A kept one runs, and the finished jobs after it on its partition can be
+        committed: dropping it would hold their offsets back, and the next owner would run them again."""
         if not self._loop_thread.is_alive():
             return 0
+        keep_until = datetime.now(UTC) + timedelta(seconds=keep_within_s)
         try:
-            dropped = asyncio.run_coroutine_threadsafe(self._drop_unstarted(keys), self._loop)
+            dropped = asyncio.run_coroutine_threadsafe(self._drop_unstarted(keys, keep_until), self._loop)
             return dropped.result(DROP_WAIT_S)
         except Exception:
             log.warning("the job loop did not drop the jobs not started in time", exc_info=True)
@@ -698,9 +727,10 @@ class Worker(Service):
         self._draining = True
         self._paused = True  # partitions assigned from now on are paused too (see _on_assign)
         deadline = time.monotonic() + self.grace_s
-        # A job not started yet would start only at its instant, perhaps past the grace: it is
-        # dropped without an outcome, and its uncommitted offset brings it to another member.
-        dropped = self._drop_unstarted_now()
+        # A job not started yet that would start only in the second half of the grace, or past it,
+        # is dropped without an outcome, and its uncommitted offset brings it to another member;
+        # one due sooner runs (the finished jobs after it can then be committed).
+        dropped = self._drop_unstarted_now(keep_within_s=self.grace_s / 2)
         if dropped:
             log.info("dropped %d jobs not started yet (held until their instant or waiting for a slot)",
                      dropped)  # fmt: skip
@@ -769,7 +799,7 @@ class Worker(Service):
             # Whenever it ends, run or dropped (even before its first step), its count goes.
             task.add_done_callback(partial(self._settled, job))
             job.task = task
-            self._unstarted.setdefault(job.key, set()).add(task)
+            self._unstarted.setdefault(job.key, {})[task] = job
 
     def _settled(self, fetched: _Fetched, _task: object) -> None:
         """Jobs thread: a job's task ended; whatever it held (a place among the held or waiting
@@ -791,20 +821,28 @@ class Worker(Service):
     def _forget_unstarted(self, fetched: _Fetched) -> None:
         tasks = self._unstarted.get(fetched.key)
         if tasks is not None and fetched.task is not None:
-            tasks.discard(fetched.task)
+            tasks.pop(fetched.task, None)
             if not tasks:
                 del self._unstarted[fetched.key]
 
-    async def _drop_unstarted(self, keys: Collection[Key] | None) -> int:
-        return self._cancel_unstarted(keys)
+    async def _drop_unstarted(self, keys: Collection[Key] | None, keep_until: datetime | None) -> int:
+        return self._cancel_unstarted(keys, keep_until)
 
-    def _cancel_unstarted(self, keys: Collection[Key] | None) -> int:
-        """Jobs thread: cancel the jobs not started yet (of ``keys``, or all); returns how many."""
+    def _cancel_unstarted(self, keys: Collection[Key] | None, keep_until: datetime | None = None) -> int:
+        """Jobs thread: cancel the jobs not started yet (of ``keys``, or all) but those that may
+        start by ``keep_until``; returns how many were cancelled."""
         dropped = 0
         for key in list(self._unstarted) if keys is None else keys:
-            for task in self._unstarted.pop(key, ()):
+            tasks = self._unstarted.get(key, {})
+            for task, fetched in list(tasks.items()):
+                start_at = fetched.start_at
+                if keep_until is not None and (start_at is None or start_at <= keep_until):
+                    continue
+                del tasks[task]
                 task.cancel()
                 dropped += 1
+            if not tasks:
+                self._unstarted.pop(key, None)
         return dropped
 
     async def _execute(self, fetched: _Fetched) -> None:
@@ -834,7 +872,7 @@ class Worker(Service):
         """Until the job's instant by this worker's clock (a timer of the job loop, re-armed if it
         fires early); then it waits for a slot, ahead of the jobs fetched since."""
         assert fetched.job is not None
-        await _until(fetched.job.scheduled_for)
+        await _until(fetched.start_at or fetched.job.scheduled_for)
         with self._counts_lock:
             self._held -= 1
             self._held_bytes -= len(fetched.delivery.value)
@@ -896,7 +934,7 @@ class Worker(Service):
         # The attempt's time starts now, whatever the message's deadline says: time spent waiting
         # on the topic, held until its instant or behind a backlog never counts against it. Never
         # before its instant by this worker's clock (one stepped back since the hold ended).
-        started = await _until(job.scheduled_for)
+        started = await _until(fetched.start_at or job.scheduled_for)
         with log_context(app=job.app, schedule_id=job.schedule_id, run_id=job.run_id, attempt=job.attempt):
             if not self._tracing:
                 # No span of our own, but the job's trace: log lines still carry its trace id.

@@ -184,3 +184,29 @@ def test_a_held_job_has_its_whole_timeout_from_its_start(
     # On Kafka, and so with the worker, for longer than the job's timeout before it started.
     assert run["started_at"] - on_kafka_at(settings)[run["id"]] > timedelta(seconds=1)
     assert run["finished_at"] - run["started_at"] >= timedelta(seconds=0.5)
+
+
+def test_a_worker_stopped_while_holding_a_job_due_soon_runs_it_before_it_exits(
+    settings: Settings, settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    # Dropping it would keep the offsets of the finished jobs after it uncommitted, and the next
+    # owner would run those again: a job due within the first half of the grace is run instead.
+    init(settings, settings_env)
+    env = settings_env | {"SCHEDULER_LOOKAHEAD_S": "20"}
+    port = free_port()
+    with components(env, tmp_path, "scanner", "relay", "reconciler"):
+        holder = Component("worker", env | {"SCHEDULER_METRICS_PORT": str(port)}, tmp_path, "--app", APP)
+        try:
+            warm_up(settings)
+            at = database_now(settings) + timedelta(seconds=4)
+            create_delayed(settings, at)
+            wait_for(lambda: held_jobs(port) == 1, 8, "the worker to hold the job")
+            assert database_now(settings) < at, "the job was no longer held when the worker was stopped"
+            assert holder.stop() == 0, holder.output()[-3000:]
+        finally:
+            if holder.proc.poll() is None:
+                holder.kill()
+        [run] = wait_for(lambda: succeeded(settings, 1), 30, "the held run to be reconciled")
+    [start] = started_attempts(settings)
+    assert start["worker"] == run["worker"], "run by the stopping worker, once"
+    assert run["started_at"] >= run["scheduled_for"] == at

@@ -21,13 +21,13 @@ select o.id, o.topic, o.key, o.value, o.headers, o.run_id, o.attempt, o.publish_
    for update skip locked;
 
 -- name: drop_obsolete_republishes
--- A job message about to be published again (Kafka's answer to an earlier publish was lost) whose
--- attempt a worker has already started, or that is past: its first copy reached Kafka and ran, so
--- a second copy would only run the job twice. Dropped instead; only job topics' rows, never a dead
--- letter's (whose run is dead by design).
+-- Job messages that may have been published before (the relay chooses: Kafka's answer to an
+-- earlier publish was lost, or the row is old enough to have been in the batch of a relay whose
+-- session the server ended) whose attempt a worker has already started, or that is past: the first
+-- copy reached Kafka and ran, so a second copy would only run the job twice. Dropped instead; only
+-- job topics' rows, never a dead letter's (whose run is dead by design).
 delete from outbox o
  where o.id = any(%(ids)s::bigint[])
-   and o.publish_count > 0
    and left(o.topic, length(%(jobs_prefix)s::text)) = %(jobs_prefix)s::text
    and exists (select 1 from runs r
                 where r.id = o.run_id and not (r.state = 'pending' and r.attempt = o.attempt))
@@ -50,9 +50,10 @@ select count(*) as published,
 -- name: release_outbox
 -- Kafka did not acknowledge these rows for a reason that may pass: they go back at once, the
 -- produced ones (%(produced)s) counted in publish_count, since one of them may be on the topic
--- after all. With %(back_off)s (the rest of their batch went through, so Kafka is up) each waits
--- 2^(publishes - 1) s, at most 30 s, so that a row that keeps failing is not taken first again by
--- every batch and the rows behind it go first. Times here are the statement's, not the
+-- after all. With %(back_off)s (the rest of their batch went through, so Kafka is up) each waits,
+-- so that a row that keeps failing is not taken first again by every batch and the rows behind it
+-- go first: a produced row 2^(publishes - 1) s, a row never produced (its topic is missing) a
+-- quarter of its age, each at least 1 s and at most 30 s. Times here are the statement's, not the
 -- transaction's: the batch's transaction began before its publish, which may have taken seconds.
 update outbox
    set claimed_until = null,
@@ -60,7 +61,10 @@ update outbox
        publish_count = publish_count + case when %(produced)s::bool then 1 else 0 end,
        available_at = case when %(back_off)s::bool
                            then coalesce(%(now)s::timestamptz, statement_timestamp())
-                                + make_interval(secs => least(30, power(2, greatest(publish_count, 0)))::float8)
+                                + make_interval(secs => least(30, greatest(1, case
+                                      when %(produced)s::bool then power(2, greatest(publish_count, 0))
+                                      else extract(epoch from coalesce(%(now)s::timestamptz, statement_timestamp())
+                                                              - created_at) / 4 end))::float8)
                            else available_at end
  where id = any(%(ids)s::bigint[]);
 

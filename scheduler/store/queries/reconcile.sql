@@ -199,8 +199,9 @@ with released as (
            as n(id, topic, key, value, headers)
 ), moved as (
     update runs r
-       -- No lease yet: the run gets one when a worker starts it.
-       set buffered = false, lease_expires_at = null, version = r.version + 1
+       -- No lease yet: the run gets one when a worker starts it. dispatched_at: when it was
+       -- queued, what a redispatch's cut-off is compared with (its creation may be long before).
+       set buffered = false, lease_expires_at = null, dispatched_at = now(), version = r.version + 1
       from released n
      where r.id = n.id and r.buffered
     returning r.id

@@ -135,21 +135,22 @@ select n.topic, n.key, n.value, n.headers, n.id, n.attempt
 
 -- name: next_due_in
 -- Seconds until the scanner has work (null when none): the earliest retry, or the earliest
--- schedule's lease time, which is its next fire less the look-ahead for overlap allow. Both
--- schedule look-ups walk schedules_due from its start and stop at their first row: the first
--- allow schedule, and a guarded one only if it comes before that one's lease time (any guarded
--- schedule before it comes first in the index, so the walk ends at once either way).
-with allow as (
-    select min(next_fire_at) - %(lookahead_s)s::float8 * interval '1 second' as due
-      from schedules
-     where state = 'active' and overlap_policy = 'allow'
+-- schedule's lease time, which is its next fire less %(lookahead_s)s for overlap allow. The first
+-- schedule in schedules_due is leased at its fire at the latest; an allow schedule is leased
+-- earlier only if its fire is less than the look-ahead after that first one, so only that stretch
+-- of the index is read for it (the walk stops at its first allow row), however many guarded
+-- schedules come first.
+with first as (
+    select min(next_fire_at) as at from schedules where state = 'active'
+), allow as (
+    select min(s.next_fire_at) - %(lookahead_s)s::float8 * interval '1 second' as due
+      from schedules s, first f
+     where s.state = 'active' and s.overlap_policy = 'allow'
+       and s.next_fire_at < f.at + %(lookahead_s)s::float8 * interval '1 second'
 )
 select extract(epoch from least(
+           (select at from first),
            (select due from allow),
-           (select min(next_fire_at)
-              from schedules
-             where state = 'active' and overlap_policy <> 'allow'
-               and next_fire_at < coalesce((select due from allow), 'infinity')),
            (select min(next_attempt_at) from runs where state = 'retry_wait'))
        - coalesce(%(now)s::timestamptz, now()))::float8 as seconds;
 
