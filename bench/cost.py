@@ -44,6 +44,7 @@ TOP_STATEMENTS = 12
 SUMMARY = (
     "wal_bytes_per_job",
     "statements_wal_bytes_per_job",
+    "statements_wal_fpi_per_job",
     "pg_cpu_ms_per_job",
     "db_backends_cpu_ms_per_job",
     "statements_per_job",
@@ -133,7 +134,7 @@ class CostProbe:
         statements: dict[int, dict[str, Any]] = {}
         if self._statements:
             for stat in conn.execute(
-                "select queryid, calls, total_exec_time, rows, wal_bytes, query "
+                "select queryid, calls, total_exec_time, rows, wal_bytes, wal_fpi, query "
                 "  from pg_stat_statements s join pg_database d on d.oid = s.dbid "
                 " where d.datname = %s and s.toplevel",
                 (self.database,),
@@ -248,12 +249,15 @@ def _statement_figures(
                 ),
                 "rows_per_job": round((stat["rows"] - old.get("rows", 0)) / per, 3),
                 "wal_bytes_per_job": round(float(stat["wal_bytes"] - old.get("wal_bytes", 0)) / per, 1),
+                # Full-page images: the first change of a page after a checkpoint writes all of it.
+                "wal_fpi_per_job": round((stat["wal_fpi"] - old.get("wal_fpi", 0)) / per, 3),
             }
         )
     rows.sort(key=lambda r: r["exec_ms_per_job"], reverse=True)
     calls_per_job = sum(r["calls_per_job"] for r in rows)
     return {
         "statements_wal_bytes_per_job": round(sum(r["wal_bytes_per_job"] for r in rows), 1),
+        "statements_wal_fpi_per_job": round(sum(r["wal_fpi_per_job"] for r in rows), 3),
         "statements_per_job": round(calls_per_job, 3),
         "exec_ms_per_job": round(sum(r["exec_ms_per_job"] for r in rows), 4),
         "top_statements": rows[:TOP_STATEMENTS],
@@ -297,13 +301,16 @@ def show_cost(title: str, cost: dict[str, Any]) -> None:
     summary.add_row(*(str(cost.get(key, "-")) for key in SUMMARY))
     out.print(summary)
     if cost.get("top_statements"):
-        top = Table("calls", "exec ms", "rows", "WAL B", "statement", title="per job, by execution time")
+        top = Table(
+            "calls", "exec ms", "rows", "WAL B", "FPI", "statement", title="per job, by execution time"
+        )
         for row in cost["top_statements"]:
             top.add_row(
                 str(row["calls_per_job"]),
                 str(row["exec_ms_per_job"]),
                 str(row["rows_per_job"]),
                 str(row["wal_bytes_per_job"]),
+                str(row["wal_fpi_per_job"]),
                 row["query"],
             )
         out.print(top)

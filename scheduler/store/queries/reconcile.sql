@@ -22,7 +22,10 @@ with received as (
               from received e
              order by e.event_id, e.ord) d
 ), seen as (
-    select a.event_id from attempts a where a.event_id in (select event_id from event)
+    -- By the run's key: an event is about one run, and a run has a handful of rows.
+    select e.event_id
+      from event e
+     where exists (select 1 from attempts a where a.run_id = e.run_id and a.event_id = e.event_id)
 ), restarted as (
     select e.event_id
       from event e
@@ -36,7 +39,7 @@ with received as (
     -- Locked in id order, as every statement that waits for run locks does: no deadlocks.
     select r.id, r.attempt, r.state
       from runs r
-     where r.id = any(array(select run_id from event))
+     where r.id = any(array(select distinct run_id from event))
      order by r.id
        for update of r
 ), accepted as (
