@@ -37,7 +37,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -120,6 +120,21 @@ class BatchReport:
     quarantined: int = 0
     released: int = 0
     held: int = 0  # rows whose topic does not exist, handed back to wait for it
+
+
+@dataclass
+class _Settled:
+    """What one committed batch did, for its metrics and log lines and the back-off decision."""
+
+    report: BatchReport
+    dropped: int = 0  # obsolete republishes deleted
+    acked: list[OutboxRow] = field(default_factory=list)
+    failed: list[tuple[OutboxRow, DeliveryError]] = field(default_factory=list)
+    refused: list[tuple[OutboxRow, str]] = field(default_factory=list)  # quarantined, with the reason
+    causes: list[str] = field(default_factory=list)  # a quarantine counter label per refused row
+    waiting: list[OutboxRow] = field(default_factory=list)  # held: their topic does not exist
+    holds: dict[str, _Hold] = field(default_factory=dict)
+    publish_s: float = 0.0
 
 
 @dataclass
@@ -208,32 +223,25 @@ class Relay(Service):
         """Lock, publish and settle one batch in one transaction; raises when Kafka took none of it
         (after handing it back) or PostgreSQL failed (the rollback hands it back)."""
         conn = self.session.conn
-        counted: list[Callable[[], None]] = []
         with conn.transaction():
             outbox.bound_transaction(conn, self.claim_seconds)
-            report, stuck = self._relay_locked(conn, counted)
+            batch = self._relay_locked(conn)
         # Counted once committed: a batch rolled back is published again, and counted then.
-        for count in counted:
-            count()
-        self._raise_if_stuck(*stuck)
-        return report
+        self._count(batch)
+        self._raise_if_stuck(batch.acked, batch.failed)
+        return batch.report
 
-    def _relay_locked(
-        self, conn: psycopg.Connection[Any], counted: list[Callable[[], None]]
-    ) -> tuple[BatchReport, tuple[list[OutboxRow], list[tuple[OutboxRow, DeliveryError]]]]:
+    def _relay_locked(self, conn: psycopg.Connection[Any]) -> _Settled:
         rows = outbox.lock(conn, self.settings.relay_batch_size)
         # Rows that may be on the topic already: Kafka's answer to an earlier publish was lost, or
         # the row is old enough to have been in the batch of a relay that stopped answering and
         # whose session the server ended (its rollback left no trace). Rare: only then is the runs
         # table read.
         again = [row.id for row in rows if row.publish_count > 0 or row.age_s >= self.claim_seconds]
-        if again:
-            dropped = outbox.drop_obsolete_republishes(conn, again, self._jobs_prefix)
-            if dropped:
-                counted.append(functools.partial(metrics.OBSOLETE_DROPPED.inc, len(dropped)))
-                rows = [row for row in rows if row.id not in dropped]
+        dropped = outbox.drop_obsolete_republishes(conn, again, self._jobs_prefix) if again else set()
+        rows = [row for row in rows if row.id not in dropped]
         if not rows:
-            return BatchReport(0, 0, 0), ([], [])
+            return _Settled(BatchReport(0, 0, 0), dropped=len(dropped))
         started = time.monotonic()
         deadline = started + self.claim_seconds * PUBLISH_SHARE_OF_CLAIM
         try:
@@ -274,27 +282,6 @@ class Relay(Service):
             # must not be taken first by every batch.
             outbox.release(conn, [row.id for row in waiting], produced=False, back_off=True)
 
-        def count() -> None:
-            metrics.PUBLISHED.inc(done.published)
-            metrics.REPUBLISHED.inc(done.republished)
-            for row in acked:
-                metrics.DISPATCH_LAG.observe(row.age_s + publish_s)
-            if held is not None:
-                for cause in causes:
-                    metrics.QUARANTINED.labels(cause).inc()
-                for row in rows:
-                    if row.id in refusals:
-                        self.log.warning(
-                            "outbox row %d (run %s, attempt %s) quarantined: %s",
-                            row.id,
-                            row.run_id,
-                            row.attempt,
-                            refusals[row.id],
-                        )
-            metrics.RELEASED.inc(len(failed))
-            self._report_held(waiting, holds)
-
-        counted.append(count)
         report = BatchReport(
             len(rows),
             done.published,
@@ -303,7 +290,33 @@ class Relay(Service):
             released=len(failed),
             held=len(waiting),
         )
-        return report, (acked, failed)
+        return _Settled(
+            report,
+            dropped=len(dropped),
+            acked=acked,
+            failed=failed,
+            refused=[(row, refusals[row.id]) for row in rows if row.id in refusals],
+            causes=causes,
+            waiting=waiting,
+            holds=holds,
+            publish_s=publish_s,
+        )
+
+    def _count(self, batch: _Settled) -> None:
+        """The metrics and log lines of a committed batch."""
+        metrics.OBSOLETE_DROPPED.inc(batch.dropped)
+        metrics.PUBLISHED.inc(batch.report.published)
+        metrics.REPUBLISHED.inc(batch.report.republished)
+        for row in batch.acked:
+            metrics.DISPATCH_LAG.observe(row.age_s + batch.publish_s)
+        for cause in batch.causes:
+            metrics.QUARANTINED.labels(cause).inc()
+        for row, reason in batch.refused:
+            self.log.warning(
+                "outbox row %d (run %s, attempt %s) quarantined: %s", row.id, row.run_id, row.attempt, reason
+            )
+        metrics.RELEASED.inc(len(batch.failed))
+        self._report_held(batch.waiting, batch.holds)
 
     def _report_held(self, waiting: Sequence[OutboxRow], holds: dict[str, _Hold]) -> None:
         """Count the held rows, and say so once a minute per topic; forget topics that exist now."""

@@ -221,10 +221,10 @@ class _Fetched:
     job: JobMessage | None
     error: str | None
     stage: str
-    task: asyncio.Task[None] | None = None
     # When it may start: its instant, or, for one further ahead than any look-ahead allows (a
-    # clock far off, a message not from a scanner), the end of the longest hold.
-    start_at: datetime | None = None
+    # clock far off, a message not from a scanner), the end of the longest hold; poison at once.
+    start_at: datetime
+    task: asyncio.Task[None] | None = None
 
     @property
     def key(self) -> Key:
@@ -508,7 +508,7 @@ class Worker(Service):
             job = self.codec.decode(JobMessage, delivery.value)
         except Exception as exc:  # whatever the bytes make the decoder raise, they are poison
             reason = str(exc) if isinstance(exc, MessageDecodeError) else f"{type(exc).__name__}: {exc}"
-            return _Fetched(delivery, None, reason, "waiting")
+            return _Fetched(delivery, None, reason, "waiting", datetime.now(UTC))
         now = datetime.now(UTC)
         start_at = job.scheduled_for
         if start_at > now + MAX_HOLD:
@@ -525,7 +525,7 @@ class Worker(Service):
                 MAX_HOLD.total_seconds(),
                 start_at.isoformat(),
             )
-        return _Fetched(delivery, job, None, "held" if start_at > now else "waiting", start_at=start_at)
+        return _Fetched(delivery, job, None, "held" if start_at > now else "waiting", start_at)
 
     def _consumer_error(self, exc: TransportError) -> None:
         """A consumer error from consume or poll: librdkafka recovers from most by itself, so they
@@ -557,17 +557,14 @@ class Worker(Service):
     def _settle(self) -> None:
         """Main thread only (it owns Progress): acknowledged outcomes finish their offsets, failed
         ones are scheduled to be produced again."""
+        settled = False
         while not self._reports.empty():
             owed, error = self._reports.get_nowait()
             if error is None:
                 self._finish(owed.delivery)
                 with self._counts_lock:
                     self._unacked -= 1
-                    waiting = self._waiting
-                if waiting:
-                    # Jobs may wait for the outcome bound rather than for a slot: let them start.
-                    with contextlib.suppress(RuntimeError):  # a closed loop: the worker stopped
-                        self._loop.call_soon_threadsafe(self._admit)
+                settled = True
                 continue
             metrics.OUTCOME_DELIVERY_FAILURES.labels(self.app).inc()
             too_large = isinstance(error, DeliveryError) and error.too_large
@@ -579,6 +576,7 @@ class Worker(Service):
                 self._finish(owed.delivery)
                 with self._counts_lock:
                     self._unacked -= 1
+                settled = True
                 continue
             self._warn(
                 "delivery",
@@ -592,6 +590,13 @@ class Worker(Service):
                 len(self._redeliveries) + 1,
             )
             self._redeliveries.add(owed)
+        with self._counts_lock:
+            waiting = self._waiting
+        if settled and waiting:
+            # Jobs may wait for the outcome bound rather than for a slot: one wake-up of the loop
+            # lets them start, however many outcomes Kafka acknowledged.
+            with contextlib.suppress(RuntimeError):  # a closed loop: the worker stopped
+                self._loop.call_soon_threadsafe(self._admit)
         while not self._released.empty():
             self._finish(self._released.get_nowait())
 
@@ -835,8 +840,7 @@ class Worker(Service):
         for key in list(self._unstarted) if keys is None else keys:
             tasks = self._unstarted.get(key, {})
             for task, fetched in list(tasks.items()):
-                start_at = fetched.start_at
-                if keep_until is not None and (start_at is None or start_at <= keep_until):
+                if keep_until is not None and fetched.start_at <= keep_until:
                     continue
                 del tasks[task]
                 task.cancel()
@@ -871,8 +875,7 @@ class Worker(Service):
     async def _hold(self, fetched: _Fetched) -> None:
         """Until the job's instant by this worker's clock (a timer of the job loop, re-armed if it
         fires early); then it waits for a slot, ahead of the jobs fetched since."""
-        assert fetched.job is not None
-        await _until(fetched.start_at or fetched.job.scheduled_for)
+        await _until(fetched.start_at)
         with self._counts_lock:
             self._held -= 1
             self._held_bytes -= len(fetched.delivery.value)
@@ -934,7 +937,7 @@ class Worker(Service):
         # The attempt's time starts now, whatever the message's deadline says: time spent waiting
         # on the topic, held until its instant or behind a backlog never counts against it. Never
         # before its instant by this worker's clock (one stepped back since the hold ended).
-        started = await _until(fetched.start_at or job.scheduled_for)
+        started = await _until(fetched.start_at)
         with log_context(app=job.app, schedule_id=job.schedule_id, run_id=job.run_id, attempt=job.attempt):
             if not self._tracing:
                 # No span of our own, but the job's trace: log lines still carry its trace id.

@@ -9,6 +9,8 @@ the moment it was fetched.
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -128,24 +130,34 @@ def test_fires_dispatched_ahead_start_at_their_instant_never_before(
     assert len(started_attempts(settings)) == len(fires), "each job started once"
 
 
+@contextmanager
+def holding_worker(
+    settings: Settings, env: dict[str, str], tmp_path: Path, due_in: timedelta
+) -> Iterator[tuple[Component, datetime]]:
+    """A worker (and the pipeline around it) holding one job, due ``due_in`` from now; the worker
+    is killed on the way out if the test left it running."""
+    port = free_port()
+    with components(env, tmp_path, "scanner", "relay", "reconciler"):
+        holder = Component("worker", env | {"SCHEDULER_METRICS_PORT": str(port)}, tmp_path, "--app", APP)
+        try:
+            warm_up(settings)
+            at = database_now(settings) + due_in
+            create_delayed(settings, at)
+            wait_for(lambda: held_jobs(port) == 1, 8, "the worker to hold the job")
+            yield holder, at
+        finally:
+            if holder.proc.poll() is None:
+                holder.kill()
+
+
 def test_a_worker_killed_while_holding_a_job_loses_nothing(
     settings: Settings, settings_env: dict[str, str], tmp_path: Path
 ) -> None:
     init(settings, settings_env)
     # A long look-ahead, so that the job is surely held when the worker dies.
     env = settings_env | {"SCHEDULER_LOOKAHEAD_S": "20"}
-    port = free_port()
-    with components(env, tmp_path, "scanner", "relay", "reconciler"):
-        holder = Component("worker", env | {"SCHEDULER_METRICS_PORT": str(port)}, tmp_path, "--app", APP)
-        warm_up(settings)
-        at = database_now(settings) + timedelta(seconds=10)
-        create_delayed(settings, at)
-        try:
-            wait_for(lambda: held_jobs(port) == 1, 8, "the worker to hold the job")
-            holder.kill()
-        finally:
-            if holder.proc.poll() is None:
-                holder.kill()
+    with holding_worker(settings, env, tmp_path, timedelta(seconds=10)) as (holder, at):
+        holder.kill()
         assert database_now(settings) < at, "the worker was killed too late to prove anything"
         assert started_attempts(settings) == []
         other = Component("worker", env, tmp_path, "--app", APP)
@@ -193,19 +205,9 @@ def test_a_worker_stopped_while_holding_a_job_due_soon_runs_it_before_it_exits(
     # owner would run those again: a job due within the first half of the grace is run instead.
     init(settings, settings_env)
     env = settings_env | {"SCHEDULER_LOOKAHEAD_S": "20"}
-    port = free_port()
-    with components(env, tmp_path, "scanner", "relay", "reconciler"):
-        holder = Component("worker", env | {"SCHEDULER_METRICS_PORT": str(port)}, tmp_path, "--app", APP)
-        try:
-            warm_up(settings)
-            at = database_now(settings) + timedelta(seconds=4)
-            create_delayed(settings, at)
-            wait_for(lambda: held_jobs(port) == 1, 8, "the worker to hold the job")
-            assert database_now(settings) < at, "the job was no longer held when the worker was stopped"
-            assert holder.stop() == 0, holder.output()[-3000:]
-        finally:
-            if holder.proc.poll() is None:
-                holder.kill()
+    with holding_worker(settings, env, tmp_path, timedelta(seconds=4)) as (holder, at):
+        assert database_now(settings) < at, "the job was no longer held when the worker was stopped"
+        assert holder.stop() == 0, holder.output()[-3000:]
         [run] = wait_for(lambda: succeeded(settings, 1), 30, "the held run to be reconciled")
     [start] = started_attempts(settings)
     assert start["worker"] == run["worker"], "run by the stopping worker, once"
