@@ -65,7 +65,7 @@ class Snapshot:
     at: float = field(default_factory=time.monotonic)
 
 
-def _cpu_seconds(pid: int, *, with_children: bool) -> float:
+def process_cpu_seconds(pid: int, *, with_children: bool) -> float:
     # /proc/<pid>/stat: the command may hold spaces and parentheses, so split after the last ")".
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     utime, stime, cutime, cstime = (int(fields[i]) for i in (11, 12, 13, 14))
@@ -76,7 +76,7 @@ def _cpu_seconds(pid: int, *, with_children: bool) -> float:
 def server_cpu_seconds(postmaster: int) -> float | None:
     """The server's CPU so far: the postmaster with its reaped children, plus its live children."""
     try:
-        total = _cpu_seconds(postmaster, with_children=True)
+        total = process_cpu_seconds(postmaster, with_children=True)
     except (OSError, IndexError, ValueError):
         return None
     for entry in Path("/proc").iterdir():
@@ -85,7 +85,7 @@ def server_cpu_seconds(postmaster: int) -> float | None:
         try:
             stat = (entry / "stat").read_text()
             if int(stat.rsplit(")", 1)[1].split()[1]) == postmaster:
-                total += _cpu_seconds(int(entry.name), with_children=False)
+                total += process_cpu_seconds(int(entry.name), with_children=False)
         except (OSError, IndexError, ValueError):
             continue  # exited meanwhile: the postmaster's cutime has it now
     return total
@@ -165,7 +165,7 @@ class CostProbe:
             (self.database,),
         ):
             with contextlib.suppress(OSError, IndexError, ValueError):
-                cpu[row["pid"]] = _cpu_seconds(row["pid"], with_children=False)
+                cpu[row["pid"]] = process_cpu_seconds(row["pid"], with_children=False)
         return cpu
 
     def start(self) -> None:

@@ -1,13 +1,19 @@
 """Firing precision: how late a job starts compared with the instant its schedule was due.
 
-For each rate, ``rate x window`` delayed ``builtin:noop`` schedules are inserted in bulk a few
-seconds before the window opens, with ``run_at`` spread evenly over it (so 1,000 fires/s for 10 s
-is 10,000 schedules, one due every millisecond). The scanner, relay, reconciler and the workers run
-as processes, warmed up first. From the ``runs`` table it reports, per fire:
+For each rate, ``rate x window`` delayed schedules are inserted in bulk a few seconds before the
+window opens, with ``run_at`` spread evenly over it (so 1,000 fires/s for 10 s is 10,000
+schedules, one due every millisecond). Their handler, ``bench.lag_handlers:stamp``, does nothing
+but return the wall clock at its entry. The scanner, relay, reconciler and the workers run as
+processes, warmed up first. From the ``runs`` table it reports, per fire:
 
-- start lag: the worker's ``started_at`` minus ``scheduled_for`` (what a user feels),
-- dispatch lag: ``dispatched_at`` (Kafka acknowledged the job) minus ``scheduled_for``,
-- scan lag: ``created_at`` (the scanner's transaction) minus ``scheduled_for``,
+- start lag (the headline percentiles): the handler's entry minus ``scheduled_for``, what a user
+  feels and what the peers' figures measure (inside their task),
+- attempt start (``attempt_start``): the run's ``started_at`` minus ``scheduled_for``; the worker
+  announces that start before the handler runs (ahead of the instant for a held job),
+- scan lag: ``created_at`` (the scanner's transaction) minus ``scheduled_for``, negative for a
+  fire leased ahead (``SCHEDULER_LOOKAHEAD_S``),
+- the fires whose handler entered more than ``LATE_MS`` late, and how many of them had been leased
+  well ahead (then their lateness was the worker's, not the scan's);
 
 and how long after the window closed the last job started (0 when the pipeline kept up).
 
@@ -48,6 +54,9 @@ from scheduler.wiring import Wiring
 Conn = psycopg.Connection[Any]
 LOGS = RESULTS / "logs"
 WARM_UP_JOBS = 200
+STAMP_HANDLER = "bench.lag_handlers:stamp"
+LATE_MS = 5.0  # the issue's p99 target at 1,000 fires/s
+AHEAD_MS = 100.0
 
 
 def insert_idle(conn: Conn, count: int) -> float:
@@ -68,18 +77,20 @@ def insert_idle(conn: Conn, count: int) -> float:
     return time.monotonic() - started
 
 
-def insert_window(conn: Conn, fires: int, window_s: float, lead_s: float) -> float:
-    """``fires`` delayed schedules due evenly over ``window_s`` from ``lead_s`` after now.
+def insert_window(
+    conn: Conn, fires: int, window_s: float, lead_s: float, handler: str = "builtin:noop"
+) -> float:
+    """``fires`` delayed schedules of ``handler`` due evenly over ``window_s`` from ``lead_s`` after now.
     Returns how many seconds before the first fire the rows were committed (negative: late)."""
     step_us = window_s * 1_000_000 / fires
     opens = conn.execute("select now() + make_interval(secs => %s) as t0", (lead_s,)).fetchone()
     assert opens is not None
     conn.execute(
         "insert into schedules (id, app, name, kind, run_at, handler, next_fire_at) "
-        "select gen_random_uuid(), %(app)s, 'lag-' || g, 'delayed', t, 'builtin:noop', t "
+        "select gen_random_uuid(), %(app)s, 'lag-' || g, 'delayed', t, %(handler)s, t "
         "  from (select g, %(t0)s::timestamptz + (g - 1) * %(step)s * interval '1 microsecond' as t "
         "          from generate_series(1, %(n)s) g) fires",
-        {"app": BENCH_APP, "t0": opens["t0"], "step": step_us, "n": fires},
+        {"app": BENCH_APP, "t0": opens["t0"], "step": step_us, "n": fires, "handler": handler},
     )
     conn.execute("select pg_notify('scheduler_due', '')")
     conn.commit()
@@ -145,7 +156,11 @@ def run_lag(
                 idle_insert_s = round(insert_idle(conn, idle), 2)
         env = component_env(
             settings,
-            {"SCHEDULER_SCAN_BATCH_SIZE": str(scan_batch), "SCHEDULER_RELAY_BATCH_SIZE": str(scan_batch)}
+            {
+                "SCHEDULER_SCAN_BATCH_SIZE": str(scan_batch),
+                "SCHEDULER_RELAY_BATCH_SIZE": str(scan_batch),
+                "SCHEDULER_HANDLERS": STAMP_HANDLER.split(":")[0],
+            }
             | ({"PGOPTIONS": pg_options} if pg_options else {}),
         )
         with (
@@ -156,7 +171,7 @@ def run_lag(
             warm_up(conn, WARM_UP_JOBS)
             # Room for the bulk insert to commit before the first fire, more for bigger windows.
             lead_s = 2.0 + fires / 20_000
-            ahead_s = insert_window(conn, fires, window_s, lead_s)
+            ahead_s = insert_window(conn, fires, window_s, lead_s, STAMP_HANDLER)
 
             stalled = wait_for_fires(
                 conn, fires, timeout_s=lead_s + window_s + max(120, fires / 200), stall_s=stall_s
@@ -165,9 +180,11 @@ def run_lag(
             conn.execute("analyze schedules, runs")
             # A fire that never started counts with the lag it had when the wait ended: a lower bound.
             rows: list[dict[str, Any]] = conn.execute(
-                "select extract(epoch from coalesce(r.started_at, clock_timestamp()) - x.scheduled_for) "
+                "select (coalesce((r.result ->> 'entered_at')::float8, "
+                "                 extract(epoch from clock_timestamp())) "
+                "          - extract(epoch from x.scheduled_for)) * 1000 as handler_ms, "
+                "       extract(epoch from coalesce(r.started_at, clock_timestamp()) - x.scheduled_for) "
                 "         * 1000 as start_ms, "
-                "       extract(epoch from r.dispatched_at - x.scheduled_for) * 1000 as dispatch_ms, "
                 "       extract(epoch from r.created_at - x.scheduled_for) * 1000 as scan_ms, "
                 "       extract(epoch from coalesce(r.started_at, clock_timestamp()) - w.window_end) "
                 "         as after_window_s, "
@@ -178,8 +195,12 @@ def run_lag(
             ).fetchall()
             conn.commit()
             scan_query = lease_query_ms(conn, scan_batch)
-    start = [float(r["start_ms"]) for r in rows]
+    handler = [float(r["handler_ms"]) for r in rows]
     unstarted = sum(1 for r in rows if not r["started"])
+    # Where a late start's time went: a fire leased well ahead of its instant was on the worker in
+    # time (the look-ahead), so its lateness is the worker's; one leased after it, the scan's.
+    late = [r for r in rows if float(r["handler_ms"]) > LATE_MS]
+    leased_ahead = sum(1 for r in late if r["scan_ms"] is not None and float(r["scan_ms"]) < -AHEAD_MS)
     return {
         "rate_per_s": rate,
         "window_s": window_s,
@@ -188,12 +209,15 @@ def run_lag(
         "workers": workers,
         "concurrency": concurrency,
         "partitions": partitions,
-        **ms_percentiles(start),
-        "dispatch": ms_percentiles([float(r["dispatch_ms"]) for r in rows if r["dispatch_ms"] is not None]),
+        # What a user feels and what the peers measure: the handler's entry minus the fire's instant.
+        **ms_percentiles(handler),
+        # The attempt's start as its run records it (started_at), announced before the handler runs.
+        "attempt_start": ms_percentiles([float(r["start_ms"]) for r in rows]),
         "scan": ms_percentiles([float(r["scan_ms"]) for r in rows if r["scan_ms"] is not None]),
         # Stalled: no fire started for stall_s seconds; the percentiles are then lower bounds.
         "stalled": stalled,
         "unstarted": unstarted,
+        "late": {"over_ms": LATE_MS, "fires": len(late), "leased_ahead": leased_ahead},
         "last_start_after_window_s": round(max(0.0, max(float(r["after_window_s"]) for r in rows)), 2),
         "inserted_ahead_s": round(ahead_s, 2),
         "idle_insert_s": idle_insert_s,
@@ -211,11 +235,12 @@ def show(title: str, figures: dict[str, dict[str, Any]], key: str = "rate_per_s"
         "p90",
         "p99",
         "max",
-        "dispatch p99",
+        "attempt start p99",
         "scan p99",
         "late s",
+        "over 5 ms (leased ahead)",
         "lease q",
-        title=f"{title} (start lag in ms; late s: last start after the window)",
+        title=f"{title} (handler start lag in ms; late s: last start after the window)",
     )
     for entry in figures.values():
         bound = "≥" if entry.get("stalled") else ""
@@ -223,9 +248,10 @@ def show(title: str, figures: dict[str, dict[str, Any]], key: str = "rate_per_s"
             f"{entry[key]:,}",
             f"{entry['fires']:,}",
             *(bound + str(entry.get(k, "-")) for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")),
-            str(entry["dispatch"].get("p99_ms", "-")),
+            str(entry.get("attempt_start", {}).get("p99_ms", "-")),
             str(entry["scan"].get("p99_ms", "-")),
             str(entry["last_start_after_window_s"]),
+            f"{entry['late']['fires']:,} ({entry['late']['leased_ahead']:,})" if "late" in entry else "-",
             str(entry["lease_query_ms"]),
         )
     out.print(table)

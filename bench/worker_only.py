@@ -15,8 +15,11 @@ from datetime import UTC, datetime, timedelta
 from confluent_kafka import Consumer, TopicPartition
 
 from bench.common import component_env, isolated_settings, running, wait_until
-from scheduler.kafka.messages import JobMessage, RetryPolicy
+from bench.cost import process_cpu_seconds
+from scheduler.kafka.messages import ATTEMPT_HEADER, RUN_ID_HEADER, JobMessage, RetryPolicy
+from scheduler.kafka.tracing import HEADER
 from scheduler.kafka.transport import OutgoingMessage
+from scheduler.telemetry.tracing import new_traceparent
 from scheduler.wiring import Wiring
 
 
@@ -51,20 +54,34 @@ def main() -> None:
                 deadline=now + timedelta(hours=1), retry=RetryPolicy(max_attempts=3, backoff_base_ms=1000,
                 backoff_max_ms=60_000),
             )  # fmt: skip
-            messages.append(OutgoingMessage(topic, codec.encode(job), run_id.bytes))
+            # The headers the scanner and the relay give a job: its trace, its run and its attempt.
+            headers: list[tuple[str, str | bytes | None]] = [
+                (HEADER, new_traceparent()), (RUN_ID_HEADER, str(run_id)), (ATTEMPT_HEADER, "1")
+            ]  # fmt: skip
+            messages.append(OutgoingMessage(topic, codec.encode(job), run_id.bytes, headers))
         wiring.producer("bench").send(messages)
         commands = [["worker", "--app", "bench", "--concurrency", str(args.concurrency)]] * args.workers
-        with running(commands, component_env(settings)):
+
+        def events() -> int:
+            return results_count(settings.kafka_bootstrap, settings.results_topic, 6)
+
+        with running(commands, component_env(settings)) as procs:
             started = time.monotonic()
+            # The CPU from the first outcome on: the interpreter's start and imports are not the jobs'.
+            wait_until(lambda: events() > 0, 120, 0.01)
+            cpu_before = sum(process_cpu_seconds(p.pid, with_children=False) for p in procs)
+            counted_from = events()
             # Two events per job on .results: its start (which gives the run its lease) and its success.
-            done = wait_until(
-                lambda: results_count(settings.kafka_bootstrap, settings.results_topic, 6) >= 2 * args.jobs,
-                600,
-                0.2,
-            )
+            done = wait_until(lambda: events() >= 2 * args.jobs, 600, 0.2)
+            # The workers' own user + system CPU (all their threads) per job they ran meanwhile.
+            cpu_s = sum(process_cpu_seconds(p.pid, with_children=False) for p in procs) - cpu_before
+        cpu_ms_per_job = cpu_s * 1000 / max(1.0, args.jobs - counted_from / 2)
         elapsed = done - started
         rate = args.jobs / elapsed
-        print(f"{args.jobs} jobs, {args.workers} worker(s) x {args.concurrency}: {rate:.0f} jobs/s")
+        print(
+            f"{args.jobs} jobs, {args.workers} worker(s) x {args.concurrency}: {rate:.0f} jobs/s, "
+            f"{cpu_ms_per_job:.3f} ms of worker CPU per job"
+        )
 
 
 if __name__ == "__main__":
