@@ -3,8 +3,8 @@
 Threads and their jobs:
 1. The main thread owns the consumer and the commit. It fetches while fewer than ``concurrency``
    jobs run and few outcomes await Kafka's acknowledgement (pausing its partitions when that
-   lasts, so the group keeps it as a member), hands each batch to the event loop, serves the
-   producer's delivery reports, produces failed outcomes again, and commits per-partition
+   lasts, so the group keeps it as a member), hands each batch to the event loop, settles the
+   outcomes' delivery reports, produces failed outcomes again, and commits per-partition
    watermarks once Kafka acknowledged the outcomes below them (:mod:`scheduler.worker.progress`).
    It decodes each job: one whose ``scheduled_for`` is still ahead by this worker's clock (the
    scanner leased it ahead, ``SCHEDULER_LOOKAHEAD_S``) is *held*, in no slot; fetching goes on
@@ -19,9 +19,12 @@ Threads and their jobs:
    republish, offsets re-read after a lost commit) is finished, not run again. Whatever a handler
    raises, ``SystemExit`` and ``KeyboardInterrupt`` included, fails its attempt and never the
    loop; a coroutine a sync handler returns is awaited, as its work. A held job sleeps on the
-   loop's timers until its instant (a timer that fires early sleeps the rest: never started
-   early), then waits for a slot ahead of the jobs fetched since, and starts like any other: its
-   ``started`` event, its handler, its timeout counted from that start. The workers' clocks are
+   loop's timers until just before its instant (:data:`ANNOUNCE_AHEAD`), then waits for a slot
+   ahead of the jobs fetched since, and starts like any other, but as of its instant: its
+   ``started`` event says the instant, and once Kafka has it the handler runs at that instant (a
+   timer that fires early sleeps the rest: never started early), its timeout counted from it.
+   Kafka's acknowledgements are served by a thread of their own as they come, so that a start
+   does not also wait for the main thread's next poll. The workers' clocks are
    assumed synchronised with the database's (NTP): the scanner's "now" is PostgreSQL's, the hold
    is this worker's wall clock.
 3. An outcome is produced to ``.results`` (success), ``.retry`` (retryable, attempts left, with
@@ -170,6 +173,14 @@ MAX_HELD_JOBS = 5_000
 MAX_HELD_BYTES = 64 * 1024 * 1024
 # The longest hold: the greatest SCHEDULER_LOOKAHEAD_S allowed (60 s) and a margin for clocks.
 MAX_HOLD = timedelta(seconds=65)
+# A held job's start event is produced this long before its instant, so that Kafka has
+# acknowledged it (the producer's linger and a round trip, a few ms; tens under load) by the time
+# the handler is due: the handler runs at its instant rather than that much after it. The event
+# says the attempt starts at the instant, and the job keeps its slot from the announcement on.
+ANNOUNCE_AHEAD = timedelta(milliseconds=50)
+# How long the deliveries thread waits for a delivery report at a time (it returns as one comes):
+# only how soon it notices the worker stopping.
+DELIVERIES_POLL_S = 0.2
 # The longest wait for the job loop to drop the held jobs of revoked partitions.
 DROP_WAIT_S = 1.0
 # The job loop answers the main thread's ping within this, or the worker is not ready: an async
@@ -299,6 +310,12 @@ class Worker(Service):
         # Jobs left without an outcome by a fault of the worker's own code: their offsets move on
         # (a started run's lease brings it back), rather than freezing their partitions' commits.
         self._released: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
+        # Kafka's answers to start events, for the jobs thread: reports come by the hundred in one
+        # poll, and waking the loop once for each (a pipe write) cost the worker an eighth of its CPU,
+        # so a report only queues, and the first one of a round wakes the loop for all of them.
+        self._start_acks: deque[tuple[asyncio.Future[Exception | None], Exception | None]] = deque()
+        self._start_acks_lock = threading.Lock()
+        self._start_acks_woken = False
         self._redeliveries: Redeliveries[Delivery] = Redeliveries()
         self._producer = producer
         self._slot = ConsumerSlot(
@@ -312,6 +329,13 @@ class Worker(Service):
         self._assigned: frozenset[Partition] = frozenset()
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="jobs", daemon=True)
+        # Serves the producer's delivery reports as they come, so that a job whose handler waits
+        # for Kafka to acknowledge its start is not also waiting for the main thread, which spends
+        # up to a fetch's wait (50 ms) in the consumer between two polls of the producer.
+        self._deliveries_stop = threading.Event()
+        self._deliveries_thread = threading.Thread(
+            target=self._serve_deliveries, name="deliveries", daemon=True
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         # The jobs thread only. Jobs not started yet (held, or waiting for a slot), by partition: on
         # a revoke, a loss or a stop they are dropped, never run early nor waited for.
@@ -319,8 +343,9 @@ class Worker(Service):
         # Futures of jobs waiting for a slot: those whose instant came while held go first.
         self._due_waiters: deque[tuple[asyncio.Future[None], _Fetched]] = deque()
         self._fresh_waiters: deque[tuple[asyncio.Future[None], _Fetched]] = deque()
-        # (run, attempt) of every job started lately, oldest first; the jobs thread only.
-        self._started_attempts: OrderedDict[tuple[uuid.UUID, int], None] = OrderedDict()
+        # (run, attempt) of every job started lately, oldest first, as one int each (_attempt_key);
+        # the jobs thread only.
+        self._started_attempts: OrderedDict[int, None] = OrderedDict()
         self._abandoned: list[threading.Thread] = []  # guarded by _counts_lock
         self._last_commit = time.monotonic()
         self._last_metrics = 0.0
@@ -378,6 +403,7 @@ class Worker(Service):
 
     def run(self, stop: threading.Event) -> None:
         self._loop_thread.start()
+        self._deliveries_thread.start()
         super().run(stop)
 
     def step(self) -> bool:
@@ -544,6 +570,18 @@ class Worker(Service):
                 self.topics.group,
             )
         raise exc
+
+    # --- deliveries thread -----------------------------------------------------------------------
+
+    def _serve_deliveries(self) -> None:
+        """Wait for the producer's delivery reports and serve each as it comes: start events'
+        answers go to the job loop (:meth:`_start_acked`), outcomes' to the main thread's queue."""
+        while not self._deliveries_stop.is_set():
+            try:
+                self._producer.poll(DELIVERIES_POLL_S)
+            except Exception:  # never seen; the main thread's polls would then serve the reports
+                log.exception("serving the producer's delivery reports failed; the main thread serves them")
+                return
 
     # --- main thread: outcomes and commits ------------------------------------------------------
 
@@ -781,6 +819,9 @@ class Worker(Service):
                 log.debug("cancelling the jobs", exc_info=True)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop_thread.join(CANCEL_WAIT_S)
+        self._deliveries_stop.set()
+        if self._deliveries_thread.is_alive():
+            self._deliveries_thread.join(DELIVERIES_POLL_S + 1)
         # Threads of sync handlers are daemons: one stuck in a handler never holds up the exit.
         self._producer.close(CLOSE_FLUSH_S)
         self._settle()
@@ -873,9 +914,10 @@ class Worker(Service):
             self._released.put(delivery)
 
     async def _hold(self, fetched: _Fetched) -> None:
-        """Until the job's instant by this worker's clock (a timer of the job loop, re-armed if it
-        fires early); then it waits for a slot, ahead of the jobs fetched since."""
-        await _until(fetched.start_at)
+        """Until its start is to be announced (:data:`ANNOUNCE_AHEAD` before the job's instant, by
+        this worker's clock: a timer of the job loop, re-armed if it fires early); then it waits
+        for a slot, ahead of the jobs fetched since."""
+        await _until(fetched.start_at - ANNOUNCE_AHEAD)
         with self._counts_lock:
             self._held -= 1
             self._held_bytes -= len(fetched.delivery.value)
@@ -921,7 +963,7 @@ class Worker(Service):
             metrics.UNDECODABLE.labels(self.app).inc()
             self._dead_undecodable(delivery, fetched.error or "undecodable")
             return
-        attempt_key = (job.run_id, job.attempt)
+        attempt_key = _attempt_key(job)
         if attempt_key in self._started_attempts:
             # The same attempt again: a relay republished it, or this worker read its offsets again
             # after a commit was lost. It ran (or runs) here already, and the run's lease covers it,
@@ -935,9 +977,9 @@ class Worker(Service):
         if len(self._started_attempts) > REMEMBERED_ATTEMPTS:
             self._started_attempts.popitem(last=False)
         # The attempt's time starts now, whatever the message's deadline says: time spent waiting
-        # on the topic, held until its instant or behind a backlog never counts against it. Never
-        # before its instant by this worker's clock (one stepped back since the hold ended).
-        started = await _until(fetched.start_at)
+        # on the topic, held until its instant or behind a backlog never counts against it; or at
+        # its instant when that is still ahead (its start is announced ahead: ANNOUNCE_AHEAD).
+        started = max(datetime.now(UTC), fetched.start_at)
         with log_context(app=job.app, schedule_id=job.schedule_id, run_id=job.run_id, attempt=job.attempt):
             if not self._tracing:
                 # No span of our own, but the job's trace: log lines still carry its trace id.
@@ -977,6 +1019,8 @@ class Worker(Service):
         # The handler runs only once Kafka holds its start: an execution whose worker dies right
         # after is then on record (the run's lease, a re-execution counted), never a silent effect.
         await self._announce(delivery, job, started)
+        # Never before its instant by this worker's clock, however early Kafka answered.
+        await _until(started)
         try:
             result = await self._run_handler(delivery, job, started)
         except HandlerError as exc:
@@ -1168,15 +1212,7 @@ class Worker(Service):
         failures = 0
         while True:
             acked: asyncio.Future[Exception | None] = loop.create_future()
-
-            def on_delivery(error: Exception | None, acked: asyncio.Future[Exception | None] = acked) -> None:
-                def settle() -> None:
-                    if not acked.done():
-                        acked.set_result(error)
-
-                with contextlib.suppress(RuntimeError):  # a closed loop: the worker stopped
-                    loop.call_soon_threadsafe(settle)
-
+            on_delivery = partial(self._start_acked, acked)
             try:
                 message = self._event_message(delivery, job, started, "started")
                 self._producer.produce(message, on_delivery)
@@ -1191,6 +1227,27 @@ class Worker(Service):
                        delivery.offset, error)  # fmt: skip
             ceiling = min(START_RETRY_MAX_S, START_RETRY_INITIAL_S * 2 ** min(failures - 1, 10))
             await asyncio.sleep(random.uniform(ceiling / 2, ceiling))
+
+    def _start_acked(self, acked: asyncio.Future[Exception | None], error: Exception | None) -> None:
+        """Any thread (a delivery report): queue Kafka's answer to a start event for the jobs thread,
+        waking it unless a wake-up is already on its way."""
+        with self._start_acks_lock:
+            self._start_acks.append((acked, error))
+            if self._start_acks_woken:
+                return
+            self._start_acks_woken = True
+        with contextlib.suppress(RuntimeError):  # a closed loop: the worker stopped
+            self._loop.call_soon_threadsafe(self._settle_starts)
+
+    def _settle_starts(self) -> None:
+        """Jobs thread: hand every queued answer to its waiting job. The flag is cleared first, so an
+        answer queued meanwhile wakes the loop again rather than wait for the next one."""
+        with self._start_acks_lock:
+            self._start_acks_woken = False
+            acks, self._start_acks = self._start_acks, deque()
+        for acked, error in acks:
+            if not acked.done():
+                acked.set_result(error)
 
     def _event_message(
         self, delivery: Delivery, job: JobMessage, started: datetime, status: str
@@ -1394,6 +1451,14 @@ class Worker(Service):
             return self.codec.encode(dead)
 
         self._send_outcome(delivery, self.topics.dlq, run_id, build)
+
+
+def _attempt_key(job: JobMessage) -> int:
+    """A job's (run, attempt) as one int: the cycle collector never walks ints, while the 100,000
+    (UUID, int) tuples it used to keep (REMEMBERED_ATTEMPTS) made each full collection walk 200,000
+    objects more, a pause of 70-90 ms of the job loop, and the start-lag p99 at 1,000 fires/s."""
+    # An attempt is an Avro int: its 32 bits, negative or not, keep every key distinct.
+    return job.run_id.int << 32 | job.attempt & 0xFFFFFFFF
 
 
 def _attempt_of(headers: Sequence[tuple[str, bytes | None]]) -> tuple[uuid.UUID, int] | None:

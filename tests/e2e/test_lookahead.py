@@ -1,5 +1,7 @@
 """Look-ahead dispatch through the components as processes: a fire is leased and dispatched before
-its instant, its worker holds the job until that instant, and starts it then, never earlier.
+its instant, its worker holds the job until that instant, and starts it then, never earlier. The
+start is announced to Kafka just ahead of the instant, so that the handler itself can run at it:
+the run records the instant as its start, and the handler is never entered before it.
 
 A held job is not started: a worker killed while holding one loses nothing (the group redelivers
 it to another worker, which runs it once), and its attempt's timeout counts from its start, not from
@@ -30,6 +32,7 @@ from tests.support import SCHEDULER, Component, components, read_topic, wait_for
 pytestmark = pytest.mark.e2e
 
 APP = "ahead"
+ENTERED_AT = "tests.unit.handler_fixtures:entered_at"
 
 
 def init(settings: Settings, settings_env: dict[str, str]) -> None:
@@ -115,7 +118,7 @@ def test_fires_dispatched_ahead_start_at_their_instant_never_before(
             for i in range(40):
                 # Each 1 to 2 s ahead of its creation: leased at once or within the second.
                 fires.append(database_now(settings) + timedelta(seconds=1, milliseconds=25 * i))
-                create_delayed(settings, fires[-1])
+                create_delayed(settings, fires[-1], handler=ENTERED_AT)
             done = wait_for(lambda: succeeded(settings, len(fires)), 90, "every run succeeded")
         finally:
             for worker in workers:
@@ -123,6 +126,11 @@ def test_fires_dispatched_ahead_start_at_their_instant_never_before(
     assert [r["scheduled_for"] for r in done] == sorted(fires)
     early = [r for r in done if r["started_at"] < r["scheduled_for"]]
     assert early == [], "a job started before its instant"
+    # The handler's own clock (this machine's, as the database's): never entered before its
+    # instant, nor before the start its run records.
+    entered = {r["id"]: datetime.fromtimestamp(r["result"]["entered_at"], UTC) for r in done}
+    entered_early = [r for r in done if entered[r["id"]] < max(r["scheduled_for"], r["started_at"])]
+    assert entered_early == [], "a handler ran before its instant or before its recorded start"
     # Dispatched ahead: Kafka had the job before its instant, so a worker held it until then.
     published = on_kafka_at(settings)
     ahead = [r for r in done if published[r["id"]] < r["scheduled_for"] - timedelta(milliseconds=100)]

@@ -111,6 +111,11 @@ def record(ctx: JobContext) -> None:
     EXECUTED.append(ctx.run_id)
 
 
+async def entered_at(ctx: JobContext) -> dict[str, float]:
+    """The wall clock (epoch seconds) when the handler was entered, as its result."""
+    return {"entered_at": time.time()}
+
+
 def chatty(ctx: JobContext) -> int:
     """Calls ``ctx.heartbeat()`` ``payload["calls"]`` times in a tight loop."""
     calls = int(ctx.payload["calls"])
