@@ -70,7 +70,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
-from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, SpanKind, use_span
+from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, Span, SpanKind, use_span
 
 from scheduler.domain.retry import RetryPolicy
 from scheduler.domain.storable import MAX_HISTORY_ERROR_CHARS, MAX_RESULT_BYTES, capped_result, capped_text
@@ -984,8 +984,12 @@ class Worker(Service):
             if not self._tracing:
                 # No span of our own, but the job's trace: log lines still carry its trace id.
                 parent = span_context_from_traceparent(delivery.traceparent)
-                with use_span(NonRecordingSpan(parent) if parent is not None else INVALID_SPAN):
-                    await self._attempt(delivery, job, started)
+                span: Span = NonRecordingSpan(parent) if parent is not None else INVALID_SPAN
+                # The job's start, heartbeats and outcome carry its trace on, read once rather than
+                # per message (a job without one gets one new trace for all of them).
+                traced = replace(delivery, outcome_traceparent=traceparent_of_span(span))
+                with use_span(span):
+                    await self._attempt(traced, job, started)
                 return
             attributes = job_attributes(
                 job.run_id,
