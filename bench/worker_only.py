@@ -68,7 +68,7 @@ def main() -> None:
         with running(commands, component_env(settings)) as procs:
             started = time.monotonic()
             # The CPU from the first outcome on: the interpreter's start and imports are not the jobs'.
-            wait_until(lambda: events() > 0, 120, 0.01)
+            wait_until(lambda: events() > 0, 120, 0.1)
             cpu_before = sum(process_cpu_seconds(p.pid, with_children=False) for p in procs)
             counted_from = events()
             # Two events per job on .results: its start (which gives the run its lease) and its success.

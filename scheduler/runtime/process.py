@@ -78,7 +78,8 @@ def run_component(
 
     # What start-up built (modules, clients, wiring) lives as long as the process: moved out of the
     # cycle collector's reach, a full collection no longer walks it, which paused a worker's job
-    # loop for tens of milliseconds each time. Garbage is collected first, so none of it is kept.
+    # loop for tens of milliseconds each time. Garbage is collected first, so none of it is kept;
+    # a start-up object that becomes cyclic garbage later is never freed, at most once each.
     gc.collect()
     gc.freeze()
     threads = [threading.Thread(target=guarded, args=(s,), name=s.name, daemon=True) for s in services]

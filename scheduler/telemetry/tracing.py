@@ -168,17 +168,22 @@ def _random_span_context() -> SpanContext:
     )
 
 
+# Made-up ids need to be unique, not unguessable: the secrets module's system calls cost a worker a
+# twentieth of its CPU at two ids per job. A generator of this module's own, so that a handler
+# seeding the global one (random.seed) cannot make them repeat; seeded afresh in a forked child.
+_ids = random.Random()
+os.register_at_fork(after_in_child=_ids.seed)
+
+
 def _random_trace_id() -> int:
-    # As OpenTelemetry's own RandomIdGenerator: ids need to be unique, not unguessable, and the
-    # secrets module's system calls cost a worker a twentieth of its CPU at two ids per job.
     # All-zero ids are invalid in W3C trace context: one chance in 2**128, but never on a header.
-    while (trace_id := random.getrandbits(128)) == trace.INVALID_TRACE_ID:
+    while (trace_id := _ids.getrandbits(128)) == trace.INVALID_TRACE_ID:
         pass
     return trace_id
 
 
 def _random_span_id() -> int:
-    while (span_id := random.getrandbits(64)) == trace.INVALID_SPAN_ID:
+    while (span_id := _ids.getrandbits(64)) == trace.INVALID_SPAN_ID:
         pass
     return span_id
 

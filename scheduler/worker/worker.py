@@ -226,7 +226,9 @@ class _Fetched:
     """A consumed job as the main thread decoded it: ``job`` is None when its bytes are poison
     (``error`` says why). ``stage``: ``held`` (due after the moment it was fetched: held until
     then, in no slot), ``waiting`` (fetched due) or ``due`` (held until now) while it waits for a
-    slot, ``running`` in its slot, ``done``. It says what the job's end gives back."""
+    slot, ``ahead`` in a slot taken just before its instant, its start announced ahead and its
+    handler not entered yet, ``running`` in its slot, ``done``. It says what the job's end gives
+    back."""
 
     delivery: Delivery
     job: JobMessage | None
@@ -299,6 +301,10 @@ class Worker(Service):
         self._held = 0
         self._held_bytes = 0
         self._waiting = 0
+        # Ahead: in a slot taken just before their instant (ANNOUNCE_AHEAD), handler not entered.
+        # They count against --concurrency, never against fetching: fetching must go on filling the
+        # held jobs however many are about to start.
+        self._ahead = 0
         self._counts_lock = threading.Lock()
         self._paused = False
         self._full_since: float | None = None
@@ -474,7 +480,13 @@ class Worker(Service):
         """Whether the drain still waits: jobs running, outcomes unacknowledged, or jobs kept (due
         within the grace's first half) that have yet to start."""
         with self._counts_lock:
-            return self._running > 0 or self._unacked > 0 or self._held > 0 or self._waiting > 0
+            return (
+                self._running > 0
+                or self._ahead > 0
+                or self._unacked > 0
+                or self._held > 0
+                or self._waiting > 0
+            )
 
     def _fetch(self) -> None:
         free = self._free_slots()
@@ -579,9 +591,9 @@ class Worker(Service):
         while not self._deliveries_stop.is_set():
             try:
                 self._producer.poll(DELIVERIES_POLL_S)
-            except Exception:  # never seen; the main thread's polls would then serve the reports
-                log.exception("serving the producer's delivery reports failed; the main thread serves them")
-                return
+            except Exception as exc:  # never seen: a moment's pause, and the main thread's polls go on
+                self._warn("deliveries", "serving the producer's delivery reports failed: %r", exc)
+                self._deliveries_stop.wait(DELIVERIES_POLL_S)
 
     # --- main thread: outcomes and commits ------------------------------------------------------
 
@@ -795,7 +807,7 @@ class Worker(Service):
                 self._commit_async()
                 self._last_commit = time.monotonic()
         with self._counts_lock:
-            running, unacked = self._running, self._unacked
+            running, unacked = self._running + self._ahead, self._unacked
         if running or unacked:
             # Their offsets stay uncommitted, so the group redelivers them to another member.
             log.warning(
@@ -858,9 +870,11 @@ class Worker(Service):
                 self._held_bytes -= len(fetched.delivery.value)
             elif stage in ("waiting", "due"):
                 self._waiting -= 1
+            elif stage == "ahead":
+                self._ahead -= 1
             elif stage == "running":
                 self._running -= 1
-        if stage == "running":
+        if stage in ("ahead", "running"):
             self._slot_freed.set()
             self._admit()
 
@@ -895,7 +909,8 @@ class Worker(Service):
         try:
             if fetched.stage == "held":
                 await self._hold(fetched)
-            await self._take_slot(fetched)
+            if fetched.stage != "ahead":
+                await self._take_slot(fetched)
             # It has its slot: from now on a revoke or a stop lets it finish rather than drop it.
             self._forget_unstarted(fetched)
             await self._execute_job(fetched)
@@ -914,15 +929,41 @@ class Worker(Service):
             self._released.put(delivery)
 
     async def _hold(self, fetched: _Fetched) -> None:
-        """Until its start is to be announced (:data:`ANNOUNCE_AHEAD` before the job's instant, by
-        this worker's clock: a timer of the job loop, re-armed if it fires early); then it waits
-        for a slot, ahead of the jobs fetched since."""
+        """Until just before the job's instant (:data:`ANNOUNCE_AHEAD`, by this worker's clock: a
+        timer of the job loop, re-armed if it fires early). Then, if a slot is free and no job
+        waits for one, it takes that slot and its start is announced ahead, so that its handler can
+        run at the instant. Otherwise it waits for its instant, then for a slot, ahead of the jobs
+        fetched since: a slot idles ahead of an instant only when no job could have used it."""
         await _until(fetched.start_at - ANNOUNCE_AHEAD)
+        if not self._due_waiters and not self._fresh_waiters and self._grant_ahead(fetched):
+            return
+        await _until(fetched.start_at)
         with self._counts_lock:
             self._held -= 1
             self._held_bytes -= len(fetched.delivery.value)
             self._waiting += 1
         fetched.stage = "due"
+
+    def _grant_ahead(self, fetched: _Fetched) -> bool:
+        """Give a held job a free slot ahead of its instant, if one is free and outcomes are not
+        piling up."""
+        with self._counts_lock:
+            if self._running + self._ahead >= self.concurrency or self._unacked > self.unacked_bound:
+                return False
+            self._ahead += 1
+            self._held -= 1
+            self._held_bytes -= len(fetched.delivery.value)
+        fetched.stage = "ahead"
+        return True
+
+    def _enter(self, fetched: _Fetched) -> None:
+        """Jobs thread: a job's handler is about to run; one that was ahead is now running."""
+        if fetched.stage != "ahead":
+            return
+        with self._counts_lock:
+            self._ahead -= 1
+            self._running += 1
+        fetched.stage = "running"
 
     async def _take_slot(self, fetched: _Fetched) -> None:
         """Jobs thread: an execution slot for a waiting job. One whose instant came while it was
@@ -937,7 +978,7 @@ class Worker(Service):
     def _grant(self, fetched: _Fetched) -> bool:
         """Give a waiting job a slot, if one is free and outcomes are not piling up."""
         with self._counts_lock:
-            if self._running >= self.concurrency or self._unacked > self.unacked_bound:
+            if self._running + self._ahead >= self.concurrency or self._unacked > self.unacked_bound:
                 return False
             self._running += 1
             self._waiting -= 1
@@ -978,8 +1019,13 @@ class Worker(Service):
             self._started_attempts.popitem(last=False)
         # The attempt's time starts now, whatever the message's deadline says: time spent waiting
         # on the topic, held until its instant or behind a backlog never counts against it; or at
-        # its instant when that is still ahead (its start is announced ahead: ANNOUNCE_AHEAD).
-        started = max(datetime.now(UTC), fetched.start_at)
+        # its instant when that is at most ANNOUNCE_AHEAD away (its start is announced ahead). A
+        # clock stepped back since the hold ended is waited out first, before anything is on record.
+        while fetched.start_at - (now := datetime.now(UTC)) > ANNOUNCE_AHEAD:
+            await _until(fetched.start_at - ANNOUNCE_AHEAD)
+        started = max(now, fetched.start_at)
+        # When its handler may run, on the loop's monotonic clock (see _at).
+        entry_due = self._loop.time() + (started - now).total_seconds()
         with log_context(app=job.app, schedule_id=job.schedule_id, run_id=job.run_id, attempt=job.attempt):
             if not self._tracing:
                 # No span of our own, but the job's trace: log lines still carry its trace id.
@@ -989,7 +1035,7 @@ class Worker(Service):
                 # per message (a job without one gets one new trace for all of them).
                 traced = replace(delivery, outcome_traceparent=traceparent_of_span(span))
                 with use_span(span):
-                    await self._attempt(traced, job, started)
+                    await self._attempt(traced, job, fetched, started, entry_due)
                 return
             attributes = job_attributes(
                 job.run_id,
@@ -1010,21 +1056,22 @@ class Worker(Service):
             ) as span:
                 # Outcomes are produced from other threads, where this span is not current.
                 traced = replace(delivery, outcome_traceparent=traceparent_of_span(span))
-                status, error = await self._attempt(traced, job, started)
+                status, error = await self._attempt(traced, job, fetched, started, entry_due)
                 if error is not None:
                     record_failure(error[0], error[1])
                 duration_ms = (datetime.now(UTC) - started).total_seconds() * 1000
                 span.set_attributes(job_outcome_attributes(status, duration_ms))
 
     async def _attempt(
-        self, delivery: Delivery, job: JobMessage, started: datetime
+        self, delivery: Delivery, job: JobMessage, fetched: _Fetched, started: datetime, entry_due: float
     ) -> tuple[str, tuple[str, str] | None]:
         """Run the handler and publish the outcome; returns its status and (error class, error)."""
         # The handler runs only once Kafka holds its start: an execution whose worker dies right
         # after is then on record (the run's lease, a re-execution counted), never a silent effect.
         await self._announce(delivery, job, started)
-        # Never before its instant by this worker's clock, however early Kafka answered.
-        await _until(started)
+        # Never before its instant, however early Kafka answered.
+        await _at(started, entry_due)
+        self._enter(fetched)
         try:
             result = await self._run_handler(delivery, job, started)
         except HandlerError as exc:
@@ -1068,7 +1115,9 @@ class Worker(Service):
             max_attempts=job.retry.max_attempts,
             idempotency_key=job.idempotency_key,
             scheduled_for=job.scheduled_for,
-            deadline=started + timedelta(seconds=timeout),
+            # From the handler's entry, as the timeout is enforced: a start Kafka acknowledged late
+            # (after the instant it announced) takes nothing from the handler's time.
+            deadline=datetime.now(UTC) + timedelta(seconds=timeout),
             payload=payload,
             heartbeat=partial(self._heartbeat, delivery, job, started, beating, beats),
         )
@@ -1490,6 +1539,18 @@ async def _until(instant: datetime) -> datetime:
     while (now := datetime.now(UTC)) < instant:
         await asyncio.sleep((instant - now).total_seconds())
     return now
+
+
+async def _at(started: datetime, due: float) -> None:
+    """Until ``due`` on the running loop's monotonic clock, then until ``started`` by the wall
+    clock (microseconds, the two clocks' drift), for at most :data:`ANNOUNCE_AHEAD` more. The start
+    is on record by then: a wall clock stepped back meanwhile is not waited out, since the job would
+    sit silent in its slot, no heartbeat renewing its lease."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(0.0, due - loop.time()))
+    give_up = due + ANNOUNCE_AHEAD.total_seconds()
+    while (now := datetime.now(UTC)) < started and (left := give_up - loop.time()) > 0:
+        await asyncio.sleep(min((started - now).total_seconds(), left))
 
 
 def _cancel_requested() -> bool:

@@ -21,7 +21,7 @@ import pytest
 
 from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
-from scheduler.kafka.messages import JobMessage
+from scheduler.kafka.messages import JobMessage, JobResult
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
@@ -99,6 +99,20 @@ def on_kafka_at(settings: Settings) -> dict[Any, datetime]:
     }
 
 
+def started_on_kafka_at(settings: Settings) -> dict[Any, datetime]:
+    """When each run's start event was produced (its Kafka timestamp), by run id."""
+    codec = AvroCodec()
+    events = (
+        (codec.decode(JobResult, value), timestamp)
+        for _, value, timestamp in read_topic(settings.kafka_bootstrap, settings.results_topic)
+    )
+    return {
+        event.run_id: datetime.fromtimestamp(timestamp / 1000, UTC)
+        for event, timestamp in events
+        if event.status == "started"
+    }
+
+
 def held_jobs(port: int) -> float:
     answer = get(port, "/metrics")
     values = sample_values(answer.text, "scheduler_worker_held_jobs") if answer.status == 200 else []
@@ -131,6 +145,15 @@ def test_fires_dispatched_ahead_start_at_their_instant_never_before(
     entered = {r["id"]: datetime.fromtimestamp(r["result"]["entered_at"], UTC) for r in done}
     entered_early = [r for r in done if entered[r["id"]] < max(r["scheduled_for"], r["started_at"])]
     assert entered_early == [], "a handler ran before its instant or before its recorded start"
+    # Announced ahead: a start was produced before its instant, and no handler ran before its
+    # start was produced (Kafka's acknowledgement comes later still).
+    start_produced = started_on_kafka_at(settings)
+    # (Kafka's timestamps are whole milliseconds: ahead by more than a few of them.)
+    margin = timedelta(milliseconds=5)
+    announced_ahead = [r for r in done if start_produced[r["id"]] < r["scheduled_for"] - margin]
+    assert announced_ahead, "no start announced ahead"
+    before_start = [r for r in done if entered[r["id"]] < start_produced[r["id"]]]
+    assert before_start == [], "a handler ran before its start was produced"
     # Dispatched ahead: Kafka had the job before its instant, so a worker held it until then.
     published = on_kafka_at(settings)
     ahead = [r for r in done if published[r["id"]] < r["scheduled_for"] - timedelta(milliseconds=100)]
