@@ -19,10 +19,11 @@ Threads and their jobs:
    republish, offsets re-read after a lost commit) is finished, not run again. Whatever a handler
    raises, ``SystemExit`` and ``KeyboardInterrupt`` included, fails its attempt and never the
    loop; a coroutine a sync handler returns is awaited, as its work. A held job sleeps on the
-   loop's timers until just before its instant (:data:`ANNOUNCE_AHEAD`), then waits for a slot
-   ahead of the jobs fetched since, and starts like any other, but as of its instant: its
-   ``started`` event says the instant, and once Kafka has it the handler runs at that instant (a
-   timer that fires early sleeps the rest: never started early), its timeout counted from it.
+   loop's timers until just before its instant (:data:`ANNOUNCE_AHEAD`). Then, given a slot that
+   is free and that no waiting job wants, it starts as of its instant: its ``started`` event says
+   the instant, and once Kafka has it the handler runs at that instant (a timer that fires early
+   sleeps the rest: never started early), its timeout counted from the handler's start.
+   Otherwise it waits for its instant, then for a slot ahead of the jobs fetched since.
    Kafka's acknowledgements are served by a thread of their own as they come, so that a start
    does not also wait for the main thread's next poll. The workers' clocks are
    assumed synchronised with the database's (NTP): the scanner's "now" is PostgreSQL's, the hold
@@ -176,7 +177,8 @@ MAX_HOLD = timedelta(seconds=65)
 # A held job's start event is produced this long before its instant, so that Kafka has
 # acknowledged it (the producer's linger and a round trip, a few ms; tens under load) by the time
 # the handler is due: the handler runs at its instant rather than that much after it. The event
-# says the attempt starts at the instant, and the job keeps its slot from the announcement on.
+# says the attempt starts at the instant. Only into a slot that is free and that no waiting job
+# wants (see _hold): the job keeps that slot, idle, from the announcement on.
 ANNOUNCE_AHEAD = timedelta(milliseconds=50)
 # How long the deliveries thread waits for a delivery report at a time (it returns as one comes):
 # only how soon it notices the worker stopping.
