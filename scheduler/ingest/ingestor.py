@@ -10,10 +10,10 @@ partitions. Each batch follows these steps, in this order:
 3. commit the transaction;
 4. commit the Kafka offsets past the batch.
 
-Steps 2 to 4 of one batch run in a thread of their own while the loop reads and decodes the next
+Steps 2 and 3 of one batch run in a thread of their own while the loop reads and decodes the next
 batch (step 1 needs no database), so the decoding's Python work overlaps PostgreSQL's work on the
-batch before; the next batch is applied only once the one before has committed and its offsets
-have been committed, so batches are still applied one after the other, in the order consumed.
+batch before; the loop then waits for that batch and commits its offsets (step 4) before it hands
+over the next one, so batches are still applied one after the other, in the order consumed.
 
 A crash between 3 and 4 re-delivers the batch: its commands are then duplicates (their ids are
 claimed) and its rejections are already recorded, so nothing is applied or published twice. A

@@ -1023,8 +1023,7 @@ class Worker(Service):
         # on the topic, held until its instant or behind a backlog never counts against it; or at
         # its instant when that is at most ANNOUNCE_AHEAD away (its start is announced ahead). A
         # clock stepped back since the hold ended is waited out first, before anything is on record.
-        while fetched.start_at - (now := datetime.now(UTC)) > ANNOUNCE_AHEAD:
-            await _until(fetched.start_at - ANNOUNCE_AHEAD)
+        now = await _until(fetched.start_at - ANNOUNCE_AHEAD)
         started = max(now, fetched.start_at)
         # When its handler may run, on the loop's monotonic clock (see _at).
         entry_due = self._loop.time() + (started - now).total_seconds()
