@@ -23,6 +23,7 @@ Three steps, each on a database and topic prefix of its own, the components as p
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import secrets
@@ -66,6 +67,7 @@ from bench.common import (
 from bench.lag import insert_window, lease_query_ms
 from scheduler.config import Settings
 from scheduler.domain.cron import CronSchedule
+from scheduler.reconcile import retention
 from scheduler.store import query
 from scheduler.wiring import Wiring
 
@@ -83,6 +85,9 @@ HISTORY_DAYS = 30
 RUN_CHUNK = 1_000_000
 LAG_RATE = 1000
 LAG_WINDOW_S = 10.0
+# The history step's retention: half of its 30 days expire, and the sweep is timed for at most this.
+RETENTION_DAYS = 15.0
+RETENTION_SWEEP_S = 60.0
 API_CALLS = 50
 CLI_CALLS = 5
 
@@ -92,7 +97,10 @@ CLI_CALLS = 5
 
 def pipeline_env(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
     batches = {"SCHEDULER_SCAN_BATCH_SIZE": str(SCAN_BATCH), "SCHEDULER_RELAY_BATCH_SIZE": str(SCAN_BATCH)}
-    return component_env(settings, batches | (extra or {}))
+    # The history step's runs go back 30 days: the reconciler's retention must not delete them
+    # while the pipeline is measured over them (the step times the retention on its own).
+    keep = {"SCHEDULER_HISTORY_RETENTION_DAYS": "0"}
+    return component_env(settings, batches | keep | (extra or {}))
 
 
 def db_epoch(conn: Conn) -> float:
@@ -736,6 +744,45 @@ def measure_lag(conn: Conn, settings: Settings, workers: int, concurrency: int, 
     }
 
 
+def measure_retention(conn: Conn, admin: Conn) -> dict[str, Any]:
+    """The reconciler's history retention at ``RETENTION_DAYS`` (half the history expires): its
+    batches, as the lease sweeper runs them back to back, for up to ``RETENTION_SWEEP_S``; runs
+    deleted per second, each batch's time and the WAL per deleted run."""
+    sweeper = retention.HistoryRetention(RETENTION_DAYS, logging.getLogger("bench.retention"))
+    expired = conn.execute(
+        "select count(*) as n from runs where finished_at < now() - make_interval(secs => %s)",
+        (RETENTION_DAYS * 86_400,),
+    ).fetchone()
+    conn.commit()
+    wal_before = admin.execute("select pg_current_wal_lsn()").fetchone()
+    assert expired is not None and wal_before is not None
+    started = time.monotonic()
+    batches_ms: list[float] = []
+    deleted = attempts = 0
+    while time.monotonic() - started < RETENTION_SWEEP_S:
+        batch_started = time.monotonic()
+        batch = sweeper.delete_batch(conn)
+        batches_ms.append((time.monotonic() - batch_started) * 1000)
+        deleted, attempts = deleted + batch.runs, attempts + batch.attempts
+        if batch.runs < sweeper.batch:
+            break
+    elapsed = time.monotonic() - started
+    wal = admin.execute(
+        "select pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", (wal_before[0],)
+    ).fetchone()
+    assert wal is not None
+    return {
+        "retention_days": RETENTION_DAYS,
+        "expired": int(expired["n"]),
+        "deleted": deleted,
+        "attempts_deleted": attempts,
+        "sweep_s": round(elapsed, 1),
+        "runs_per_s": round(deleted / elapsed) if elapsed else None,
+        "batch": ms_percentiles(batches_ms),
+        "wal_bytes_per_run": round(float(wal[0]) / deleted) if deleted else None,
+    }
+
+
 def run_history(runs: int, workers: int, concurrency: int, partitions: int) -> dict[str, Any]:
     load_before = load_average()
     disk_before = disk_free_gb()
@@ -764,7 +811,10 @@ def run_history(runs: int, workers: int, concurrency: int, partitions: int) -> d
             assert newest is not None
             figures["queries"] = {
                 "lease_due_schedules": plan_median_ms(
-                    conn, query("lease_due_schedules"), {"now": None, "limit": SCAN_BATCH}, 20
+                    conn,
+                    query("lease_due_schedules"),
+                    {"now": None, "limit": SCAN_BATCH, "lookahead_s": 1.0},
+                    20,
                 ),
                 "lease_due_retries": plan_median_ms(
                     conn, query("lease_due_retries"), {"now": None, "limit": SCAN_BATCH}, 20
@@ -784,10 +834,18 @@ def run_history(runs: int, workers: int, concurrency: int, partitions: int) -> d
                     {"schedule_id": None, "app": BENCH_APP, "state": None, "limit": 50},
                     5,
                 ),
+                # One batch of the reconciler's retention, rolled back like the others.
+                "delete_expired_history": plan_median_ms(
+                    conn,
+                    query("delete_expired_history"),
+                    {"retention_s": RETENTION_DAYS * 86_400, "limit": retention.BATCH},
+                    5,
+                ),
             }
             figures["api"] = measure_api(settings, schedule_id)
             figures["cli_runs_list"] = measure_cli(settings)
             figures["lag"] = measure_lag(conn, settings, workers, concurrency, runs)
+            figures["retention"] = measure_retention(conn, admin)
     return figures | {
         "disk_free_gb": {"before": disk_before, "loaded": disk_loaded, "after": disk_free_gb()},
         "load_average": {"before": load_before, "after": load_average()},
@@ -896,6 +954,21 @@ def show_history(figures: dict[str, Any]) -> None:
     table.add_row("scheduler runs list --app --limit 50 (wall, median)", *cli, "a process each")
     lags = (f"{figures[n]['lag'].get('p50_ms')} / {figures[n]['lag'].get('p99_ms')}" for n in sizes)
     table.add_row("start lag p50 / p99 at 1,000/s", *lags, f"scan p99 {big['lag']['scan'].get('p99_ms')}")
+    for n in sizes:
+        kept = figures[n].get("retention")
+        if kept:
+            table.add_row(
+                f"retention at {kept['retention_days']:g} days, {int(n):,} runs",
+                *(
+                    f"{kept['deleted']:,} of {kept['expired']:,} deleted in {kept['sweep_s']} s: "
+                    f"{_v(kept['runs_per_s'])} runs/s, batch p50 {kept['batch'].get('p50_ms')} ms, "
+                    f"{_v(kept['wal_bytes_per_run'])} B WAL/run"
+                    if m == n
+                    else ""
+                    for m in sizes
+                ),
+                "the lease sweeper's batches",
+            )
     out.print(table)
 
 

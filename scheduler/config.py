@@ -148,6 +148,8 @@ class Settings:
     # How long a started job's run stays leased after its start event or a heartbeat (the worker
     # sends one every 5 s): silence past this is what lets the lease sweeper give up on it.
     lease_window_s: float = 30.0
+    # How long finished runs (and the one-shot schedules they leave) are kept; 0 keeps everything.
+    history_retention_days: float = 30.0
     http_allowlist: tuple[str, ...] = ()
     # Workers: the Python handlers they run besides the builtins (``package.module`` or
     # ``package.module:function``), and a stable identity for static group membership.
@@ -478,6 +480,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         lookahead_s=_float(env, "SCHEDULER_LOOKAHEAD_S", 1.0, 0.0, 60.0),
         # At least two heartbeat intervals, so that one late heartbeat never expires a live job.
         lease_window_s=_float(env, "SCHEDULER_LEASE_WINDOW_S", 30.0, 10.0, 86_400.0),
+        history_retention_days=_float(env, "SCHEDULER_HISTORY_RETENTION_DAYS", 30.0, 0.0, 36_500.0),
         http_allowlist=allowlist,
         handlers=tuple(item.strip() for item in env.get("SCHEDULER_HANDLERS", "").split(",") if item.strip()),
         group_instance_id=_group_instance_id(env),

@@ -142,7 +142,8 @@ class Wiring:
         )
 
     def reconciler(self) -> list[Service]:
-        """The reconciler proper, the lease sweeper and the buffer release: one process."""
+        """The reconciler proper, the lease sweeper (with the history's retention) and the buffer
+        release: one process."""
         return [self.reconciler_service(), self.lease_sweeper(), self.buffer_release()]
 
     def reconciler_service(self, kind: type[R] = Reconciler) -> R:  # type: ignore[assignment]
@@ -172,6 +173,7 @@ class Wiring:
             self.kafka_check(),
             s.dlq_topic,
             lease_window_s=s.lease_window_s,
+            retention_days=s.history_retention_days,
         )
 
     def buffer_release(self) -> BufferRelease:

@@ -40,6 +40,7 @@ from scheduler.kafka.messages import JobDeadLetter
 from scheduler.kafka.positions import GroupPositions
 from scheduler.kafka.transport import Partition, TransportError
 from scheduler.reconcile import metrics
+from scheduler.reconcile.retention import HistoryRetention
 from scheduler.runtime.service import Check, Service
 from scheduler.scan.dispatch import JobDispatcher, attempt_deadline, attempt_summary
 from scheduler.store import reconcile as store
@@ -90,6 +91,7 @@ class LeaseSweeper(Service):
         kafka_check: Check,
         dlq_topic: str,
         lease_window_s: float = 30.0,
+        retention_days: float = 0.0,
     ) -> None:
         super().__init__("lease-sweeper")
         self.database = database
@@ -104,14 +106,18 @@ class LeaseSweeper(Service):
         self._held_logged = -HELD_LOG_EVERY_S
         self.settle_s = lease_window_s + KAFKA_SETTLE_GRACE_S
         self._kafka_answering_since: float | None = None  # monotonic
+        # The other janitor of runs, in this loop so that the component's shape stays the same.
+        self.retention = HistoryRetention(retention_days, self.log)
 
     def checks(self) -> Sequence[Check]:
         return (self.database.check(), self.kafka_check)
 
     def step(self) -> bool:
+        # The history's retention judges nothing by Kafka: it runs whether Kafka answers or not.
+        more_history = self.retention.step(self.session.conn)
         if not self._kafka_settled():
-            return False
-        return self.sweep(self.session.conn).swept >= BATCH
+            return more_history
+        return self.sweep(self.session.conn).swept >= BATCH or more_history
 
     def _kafka_settled(self) -> bool:
         """Whether Kafka has answered without a break for longer than a lease window (and a grace):

@@ -1,7 +1,8 @@
 """Metrics of the reconciler component, in a registry of its own: its ``/metrics`` shows only these.
 
 The component is three services in one process (``scheduler run reconciler``): the reconciler
-proper, the lease sweeper and the buffer release; each moves its own metrics."""
+proper, the lease sweeper (which applies the history's retention too) and the buffer release;
+each moves its own metrics."""
 
 from __future__ import annotations
 
@@ -67,5 +68,12 @@ SWEEP_UNREAD = Gauge(
 BUFFERED_RELEASED = Counter(
     "scheduler_buffered_runs_released_total",
     "Fires that buffer_one kept waiting, dispatched once the run before them ended",
+    registry=REGISTRY,
+)
+HISTORY_DELETED = Counter(
+    "scheduler_history_deleted_total",
+    "Rows the history retention deleted (SCHEDULER_HISTORY_RETENTION_DAYS), by table: finished "
+    "runs, their attempts, and the finished schedules they left with no run",
+    ["table"],
     registry=REGISTRY,
 )

@@ -22,10 +22,12 @@ def test_defaults_point_at_the_local_stack() -> None:
     )
     assert settings.jobs_topic("billing") == "sched.jobs.billing"
     assert settings.lookahead_s == 1.0
+    assert settings.history_retention_days == 30.0
 
 
 def test_lookahead_zero_turns_it_off() -> None:
     assert load_settings({"SCHEDULER_LOOKAHEAD_S": "0"}).lookahead_s == 0.0
+    assert load_settings({"SCHEDULER_HISTORY_RETENTION_DAYS": "0"}).history_retention_days == 0.0
 
 
 def test_ports_move_the_default_urls() -> None:
@@ -47,6 +49,8 @@ def test_ports_move_the_default_urls() -> None:
         ({"SCHEDULER_CATCHUP_WINDOW": "-1"}, "out of range"),
         ({"SCHEDULER_LOOKAHEAD_S": "61"}, "SCHEDULER_LOOKAHEAD_S=61.0 is out of range"),
         ({"SCHEDULER_LOOKAHEAD_S": "soon"}, "SCHEDULER_LOOKAHEAD_S='soon' is not a number"),
+        ({"SCHEDULER_HISTORY_RETENTION_DAYS": "-1"}, "SCHEDULER_HISTORY_RETENTION_DAYS=-1.0 is out of range"),
+        ({"SCHEDULER_HISTORY_RETENTION_DAYS": "30d"}, "RETENTION_DAYS='30d' is not a number"),
     ],
 )
 def test_a_bad_value_names_its_variable(env: dict[str, str], message: str) -> None:
