@@ -744,11 +744,13 @@ def measure_lag(conn: Conn, settings: Settings, workers: int, concurrency: int, 
     }
 
 
-def measure_retention(conn: Conn, admin: Conn) -> dict[str, Any]:
+def measure_retention(settings: Settings, conn: Conn, admin: Conn) -> dict[str, Any]:
     """The reconciler's history retention at ``RETENTION_DAYS`` (half the history expires): its
-    batches, as the lease sweeper runs them back to back, for up to ``RETENTION_SWEEP_S``; runs
-    deleted per second, each batch's time and the WAL per deleted run."""
-    sweeper = retention.HistoryRetention(RETENTION_DAYS, logging.getLogger("bench.retention"))
+    looks, as the lease sweeper runs them back to back, for up to ``RETENTION_SWEEP_S``; runs
+    deleted per second, each look's time and the WAL per deleted run."""
+    sweeper = retention.HistoryRetention(
+        Wiring(settings).database, RETENTION_DAYS, logging.getLogger("bench.retention")
+    )
     expired = conn.execute(
         "select count(*) as n from runs where finished_at < now() - make_interval(secs => %s)",
         (RETENTION_DAYS * 86_400,),
@@ -757,15 +759,18 @@ def measure_retention(conn: Conn, admin: Conn) -> dict[str, Any]:
     wal_before = admin.execute("select pg_current_wal_lsn()").fetchone()
     assert expired is not None and wal_before is not None
     started = time.monotonic()
-    batches_ms: list[float] = []
-    deleted = attempts = 0
-    while time.monotonic() - started < RETENTION_SWEEP_S:
-        batch_started = time.monotonic()
-        batch = sweeper.delete_batch(conn)
-        batches_ms.append((time.monotonic() - batch_started) * 1000)
-        deleted, attempts = deleted + batch.runs, attempts + batch.attempts
-        if batch.runs < sweeper.batch:
-            break
+    looks_ms: list[float] = []
+    deleted = 0
+    try:
+        while time.monotonic() - started < RETENTION_SWEEP_S:
+            look_started = time.monotonic()
+            look = sweeper.look()
+            looks_ms.append((time.monotonic() - look_started) * 1000)
+            deleted += look.runs
+            if not look.whole:
+                break
+    finally:
+        sweeper.close()
     elapsed = time.monotonic() - started
     wal = admin.execute(
         "select pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", (wal_before[0],)
@@ -775,10 +780,9 @@ def measure_retention(conn: Conn, admin: Conn) -> dict[str, Any]:
         "retention_days": RETENTION_DAYS,
         "expired": int(expired["n"]),
         "deleted": deleted,
-        "attempts_deleted": attempts,
         "sweep_s": round(elapsed, 1),
         "runs_per_s": round(deleted / elapsed) if elapsed else None,
-        "batch": ms_percentiles(batches_ms),
+        "batch": ms_percentiles(looks_ms),
         "wal_bytes_per_run": round(float(wal[0]) / deleted) if deleted else None,
     }
 
@@ -834,18 +838,23 @@ def run_history(runs: int, workers: int, concurrency: int, partitions: int) -> d
                     {"schedule_id": None, "app": BENCH_APP, "state": None, "limit": 50},
                     5,
                 ),
-                # One batch of the reconciler's retention, rolled back like the others.
-                "delete_expired_history": plan_median_ms(
+                # The selection of a batch of the reconciler's retention, rolled back like the others.
+                "expired_runs": plan_median_ms(
                     conn,
-                    query("delete_expired_history"),
-                    {"retention_s": RETENTION_DAYS * 86_400, "limit": retention.BATCH},
+                    query("expired_runs"),
+                    {
+                        "retention_s": RETENTION_DAYS * 86_400,
+                        "limit": retention.BATCH,
+                        "after": None,
+                        "skip": [],
+                    },
                     5,
                 ),
             }
             figures["api"] = measure_api(settings, schedule_id)
             figures["cli_runs_list"] = measure_cli(settings)
             figures["lag"] = measure_lag(conn, settings, workers, concurrency, runs)
-            figures["retention"] = measure_retention(conn, admin)
+            figures["retention"] = measure_retention(settings, conn, admin)
     return figures | {
         "disk_free_gb": {"before": disk_before, "loaded": disk_loaded, "after": disk_free_gb()},
         "load_average": {"before": load_before, "after": load_average()},
@@ -961,7 +970,7 @@ def show_history(figures: dict[str, Any]) -> None:
                 f"retention at {kept['retention_days']:g} days, {int(n):,} runs",
                 *(
                     f"{kept['deleted']:,} of {kept['expired']:,} deleted in {kept['sweep_s']} s: "
-                    f"{_v(kept['runs_per_s'])} runs/s, batch p50 {kept['batch'].get('p50_ms')} ms, "
+                    f"{_v(kept['runs_per_s'])} runs/s, look p50 {kept['batch'].get('p50_ms')} ms, "
                     f"{_v(kept['wal_bytes_per_run'])} B WAL/run"
                     if m == n
                     else ""

@@ -248,6 +248,15 @@ def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: flo
     return value
 
 
+def _retention_days(env: Mapping[str, str]) -> float:
+    name = "SCHEDULER_HISTORY_RETENTION_DAYS"
+    days = _float(env, name, 30.0, 0.0, 36_500.0)
+    # Shorter than a day, runs could go while their events and republished messages still come.
+    if 0 < days < 1:
+        raise ConfigError(f"{name}={days} must be 0 (keep everything) or at least 1 day")
+    return days
+
+
 def redact_url(conninfo: str) -> str:
     """``postgresql://user@host:port/dbname`` for a libpq URL or key=value string, without its
     password or any other parameter; something unparseable is shown as a placeholder."""
@@ -480,7 +489,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         lookahead_s=_float(env, "SCHEDULER_LOOKAHEAD_S", 1.0, 0.0, 60.0),
         # At least two heartbeat intervals, so that one late heartbeat never expires a live job.
         lease_window_s=_float(env, "SCHEDULER_LEASE_WINDOW_S", 30.0, 10.0, 86_400.0),
-        history_retention_days=_float(env, "SCHEDULER_HISTORY_RETENTION_DAYS", 30.0, 0.0, 36_500.0),
+        history_retention_days=_retention_days(env),
         http_allowlist=allowlist,
         handlers=tuple(item.strip() for item in env.get("SCHEDULER_HANDLERS", "").split(",") if item.strip()),
         group_instance_id=_group_instance_id(env),

@@ -106,18 +106,17 @@ class LeaseSweeper(Service):
         self._held_logged = -HELD_LOG_EVERY_S
         self.settle_s = lease_window_s + KAFKA_SETTLE_GRACE_S
         self._kafka_answering_since: float | None = None  # monotonic
-        # The other janitor of runs, in this loop so that the component's shape stays the same.
-        self.retention = HistoryRetention(retention_days, self.log)
+        # The other janitor of runs, in this loop so that the component keeps its shape; on a
+        # connection of its own, and it never raises, so nothing it meets can stop the sweep.
+        self.retention = HistoryRetention(database, retention_days, self.log)
 
     def checks(self) -> Sequence[Check]:
         return (self.database.check(), self.kafka_check)
 
     def step(self) -> bool:
+        more = self._kafka_settled() and self.sweep(self.session.conn).swept >= BATCH
         # The history's retention judges nothing by Kafka: it runs whether Kafka answers or not.
-        more_history = self.retention.step(self.session.conn)
-        if not self._kafka_settled():
-            return more_history
-        return self.sweep(self.session.conn).swept >= BATCH or more_history
+        return self.retention.step() or more
 
     def _kafka_settled(self) -> bool:
         """Whether Kafka has answered without a break for longer than a lease window (and a grace):
@@ -146,6 +145,7 @@ class LeaseSweeper(Service):
 
     def close(self) -> None:
         self.session.close()
+        self.retention.close()
 
     def sweep(self, conn: psycopg.Connection[Row], now: datetime | None = None) -> Sweep:
         """One batch of expired leases, once the reconciler has read the outcome topics up to

@@ -1,13 +1,15 @@
 """The history's retention (``SCHEDULER_HISTORY_RETENTION_DAYS``): finished runs older than the
-retention go with their attempts and the one-shot schedules they leave, and nothing else does —
+retention go with their attempts and the finished schedules they leave, and nothing else does —
 not dead runs (the dead-letter queue), not open runs however old, not recent history, not active
-schedules."""
+or paused schedules — and nothing it meets (locks, a row it cannot delete, a failing database)
+stops it or the lease sweeper that runs it."""
 
 from __future__ import annotations
 
 import itertools
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,11 +17,17 @@ from typing import Any, LiteralString
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from scheduler.config import Settings
 from scheduler.reconcile import metrics
+from scheduler.reconcile.lease_sweeper import LeaseSweeper, Sweep
 from scheduler.reconcile.retention import HistoryRetention
+from scheduler.runtime.service import Check
 from scheduler.store import connect
+from scheduler.store import retention as retention_store
+from scheduler.store.database import Database
+from scheduler.wiring import Wiring
 from tests.support import Component, wait_for
 
 pytestmark = pytest.mark.integration
@@ -132,34 +140,48 @@ def deleted_runs_metric() -> float:
     return metrics.REGISTRY.get_sample_value("scheduler_history_deleted_total", {"table": "runs"}) or 0.0
 
 
-def retention(days: float, batch: int = 5000) -> HistoryRetention:
-    return HistoryRetention(days, logging.getLogger("test-retention"), batch=batch)
+def retention(
+    settings: Settings, days: float, batch: int = 5000, clock: list[float] | None = None
+) -> HistoryRetention:
+    """A retention as the lease sweeper holds one; ``clock`` (seconds) stands in for the monotonic one."""
+    return HistoryRetention(
+        Wiring(settings).database,
+        days,
+        logging.getLogger("test-retention"),
+        batch=batch,
+        clock=time.monotonic if clock is None else lambda: clock[0],
+    )
+
+
+def every_look(sweeper: HistoryRetention) -> int:
+    """Looks until one is not whole (then the next is a minute away); how many were whole."""
+    whole = 0
+    try:
+        while sweeper.step():
+            whole += 1
+    finally:
+        sweeper.close()
+    return whole
 
 
 def test_only_finished_history_past_the_retention_goes(settings: Settings) -> None:
     history = insert_history(settings.database_url)
     before = deleted_runs_metric()
-    sweeper = retention(30, batch=3)
-    with connect(settings.database_url) as conn:
-        batches = 0
-        while sweeper.step(conn):  # a whole batch: more may be due, the next step goes on at once
-            batches += 1
-        assert sweeper.step(conn) is False, "the next look is a minute later"
+    sweeper = retention(settings, 30, batch=3)
+    assert every_look(sweeper) == len(history.gone_runs) // 3
+    assert sweeper.step() is False, "the next look is a minute later"
     runs, schedules, attempts, keys = remaining(settings.database_url)
     assert runs == history.kept_runs
-    assert attempts <= runs, "attempts of deleted runs were left behind"
-    assert attempts == history.kept_runs
+    assert attempts == history.kept_runs, "attempts of deleted runs were left behind"
     assert schedules == history.kept_schedules
     assert keys == schedules
-    assert batches == len(history.gone_runs) // 3
     assert deleted_runs_metric() - before == len(history.gone_runs)
 
 
 def test_a_retention_of_zero_keeps_everything(settings: Settings) -> None:
     insert_history(settings.database_url)
     before = remaining(settings.database_url)
-    with connect(settings.database_url) as conn:
-        assert retention(0).step(conn) is False
+    assert every_look(retention(settings, 0)) == 0
     assert remaining(settings.database_url) == before
 
 
@@ -169,15 +191,32 @@ def test_rows_another_transaction_holds_are_skipped_not_waited_for(settings: Set
     with connect(settings.database_url) as holder:
         # As the reconciler holds a run it is applying an event to.
         holder.execute("select 1 from runs where id = %s for update", (locked,))
-        with connect(settings.database_url) as conn:
-            worker = threading.Thread(target=retention(30).step, args=(conn,))
-            worker.start()
-            worker.join(10)
-            assert not worker.is_alive(), "the retention waited on a locked run"
+        worker = threading.Thread(target=every_look, args=(retention(settings, 30),))
+        worker.start()
+        worker.join(10)
+        assert not worker.is_alive(), "the retention waited on a locked run"
         holder.rollback()
     runs, _, attempts, _ = remaining(settings.database_url)
     assert runs == history.kept_runs | {locked}
     assert locked in attempts
+
+
+def test_a_schedule_key_the_ingestor_holds_is_skipped_and_its_schedule_goes_later(settings: Settings) -> None:
+    history = insert_history(settings.database_url)
+    (one_shot,) = history.gone_schedules
+    with connect(settings.database_url) as ingestor:
+        # As the ingestor's schedules_by_key holds a key while it applies a command.
+        ingestor.execute("select 1 from schedule_keys where schedule_id = %s for update", (one_shot,))
+        worker = threading.Thread(target=every_look, args=(retention(settings, 30),))
+        worker.start()
+        worker.join(10)
+        assert not worker.is_alive(), "the retention waited on a key the ingestor holds"
+        ingestor.rollback()
+    runs, schedules, _, _ = remaining(settings.database_url)
+    assert runs == history.kept_runs
+    assert one_shot in schedules
+    every_look(retention(settings, 30))  # a later look's crawl over the schedules
+    assert remaining(settings.database_url)[1] == history.kept_schedules
 
 
 def test_two_sweepers_share_the_work(settings: Settings) -> None:
@@ -185,11 +224,8 @@ def test_two_sweepers_share_the_work(settings: Settings) -> None:
     errors: list[BaseException] = []
 
     def sweep() -> None:
-        sweeper = retention(30, batch=2)
         try:
-            with connect(settings.database_url) as conn:
-                while sweeper.step(conn):
-                    pass
+            every_look(retention(settings, 30, batch=2))
         except BaseException as error:  # reported by the assertion below
             errors.append(error)
 
@@ -199,33 +235,143 @@ def test_two_sweepers_share_the_work(settings: Settings) -> None:
     for thread in threads:
         thread.join(60)
     assert not errors
-    with connect(settings.database_url) as conn:
-        retention(30).step(conn)  # what one skipped while the other held it
-    runs, _, attempts, _ = remaining(settings.database_url)
+    every_look(retention(settings, 30))  # what one skipped while the other held it
+    runs, schedules, attempts, _ = remaining(settings.database_url)
     assert runs == history.kept_runs
     assert attempts == history.kept_runs
+    assert schedules == history.kept_schedules
 
 
-def test_a_refused_batch_is_logged_and_tried_at_the_next_look(
+def ended_cron(conn: psycopg.Connection[Row], state: str, updated_days_ago: int, runs: int) -> uuid.UUID:
+    """A cron schedule in ``state`` whose ``runs`` succeeded runs all ended 40 days ago or more."""
+    schedule_id = schedule(conn, "cron", state, updated_days_ago)
+    for n in range(runs):
+        run(conn, schedule_id, "succeeded", 40 + n, 40 + n, attempts=1)
+    return schedule_id
+
+
+def test_a_cancelled_schedule_goes_once_its_cancel_is_past_the_retention(settings: Settings) -> None:
+    with connect(settings.database_url) as conn:
+        conn.execute("insert into apps (name, partitions) values (%s, 1)", (APP,))
+        # The usual deleted cron: cancelled (20 days ago) after its last run ended (40 days ago).
+        cancelled = ended_cron(conn, "cancelled", 20, 3)
+        # Deleted before it ever fired, 40 days ago: no run leads to it.
+        never_fired = schedule(conn, "cron", "cancelled", 40)
+        conn.commit()
+    every_look(retention(settings, 30))
+    runs, schedules, _, _ = remaining(settings.database_url)
+    assert runs == set(), "its runs are past the retention"
+    assert schedules == {cancelled}, "its cancel is not, yet"
+    with connect(settings.database_url) as conn:
+        # Eleven days later its cancel is past the retention too.
+        conn.execute(
+            "update schedules set updated_at = now() - interval '31 days' where id = %s", (cancelled,)
+        )
+        conn.commit()
+    every_look(retention(settings, 30))
+    _, schedules, _, keys = remaining(settings.database_url)
+    assert not {cancelled, never_fired} & (schedules | keys)
+
+
+def test_two_replicas_splitting_a_schedules_last_runs_leave_no_finished_schedule_behind(
+    settings: Settings,
+) -> None:
+    with connect(settings.database_url) as conn:
+        conn.execute("insert into apps (name, partitions) values (%s, 1)", (APP,))
+        completed = ended_cron(conn, "completed", 40, 4)  # a cron that reached its end bound
+        conn.commit()
+    # Two replicas' batches at the same instant: the second skips the first's rows, and neither
+    # sees the schedule without runs, since each still sees the runs the other is deleting.
+    with connect(settings.database_url) as first, connect(settings.database_url) as second:
+        for conn in (first, second):
+            expired = retention_store.expired_runs(conn, 30 * 86_400, 2)
+            deleted = retention_store.delete_runs(conn, [r.id for r in expired])
+            assert retention_store.delete_finished_schedules(conn, deleted.schedule_ids, 30 * 86_400) == 0
+        first.commit()
+        second.commit()
+    assert remaining(settings.database_url)[0] == set()
+    every_look(retention(settings, 30))  # a later look's crawl
+    _, schedules, _, keys = remaining(settings.database_url)
+    assert completed not in schedules | keys
+
+
+def test_a_run_that_cannot_be_deleted_does_not_keep_the_rest_of_the_history(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    history = insert_history(settings.database_url)
+    with connect(settings.database_url) as conn:
+        # A table of the user's own keeps the oldest expired run, for good.
+        oldest = conn.execute(
+            "select id from runs where id = any(%s) order by scheduled_for limit 1",
+            (list(history.gone_runs),),
+        ).fetchone()
+        assert oldest is not None
+        conn.execute("create table kept_runs (run_id uuid references runs (id))")
+        conn.execute("insert into kept_runs values (%s)", (oldest["id"],))
+        conn.commit()
+    with caplog.at_level(logging.WARNING):
+        every_look(retention(settings, 30, batch=4))
+    # Poison never stops a component: the rest of the expired history goes.
+    assert remaining(settings.database_url)[0] == history.kept_runs | {oldest["id"]}
+    refusals = [r for r in caplog.records if "cannot be deleted" in r.getMessage()]
+    assert len(refusals) == 1, caplog.text
+    assert str(oldest["id"]) in refusals[0].getMessage()
+    assert "\n" not in refusals[0].getMessage()
+    with connect(settings.database_url) as conn:
+        conn.execute("drop table kept_runs")
+        conn.commit()
+    every_look(retention(settings, 30))  # after a restart, once nothing keeps it
+    assert remaining(settings.database_url)[0] == history.kept_runs
+
+
+def test_a_look_that_fails_is_logged_and_tried_again_a_minute_later(
     settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     history = insert_history(settings.database_url)
     clock = [0.0]
-    sweeper = HistoryRetention(30, logging.getLogger("test-retention"), every_s=60, clock=lambda: clock[0])
+    sweeper = retention(settings, 30, clock=clock)
     with connect(settings.database_url) as conn:
-        # Something that refuses the delete: a table of the user's own that keeps its runs.
-        conn.execute("create table kept_runs (run_id uuid references runs (id))")
-        conn.execute("insert into kept_runs select id from runs")
+        # What a look cannot do without: the table it reads first is gone (renamed) for a while.
+        conn.execute("alter table apps rename to apps_away")
         conn.commit()
-        with caplog.at_level(logging.WARNING):
-            assert sweeper.step(conn) is False
-        assert "history retention: batch refused, tried again in 60 s" in caplog.text
-        assert sweeper.step(conn) is False  # not before the next look
-        conn.execute("drop table kept_runs")
-        conn.commit()
-        clock[0] = 61.0
-        sweeper.step(conn)
+        try:
+            with caplog.at_level(logging.WARNING):
+                assert sweeper.step() is False
+            assert "history retention: look failed, tried again in 60 s" in caplog.text
+        finally:
+            conn.execute("alter table apps_away rename to apps")
+            conn.commit()
+    assert sweeper.step() is False, "not before the next look"
+    assert remaining(settings.database_url)[0] == history.kept_runs | history.gone_runs
+    clock[0] = 61.0
+    every_look(sweeper)
     assert remaining(settings.database_url)[0] == history.kept_runs
+
+
+def test_a_retention_that_keeps_failing_does_not_stop_the_lease_sweep(settings: Settings) -> None:
+    insert_history(settings.database_url)
+    # A database the retention cannot read at all (statement_timeout 1 ms on its connections).
+    conninfo = make_conninfo(settings.database_url, options="-c statement_timeout=1")
+    unused: Any = None
+    sweeper = LeaseSweeper(
+        Database(conninfo, "test"), unused, unused, unused, Check("kafka", lambda: None), "p.dlq",
+        retention_days=30,
+    )  # fmt: skip
+    sweeper._kafka_answering_since = -1e9  # Kafka has answered for long: sweeps may run
+    sweeps: list[int] = []
+
+    def sweep(conn: psycopg.Connection[Row], now: Any = None) -> Sweep:
+        sweeps.append(1)
+        return Sweep()
+
+    sweeper.sweep = sweep  # type: ignore[method-assign]
+    try:
+        for _ in range(3):
+            sweeper.step()
+            sweeper.retention._next_look = 0.0  # every step a look, as if a minute had passed
+    finally:
+        sweeper.close()
+    assert len(sweeps) == 3, "expired leases were not swept while the retention failed"
 
 
 def test_the_reconciler_process_applies_the_retention(
@@ -236,11 +382,12 @@ def test_the_reconciler_process_applies_the_retention(
     reconciler = Component("reconciler", env, tmp_path)
     try:
         wait_for(
-            lambda: remaining(settings.database_url)[0] == history.kept_runs,
+            lambda: (
+                remaining(settings.database_url)[:2] == (set(history.kept_runs), set(history.kept_schedules))
+            ),
             60,
-            "the reconciler's retention to delete the expired runs",
+            "the reconciler's retention to delete the expired history",
         )
     finally:
         assert reconciler.stop() == 0, reconciler.output()[-3000:]
     assert f"history retention: {len(history.gone_runs)} runs" in reconciler.output()
-    assert remaining(settings.database_url)[1] == history.kept_schedules

@@ -51,6 +51,7 @@ def test_ports_move_the_default_urls() -> None:
         ({"SCHEDULER_LOOKAHEAD_S": "soon"}, "SCHEDULER_LOOKAHEAD_S='soon' is not a number"),
         ({"SCHEDULER_HISTORY_RETENTION_DAYS": "-1"}, "SCHEDULER_HISTORY_RETENTION_DAYS=-1.0 is out of range"),
         ({"SCHEDULER_HISTORY_RETENTION_DAYS": "30d"}, "RETENTION_DAYS='30d' is not a number"),
+        ({"SCHEDULER_HISTORY_RETENTION_DAYS": "0.5"}, "must be 0 (keep everything) or at least 1 day"),
     ],
 )
 def test_a_bad_value_names_its_variable(env: dict[str, str], message: str) -> None:

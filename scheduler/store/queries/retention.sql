@@ -1,63 +1,89 @@
--- name: delete_expired_history
--- A bounded batch of the history past its retention, in one statement: finished runs (succeeded,
--- skipped, cancelled; dead runs stay, since they are the dead-letter queue until replayed) that
--- ended before the horizon, their attempts, and the schedules those runs leave with no run at all
--- that had finished before the horizon too (a one-shot completed, a schedule deleted), with their
--- keys. The horizon is the database's now() less the retention: every component's clock is the
--- database's. Each app's oldest fires come first, from runs_app_fired, so a batch reads about what
--- it deletes however long the history is (plus the dead and open runs at its old end). SKIP
+-- The history's retention (scheduler/reconcile/retention.py). The horizon is always the database's
+-- now() less the retention, as every component's clock is the database's.
+
+-- name: expired_runs
+-- The oldest finished runs (succeeded, skipped, cancelled; dead runs stay, since they are the
+-- dead-letter queue until replayed) that ended before the horizon, locked for the batch that
+-- deletes them. Each app's oldest fires come from runs_app_fired; %(after)s, where the previous
+-- batch of a back-to-back series stopped, keeps a series from reading again the runs it keeps at
+-- the history's old end (dead and open ones). %(skip)s are runs PostgreSQL refused to delete. SKIP
 -- LOCKED keeps concurrent sweepers (one per reconciler) off each other's rows and off rows that
 -- another transaction is writing.
-with horizon as (
-    select now() - make_interval(secs => %(retention_s)s::float8) as cutoff
-), expired as (
-    select r.id, r.schedule_id
-      from horizon h
-     cross join apps a
-     cross join lateral (
-           select r.id, r.schedule_id
-             from runs r
-            where r.app = a.name
-              and r.scheduled_for < h.cutoff
-              and r.state in ('succeeded', 'skipped', 'cancelled')
-              and coalesce(r.finished_at, r.created_at) < h.cutoff
-            order by r.scheduled_for
-            limit %(limit)s::int
-              for update of r skip locked) r
-     limit %(limit)s::int
-), runs_gone as (
-    delete from runs r
-     using expired e
-     where r.id = e.id
-    returning r.id, r.schedule_id
+select r.id, r.scheduled_for
+  from apps a
+ cross join lateral (
+       select r.id, r.scheduled_for
+         from runs r
+        where r.app = a.name
+          and r.scheduled_for < now() - make_interval(secs => %(retention_s)s::float8)
+          and (%(after)s::timestamptz is null or r.scheduled_for >= %(after)s::timestamptz)
+          and r.state in ('succeeded', 'skipped', 'cancelled')
+          and coalesce(r.finished_at, r.created_at) < now() - make_interval(secs => %(retention_s)s::float8)
+          and r.id <> all(%(skip)s::uuid[])
+        order by r.scheduled_for
+        limit %(limit)s::int
+          for update of r skip locked) r
+ order by r.scheduled_for
+ limit %(limit)s::int;
+
+-- name: delete_runs
+-- Runs the batch locked, with their attempts (found by the attempts key, which starts with the
+-- run); the schedules they belonged to are judged next, in the same transaction.
+with runs_gone as (
+    delete from runs
+     where id = any(%(ids)s::uuid[])
+    returning id, schedule_id
 ), attempts_gone as (
-    delete from attempts a
-     using runs_gone g
-     where a.run_id = g.id
-    returning 1
-), finished_schedules as (
-    -- This statement's snapshot still sees the runs it deletes, hence the explicit exclusion.
-    select s.id
-      from schedules s, horizon h
-     where s.id in (select schedule_id from runs_gone)
-       and s.state in ('completed', 'cancelled')
-       and s.updated_at < h.cutoff
-       and not exists (select 1 from runs r
-                        where r.schedule_id = s.id
-                          and r.id <> all (array(select id from runs_gone)))
-       for update of s skip locked
-), keys_gone as (
-    delete from schedule_keys k
-     using finished_schedules f
-     where k.schedule_id = f.id
-    returning 1
-), schedules_gone as (
-    delete from schedules s
-     using finished_schedules f
-     where s.id = f.id
+    delete from attempts
+     where run_id = any(array(select id from runs_gone))
     returning 1
 )
 select (select count(*) from runs_gone)::int as runs,
        (select count(*) from attempts_gone)::int as attempts,
-       (select count(*) from schedules_gone)::int as schedules,
+       array(select distinct schedule_id from runs_gone) as schedule_ids;
+
+-- name: schedules_after
+-- The retention's crawl over every schedule, a page per look in creation order (schedules_created):
+-- it finds the finished schedules no deleted run led to (cancelled after their last run ended,
+-- never fired, or whose last runs two replicas deleted side by side).
+select id, created_at
+  from schedules
+ where (created_at, id) > (%(created_at)s::timestamptz, %(id)s::uuid)
+ order by created_at, id
+ limit %(limit)s::int;
+
+-- name: delete_finished_schedules
+-- Of %(ids)s, the finished schedules (completed, cancelled) unchanged since before the horizon
+-- that have no run left, with their keys. A key is locked before its schedule, in the order the
+-- ingestor and the API lock them, and both with SKIP LOCKED: a schedule someone is working on
+-- waits for a later look instead of making anyone wait.
+with candidate as (
+    select s.id
+      from schedules s
+     where s.id = any(%(ids)s::uuid[])
+       and s.state in ('completed', 'cancelled')
+       and s.updated_at < now() - make_interval(secs => %(retention_s)s::float8)
+       and not exists (select 1 from runs r where r.schedule_id = s.id)
+), key_locked as (
+    select k.schedule_id
+      from schedule_keys k
+     where k.schedule_id = any(array(select id from candidate))
+       for update skip locked
+), finished as (
+    select s.id
+      from schedules s
+     where s.id = any(array(select id from candidate))
+       and (s.id = any(array(select schedule_id from key_locked))
+            or not exists (select 1 from schedule_keys k where k.schedule_id = s.id))
+       for update skip locked
+), keys_gone as (
+    delete from schedule_keys
+     where schedule_id = any(array(select id from finished))
+    returning 1
+), schedules_gone as (
+    delete from schedules
+     where id = any(array(select id from finished))
+    returning 1
+)
+select (select count(*) from schedules_gone)::int as schedules,
        (select count(*) from keys_gone)::int as keys;
