@@ -31,6 +31,7 @@ from scheduler.api.errors import ApiError, Code, invalid, not_found
 from scheduler.api.limits import RateLimiter
 from scheduler.api.metrics import REQUEST_SECONDS, REQUESTS
 from scheduler.config import Settings
+from scheduler.domain.run_state import RunState
 from scheduler.domain.schedule import ScheduleState
 from scheduler.reconcile.replay import Replayer, ReplayFilter
 from scheduler.scan.dispatch import JobDispatcher
@@ -104,6 +105,7 @@ METHODS: dict[str, Method] = {
             pb.GetScheduleHistoryResponse,
         ),
         Method("GetRun", Access.READ, "get", pb.GetRunRequest, pb.Run),
+        Method("ListRuns", Access.READ, "list", pb.ListRunsRequest, pb.ListRunsResponse),
         Method("ListDeadLetters", Access.READ, "list", pb.ListDeadLettersRequest, pb.ListDeadLettersResponse),
         Method(
             "ReplayDeadLetters",
@@ -368,6 +370,27 @@ class SchedulerApi:
         if run is None or not principal.sees(run["app"]):
             raise not_found(f"run {run_id}")
         return m.run_message(run)
+
+    def _list_runs(
+        self, conn: Conn, principal: Principal, request: pb.ListRunsRequest
+    ) -> pb.ListRunsResponse:
+        limit = m.page_limit(request.limit)
+        apps = self._app_filter(principal, request.app)
+        if request.state and request.state not in set(RunState):
+            raise invalid(f"state must be one of {', '.join(RunState)}", field="state")
+        cursor = m.decode_cursor(request.cursor, 2)
+        after = None if cursor is None else (m.instant_of(cursor[0]), m.uuid_of(cursor[1], "cursor"))
+        runs = store.app_runs_page(conn, apps=apps, state=request.state or None, after=after, limit=limit + 1)
+        has_more = len(runs) > limit
+        runs = runs[:limit]
+        last = runs[-1] if has_more else None
+        return pb.ListRunsResponse(
+            runs=[m.run_message(run) for run in runs],
+            next_cursor=""
+            if last is None
+            else m.encode_cursor(last["scheduled_for"].isoformat(), str(last["id"])),
+            has_more=has_more,
+        )
 
     def _list_dead_letters(
         self, conn: Conn, principal: Principal, request: pb.ListDeadLettersRequest

@@ -104,6 +104,30 @@ def runs_page(
     rows = conn.execute(
         query("runs_page"), {"schedule_id": schedule_id, "before": before, "limit": limit}
     ).fetchall()
+    return _with_attempts(conn, rows)
+
+
+def app_runs_page(
+    conn: psycopg.Connection[Row],
+    *,
+    apps: Sequence[str] | None,
+    state: str | None,
+    after: tuple[datetime, UUID] | None,
+    limit: int,
+) -> list[Row]:
+    """Up to ``limit`` runs of ``apps`` (None: every app) after the position ``after`` (fire time
+    and id), newest fire first, with their attempts."""
+    params = {
+        "apps": _apps(apps),
+        "state": state,
+        "after_fired": None if after is None else after[0],
+        "after_id": None if after is None else after[1],
+        "limit": limit,
+    }
+    return _with_attempts(conn, conn.execute(query("app_runs_page"), params).fetchall())
+
+
+def _with_attempts(conn: psycopg.Connection[Row], rows: list[Row]) -> list[Row]:
     attempts: dict[UUID, list[Row]] = {row["id"]: [] for row in rows}
     if rows:
         for attempt in conn.execute(query("attempts_of_runs"), {"run_ids": list(attempts)}).fetchall():

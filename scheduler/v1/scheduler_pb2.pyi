@@ -318,6 +318,28 @@ class GetRunRequest(_message.Message):
     id: str
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
+class ListRunsRequest(_message.Message):
+    __slots__ = ("app", "state", "cursor", "limit")
+    APP_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    app: str
+    state: str
+    cursor: str
+    limit: int
+    def __init__(self, app: _Optional[str] = ..., state: _Optional[str] = ..., cursor: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListRunsResponse(_message.Message):
+    __slots__ = ("runs", "next_cursor", "has_more")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    HAS_MORE_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[Run]
+    next_cursor: str
+    has_more: bool
+    def __init__(self, runs: _Optional[_Iterable[_Union[Run, _Mapping]]] = ..., next_cursor: _Optional[str] = ..., has_more: _Optional[bool] = ...) -> None: ...
+
 class DeadLetter(_message.Message):
     __slots__ = ("id", "kind", "app", "schedule_id", "attempt", "error", "dead_at", "worker")
     ID_FIELD_NUMBER: _ClassVar[int]

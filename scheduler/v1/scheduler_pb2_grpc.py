@@ -89,6 +89,11 @@ class SchedulerServiceStub:
                 request_serializer=scheduler_dot_v1_dot_scheduler__pb2.GetRunRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_scheduler__pb2.Run.FromString,
                 _registered_method=True)
+        self.ListRuns = channel.unary_unary(
+                '/scheduler.v1.SchedulerService/ListRuns',
+                request_serializer=scheduler_dot_v1_dot_scheduler__pb2.ListRunsRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_scheduler__pb2.ListRunsResponse.FromString,
+                _registered_method=True)
         self.ListDeadLetters = channel.unary_unary(
                 '/scheduler.v1.SchedulerService/ListDeadLetters',
                 request_serializer=scheduler_dot_v1_dot_scheduler__pb2.ListDeadLettersRequest.SerializeToString,
@@ -185,6 +190,14 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRuns(self, request, context):
+        """An app's runs, or those of every app the caller may see, newest fire first, each with its
+        attempts. Cursor pages, stable under concurrent writes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListDeadLetters(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -263,6 +276,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.GetRun,
                     request_deserializer=scheduler_dot_v1_dot_scheduler__pb2.GetRunRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_scheduler__pb2.Run.SerializeToString,
+            ),
+            'ListRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRuns,
+                    request_deserializer=scheduler_dot_v1_dot_scheduler__pb2.ListRunsRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_scheduler__pb2.ListRunsResponse.SerializeToString,
             ),
             'ListDeadLetters': grpc.unary_unary_rpc_method_handler(
                     servicer.ListDeadLetters,
@@ -577,6 +595,33 @@ class SchedulerService:
             '/scheduler.v1.SchedulerService/GetRun',
             scheduler_dot_v1_dot_scheduler__pb2.GetRunRequest.SerializeToString,
             scheduler_dot_v1_dot_scheduler__pb2.Run.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.SchedulerService/ListRuns',
+            scheduler_dot_v1_dot_scheduler__pb2.ListRunsRequest.SerializeToString,
+            scheduler_dot_v1_dot_scheduler__pb2.ListRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

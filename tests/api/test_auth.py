@@ -436,7 +436,7 @@ def test_the_api_refuses_to_start_without_a_sound_key(
 
 CALL_ORDER = (
     "CreateSchedule", "CreateSchedules", "GetSchedule", "ListSchedules", "UpdateSchedule",
-    "PauseSchedule", "ResumeSchedule", "TriggerSchedule", "GetScheduleHistory", "GetRun",
+    "PauseSchedule", "ResumeSchedule", "TriggerSchedule", "GetScheduleHistory", "GetRun", "ListRuns",
     "ListDeadLetters", "ListAuditEntries", "ReplayDeadLetters", "DeleteSchedule",
 )  # fmt: skip
 READS = {
@@ -444,6 +444,7 @@ READS = {
     "ListSchedules",
     "GetScheduleHistory",
     "GetRun",
+    "ListRuns",
     "ListDeadLetters",
     "ListAuditEntries",
 }
@@ -465,6 +466,7 @@ def request_for(method: str, schedule_id: str, run_id: str) -> dict[str, Any]:
         "UpdateSchedule": {"id": schedule_id, "description": f"changed {tag}"},
         "ListSchedules": {},
         "GetRun": {"id": run_id},
+        "ListRuns": {"app": "alpha"},
         "ListDeadLetters": {},
         "ListAuditEntries": {},
         "ReplayDeadLetters": {"app": "alpha"},

@@ -150,6 +150,8 @@ def test_another_apps_objects_answer_as_missing(
     tag = uuid.uuid4().hex[:8]
     by_app: list[tuple[str, str, dict[str, Any]]] = [
         ("ListSchedules", ALPHA_USER, {}),
+        ("ListRuns", ALPHA_USER, {}),
+        ("ListRuns", ALPHA_USER, {"state": "dead"}),
         ("ListDeadLetters", ALPHA_USER, {}),
         ("ListAuditEntries", ALPHA_USER, {}),
         ("ReplayDeadLetters", ALPHA_ADMIN, {}),
@@ -203,6 +205,11 @@ def test_listings_leave_another_app_out(caller: Caller, objects: Objects) -> Non
     assert dead.ok, dead
     assert [letter["id"] for letter in dead.body["dead_letters"]] == [objects.alpha_dead_run]
 
+    runs = caller.call("ListRuns", {"limit": 500}, ALPHA_USER)
+    assert runs.ok, runs
+    assert objects.alpha_dead_run in {r["id"] for r in runs.body["runs"]}
+    assert {r["app"] for r in runs.body["runs"]} == {"alpha"}
+
     audit = caller.call("ListAuditEntries", {"limit": 500}, ALPHA_USER)
     assert audit.ok, audit
     entries = audit.body["entries"]
@@ -230,6 +237,10 @@ def test_a_token_for_every_app_sees_both(caller: Caller, objects: Objects, api_s
     assert (run.code, run.body.get("app"), run.body.get("state")) == ("OK", "beta", "pending")
     history = caller.call("GetScheduleHistory", {"id": objects.beta_schedule}, EVERY_APP)
     assert {r["id"] for r in history.body["runs"]} == {objects.beta_run, objects.beta_dead_run}
+    runs = caller.call("ListRuns", {"app": "beta"}, EVERY_APP)
+    assert {r["id"] for r in runs.body["runs"]} == {objects.beta_run, objects.beta_dead_run}
+    every = caller.call("ListRuns", {"limit": 500}, EVERY_APP)
+    assert {objects.alpha_dead_run, objects.beta_run} <= {r["id"] for r in every.body["runs"]}
 
     dead = caller.call("ListDeadLetters", {}, EVERY_APP)
     assert {letter["id"] for letter in dead.body["dead_letters"]} == {

@@ -520,7 +520,7 @@ def test_a_nul_character_is_the_requests_fault(
 
 
 @pytest.mark.parametrize(
-    "method", ["ListSchedules", "ListDeadLetters", "ListAuditEntries", "GetScheduleHistory"]
+    "method", ["ListSchedules", "ListRuns", "ListDeadLetters", "ListAuditEntries", "GetScheduleHistory"]
 )
 def test_a_page_of_501_is_refused(caller: Caller, method: str) -> None:
     request: dict[str, Any] = {"limit": 501}

@@ -92,6 +92,26 @@ select r.*
  order by r.scheduled_for desc
  limit %(limit)s::int;
 
+-- name: app_runs_page
+-- Runs of the apps in scope (`apps` null: every app), newest fire first, after the cursor's
+-- (scheduled_for, id). Each app's next runs come from runs_app_fired, which has that order, and
+-- only those are merged, so the history's length does not make a page slower.
+select r.*
+  from apps a
+ cross join lateral (
+       select r.*
+         from runs r
+        where r.app = a.name
+          and (%(state)s::text is null or r.state = %(state)s::text)
+          and (%(after_fired)s::timestamptz is null
+               or (r.scheduled_for <= %(after_fired)s::timestamptz
+                   and (r.scheduled_for < %(after_fired)s::timestamptz or r.id > %(after_id)s::uuid)))
+        order by r.scheduled_for desc, r.id
+        limit %(limit)s::int) r
+ where (%(apps)s::text[] is null or a.name = any(%(apps)s::text[]))
+ order by r.scheduled_for desc, r.id
+ limit %(limit)s::int;
+
 -- name: attempts_of_runs
 select run_id, attempt, kind, outcome, worker, started_at, finished_at, error, received_at
   from attempts
