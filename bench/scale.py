@@ -953,12 +953,12 @@ def show_history(figures: dict[str, Any]) -> None:
         medians = (_v(figures[n]["queries"][name]["median_ms"]) for n in sizes)
         table.add_row(f"{name} (explain analyze median)", *medians, "; ".join(plan["scans"]))
     for name, entry in big["api"].items():
-        calls = [figures[n]["api"][name] for n in sizes]
-        if entry.get("not_served"):
-            table.add_row(f"API {name}", *(f"HTTP {c['status'][0]}" for c in calls), "not served")
-        else:
-            both = (f"{c['p50_ms']} / {c['p99_ms']}" for c in calls)
-            table.add_row(f"API {name} p50 / p99", *both, f"HTTP {entry['status']}")
+        calls = [figures[n]["api"].get(name, {"status": ["-"], "not_served": True}) for n in sizes]
+        both = (
+            f"HTTP {c['status'][0]} (not served)" if c.get("not_served") else f"{c['p50_ms']} / {c['p99_ms']}"
+            for c in calls
+        )
+        table.add_row(f"API {name} p50 / p99", *both, f"HTTP {entry['status']}")
     cli = (_v(figures[n]["cli_runs_list"]["median_ms"]) for n in sizes)
     table.add_row("scheduler runs list --app --limit 50 (wall, median)", *cli, "a process each")
     lags = (f"{figures[n]['lag'].get('p50_ms')} / {figures[n]['lag'].get('p99_ms')}" for n in sizes)
@@ -1005,20 +1005,21 @@ def main() -> None:
     }
     if "inflight" in steps:
         figures["inflight"] = run_inflight(args.inflight, args.sleep, args.partitions)
-        show_inflight(figures["inflight"])
     if "cron" in steps:
         figures["cron"] = measure_cron(
             args.cron, args.cron_every, args.workers, args.concurrency, args.partitions
         )
-        show_cron(figures["cron"])
     if "history" in steps:
         figures["history"] = measure_history(args.runs, args.workers, args.concurrency, args.partitions)
-        show_history(figures["history"])
     figures["machine_load"]["after"] = load_average()
     figures["disk_free_gb"]["after"] = disk_free_gb()
     figures["date"] = datetime.now(UTC).isoformat(timespec="seconds")
+    # Recorded before it is shown, so that the figures of a long run survive a table that fails.
     # A step run alone (--only) keeps the figures of the others from their last run.
     print(f"written to {record('scale', latest().get('scale', {}) | figures)}")
+    for step, show in (("inflight", show_inflight), ("cron", show_cron), ("history", show_history)):
+        if step in figures:
+            show(figures[step])
 
 
 if __name__ == "__main__":

@@ -4,27 +4,38 @@
 -- name: expired_runs
 -- The oldest finished runs (succeeded, skipped, cancelled; dead runs stay, since they are the
 -- dead-letter queue until replayed) that ended before the horizon, locked for the batch that
--- deletes them. Each app's oldest fires come from runs_app_fired; %(after)s, where the previous
--- batch of a back-to-back series stopped, keeps a series from reading again the runs it keeps at
--- the history's old end (dead and open ones). %(skip)s are runs PostgreSQL refused to delete. SKIP
--- LOCKED keeps concurrent sweepers (one per reconciler) off each other's rows and off rows that
--- another transaction is writing.
+-- deletes them. Each app's oldest fires come from runs_app_fired, and only the batch's own are
+-- locked, after the apps' are merged (locking every app's candidates would write a row lock for
+-- each); twice the batch are candidates, so that a second sweeper finds the next batch while the
+-- first holds its own. %(after)s, where the previous batch of a back-to-back series stopped, keeps a series from
+-- reading again the runs it keeps at the history's old end (dead and open ones). %(skip)s are runs
+-- PostgreSQL refused to delete. SKIP LOCKED keeps concurrent sweepers (one per reconciler) off each
+-- other's rows and off rows another transaction is writing; a finished run never changes again,
+-- and its conditions are checked once more on the locked row.
+with oldest as (
+    select r.id, r.scheduled_for
+      from apps a
+     cross join lateral (
+           select r.id, r.scheduled_for
+             from runs r
+            where r.app = a.name
+              and r.scheduled_for < now() - make_interval(secs => %(retention_s)s::float8)
+              and (%(after)s::timestamptz is null or r.scheduled_for >= %(after)s::timestamptz)
+              and r.state in ('succeeded', 'skipped', 'cancelled')
+              and coalesce(r.finished_at, r.created_at) < now() - make_interval(secs => %(retention_s)s::float8)
+              and r.id <> all(%(skip)s::uuid[])
+            order by r.scheduled_for
+            limit 2 * %(limit)s::int) r
+     order by r.scheduled_for
+     limit 2 * %(limit)s::int
+)
 select r.id, r.scheduled_for
-  from apps a
- cross join lateral (
-       select r.id, r.scheduled_for
-         from runs r
-        where r.app = a.name
-          and r.scheduled_for < now() - make_interval(secs => %(retention_s)s::float8)
-          and (%(after)s::timestamptz is null or r.scheduled_for >= %(after)s::timestamptz)
-          and r.state in ('succeeded', 'skipped', 'cancelled')
-          and coalesce(r.finished_at, r.created_at) < now() - make_interval(secs => %(retention_s)s::float8)
-          and r.id <> all(%(skip)s::uuid[])
-        order by r.scheduled_for
-        limit %(limit)s::int
-          for update of r skip locked) r
+  from runs r
+ where r.id = any(array(select id from oldest))
+   and r.state in ('succeeded', 'skipped', 'cancelled')
  order by r.scheduled_for
- limit %(limit)s::int;
+ limit %(limit)s::int
+   for update of r skip locked;
 
 -- name: delete_runs
 -- Runs the batch locked, with their attempts (found by the attempts key, which starts with the
