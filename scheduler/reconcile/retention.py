@@ -12,16 +12,19 @@ touched.
 
 A look deletes a batch of the oldest expired runs and judges the schedules they belonged to, in one
 transaction; while batches come back whole they follow one another, each from where the last one
-stopped. When a series ends, the look also judges a page of every schedule in creation order (a
-crawl that comes round again at the end), for the finished schedules no deleted run led to; then
-the next look is a minute later. The lease sweeper's loop calls it, on a connection of its own, so
-every reconciler replica applies it and nothing it meets can stop the sweep; SKIP LOCKED keeps the
-replicas, the pipeline and the API apart from it.
+stopped, for up to ``SERIES_BATCHES`` batches. When a series ends the look also walks a page of the
+schedules cancelled before the horizon (their runs often went while the cancel was recent) and a
+page of every schedule, a slow backstop for the rare finished one nothing else leads to; then the
+next look is a minute later. The lease sweeper's loop calls it after each sweep, on a connection of
+its own, so every reconciler replica applies it and nothing it meets can stop the sweep; SKIP
+LOCKED keeps it from waiting on the replicas, the pipeline and the API.
 
-Poison: when PostgreSQL refuses to delete a piece of a batch (a table of the user's own that
-references a run, a statement timeout), the piece is tried again in halves down to the one row it
-refuses, which is left out, with a warning, until the process restarts; the rest goes on. A lost
-connection ends the look, which is tried again at the next one.
+Poison: when PostgreSQL refuses to delete part of a batch for the rows' sake (an integrity error,
+such as a table of the user's own that references a run, or an exception its trigger raises), the
+part is tried again in halves down to the rows it refuses; those are left out for an hour, with one
+warning per look, and the rest goes on. Splitting stops after ``SPLIT_BUDGET_S`` per look, so a
+batch full of such rows cannot hold the sweep or its locks for long. Any other error (a lost
+connection, a timeout, a missing table) ends the look, which is tried again a minute later.
 """
 
 from __future__ import annotations
@@ -29,38 +32,48 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
 import psycopg
+import psycopg.errors
 
 from scheduler.reconcile import metrics
 from scheduler.store import retention as store
 from scheduler.store.database import Database, Session
 
 BATCH = 5000
-CRAWL_PAGE = 10_000
+SERIES_BATCHES = 20
+WALK_PAGE = 10_000
 LOOK_EVERY_S = 60.0
+SPLIT_BUDGET_S = 2.0
+REFUSED_FOR_S = 3600.0
+MAX_REFUSED = 10_000
 DAY_S = 86_400.0
+# Refusals that are about the rows themselves, so that splitting the batch finds the ones at fault.
+ROW_ERRORS = (psycopg.errors.IntegrityError, psycopg.errors.RaiseException)
 Row = dict[str, Any]
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Look:
     """What one look deleted; ``whole`` when its batch of runs was, so that more is due now."""
 
-    runs: int
-    attempts: int
-    schedules: int
-    whole: bool
+    runs: int = 0
+    attempts: int = 0
+    schedules: int = 0
+    whole: bool = False
+    refused: list[UUID] = field(default_factory=list)
+    refusal: str = ""
 
 
 def reason_of(error: psycopg.Error) -> str:
-    """The server's one-line reason: its detail lines may quote the rows' keys."""
-    return error.diag.message_primary or type(error).__name__
+    """The server's one-line reason (its detail lines may quote the rows' keys), or the first
+    line of the client's."""
+    return error.diag.message_primary or str(error).partition("\n")[0] or type(error).__name__
 
 
 class HistoryRetention:
@@ -73,7 +86,7 @@ class HistoryRetention:
         retention_days: float,
         log: logging.Logger,
         batch: int = BATCH,
-        crawl_page: int = CRAWL_PAGE,
+        walk_page: int = WALK_PAGE,
         every_s: float = LOOK_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -81,73 +94,91 @@ class HistoryRetention:
         self.retention_s = retention_days * DAY_S
         self.log = log
         self.batch = batch
-        self.crawl_page = crawl_page
+        self.walk_page = walk_page
         self.every_s = every_s
         self.clock = clock
         self._next_look = clock()
         self._after: datetime | None = None  # where a series of whole batches stands
-        self._crawled = store.CRAWL_START
-        self._refused_runs: set[UUID] = set()
-        self._refused_schedules: set[UUID] = set()
+        self._series = 0
+        self._cancelled_walk = store.WALK_START
+        self._backstop_walk = store.WALK_START
+        self._refused: dict[UUID, float] = {}  # run or schedule id: until when it is left out
 
     def step(self) -> bool:
         """A look if one is due; True when its batch was whole, so that more is due right now."""
         if self.retention_s <= 0 or self.clock() < self._next_look:
             return False
         try:
-            more = self.look().whole
+            whole = self.look().whole
         except psycopg.Error as error:
             self.session.close()
-            self._after = None
+            self._after, self._series = None, 0
             self._next_look = self.clock() + self.every_s
             self.log.warning(
                 "history retention: look failed, tried again in %.0f s: %s", self.every_s, reason_of(error)
             )
             return False
-        self._next_look = self.clock() + (0.0 if more else self.every_s)
-        return more
+        self._next_look = self.clock() + (0.0 if whole else self.every_s)
+        return whole
 
     def look(self) -> Look:
         conn = self.session.conn
-        runs = attempts = schedules = 0
+        now = self.clock()
+        self._refused = {key: until for key, until in self._refused.items() if until > now}
+        look = Look()
+        deadline = now + SPLIT_BUDGET_S
         with conn.transaction():
-            expired = store.expired_runs(conn, self.retention_s, self.batch, self._after, self._refused_runs)
+            # A deferred constraint of the user's would refuse the whole look at commit, where no
+            # split can find the row at fault: checked at each statement instead.
+            conn.execute("set constraints all immediate")
+            expired = store.expired_runs(conn, self.retention_s, self.batch, self._after, self._refused)
             touched: set[UUID] = set()
             for deleted in self._apart(
-                conn,
-                [run.id for run in expired],
-                lambda ids: store.delete_runs(conn, ids),
-                self._refused_runs,
-                "run",
+                conn, [run.id for run in expired], lambda ids: store.delete_runs(conn, ids), look, deadline
             ):
-                runs, attempts = runs + deleted.runs, attempts + deleted.attempts
+                look.runs, look.attempts = look.runs + deleted.runs, look.attempts + deleted.attempts
                 touched.update(deleted.schedule_ids)
-            schedules += self._delete_schedules(conn, touched)
-        whole = len(expired) >= self.batch
-        self._after = expired[-1].scheduled_for if whole else None
-        if not whole:
+            look.schedules += self._delete_schedules(conn, touched, look, deadline)
+        self._count(look)
+        look.whole = len(expired) >= self.batch
+        self._series = self._series + 1 if look.whole else 0
+        series_over = not look.whole or self._series >= SERIES_BATCHES
+        self._after = expired[-1].scheduled_for if not series_over else None
+        if series_over:
+            self._series = 0
+            walked = Look()
             with conn.transaction():
-                schedules += self._crawl(conn)
-        self._count(runs, attempts, schedules)
-        return Look(runs, attempts, schedules, whole)
+                conn.execute("set constraints all immediate")
+                walked.schedules = self._walk(conn, walked, self.clock() + SPLIT_BUDGET_S)
+            self._count(walked)
+            look.schedules += walked.schedules
+        return look
 
     def close(self) -> None:
         self.session.close()
 
-    def _crawl(self, conn: psycopg.Connection[Row]) -> int:
-        page = store.schedules_after(conn, self._crawled, self.crawl_page)
-        self._crawled = page[-1] if len(page) >= self.crawl_page else store.CRAWL_START
-        return self._delete_schedules(conn, {schedule_id for _, schedule_id in page})
+    def _walk(self, conn: psycopg.Connection[Row], look: Look, deadline: float) -> int:
+        """A page of the schedules cancelled before the horizon and a page of every schedule."""
+        cancelled = store.cancelled_schedules_after(
+            conn, self.retention_s, self._cancelled_walk, self.walk_page
+        )
+        self._cancelled_walk = cancelled[-1] if len(cancelled) >= self.walk_page else store.WALK_START
+        every = store.schedules_after(conn, self._backstop_walk, self.walk_page)
+        self._backstop_walk = every[-1] if len(every) >= self.walk_page else store.WALK_START
+        ids = {schedule_id for _, schedule_id in cancelled} | {schedule_id for _, schedule_id in every}
+        return self._delete_schedules(conn, ids, look, deadline)
 
-    def _delete_schedules(self, conn: psycopg.Connection[Row], ids: set[UUID]) -> int:
-        wanted = sorted(ids - self._refused_schedules)
+    def _delete_schedules(
+        self, conn: psycopg.Connection[Row], ids: set[UUID], look: Look, deadline: float
+    ) -> int:
+        wanted = sorted(ids - self._refused.keys())
         return sum(
             self._apart(
                 conn,
                 wanted,
                 lambda part: store.delete_finished_schedules(conn, part, self.retention_s),
-                self._refused_schedules,
-                "schedule",
+                look,
+                deadline,
             )
         )
 
@@ -156,42 +187,51 @@ class HistoryRetention:
         conn: psycopg.Connection[Row],
         ids: Sequence[UUID],
         delete: Callable[[Sequence[UUID]], T],
-        refused: set[UUID],
-        what: str,
+        look: Look,
+        deadline: float,
     ) -> list[T]:
-        """``delete(ids)`` in a savepoint; if PostgreSQL refuses it, each half apart, down to the
-        one row it refuses, which is added to ``refused`` and left as it is."""
+        """``delete(ids)`` in a savepoint; if PostgreSQL refuses it for the rows' sake, each half
+        apart, down to the rows it refuses, which are left out for a while. Past ``deadline`` what
+        is left waits for a later look."""
         if not ids:
             return []
         try:
             with conn.transaction():
                 return [delete(ids)]
-        except psycopg.Error as error:
-            if conn.broken or conn.closed:
-                raise
+        except ROW_ERRORS as error:
             if len(ids) == 1:
-                refused.add(ids[0])
-                self.log.warning(
-                    "history retention: %s %s cannot be deleted and is kept until a restart: %s",
-                    what,
-                    ids[0],
-                    reason_of(error),
-                )
+                if len(self._refused) < MAX_REFUSED:
+                    self._refused[ids[0]] = self.clock() + REFUSED_FOR_S
+                look.refused.append(ids[0])
+                look.refusal = look.refusal or reason_of(error)
                 return []
+        if self.clock() > deadline:
+            return []
         half = len(ids) // 2
-        return self._apart(conn, ids[:half], delete, refused, what) + self._apart(
-            conn, ids[half:], delete, refused, what
+        return self._apart(conn, ids[:half], delete, look, deadline) + self._apart(
+            conn, ids[half:], delete, look, deadline
         )
 
-    def _count(self, runs: int, attempts: int, schedules: int) -> None:
-        for table, count in (("runs", runs), ("attempts", attempts), ("schedules", schedules)):
+    def _count(self, look: Look) -> None:
+        """Once its transaction has committed: the metrics and one line for what it deleted, one
+        warning for what it could not."""
+        for table, count in (("runs", look.runs), ("attempts", look.attempts), ("schedules", look.schedules)):
             if count:
                 metrics.HISTORY_DELETED.labels(table).inc(count)
-        if runs or schedules:
+        if look.runs or look.schedules:
             self.log.info(
                 "history retention: %d runs, %d attempts and %d schedules past %g days deleted",
-                runs,
-                attempts,
-                schedules,
+                look.runs,
+                look.attempts,
+                look.schedules,
                 self.retention_s / DAY_S,
+            )
+        if look.refused:
+            self.log.warning(
+                "history retention: %d rows could not be deleted and are left out for %.0f minutes "
+                "(the first: %s): %s",
+                len(look.refused),
+                REFUSED_FOR_S / 60,
+                look.refused[0],
+                look.refusal,
             )

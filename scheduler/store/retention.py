@@ -14,8 +14,8 @@ import psycopg
 from scheduler.store.sql import query
 
 Row = dict[str, Any]
-# Where the crawl over schedules starts: before every (created_at, id).
-CRAWL_START = (datetime.fromisoformat("0001-01-01T00:00:00+00:00"), UUID(int=0))
+# Where a walk over schedules starts: before every (time, id).
+WALK_START = (datetime.fromisoformat("0001-01-01T00:00:00+00:00"), UUID(int=0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,15 @@ def delete_runs(conn: psycopg.Connection[Row], ids: Sequence[UUID]) -> DeletedRu
     row = conn.execute(query("delete_runs"), {"ids": list(ids)}).fetchone()
     assert row is not None  # aggregates always answer
     return DeletedRuns(row["runs"], row["attempts"], list(row["schedule_ids"]))
+
+
+def cancelled_schedules_after(
+    conn: psycopg.Connection[Row], retention_s: float, position: tuple[datetime, UUID], limit: int
+) -> list[tuple[datetime, UUID]]:
+    """The next ``limit`` schedules cancelled before the horizon, after ``position`` (the cancel's
+    time and the id), as positions."""
+    params = {"retention_s": retention_s, "updated_at": position[0], "id": position[1], "limit": limit}
+    return [(r["updated_at"], r["id"]) for r in conn.execute(query("cancelled_schedules_after"), params)]
 
 
 def schedules_after(

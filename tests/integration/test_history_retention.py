@@ -295,32 +295,66 @@ def test_two_replicas_splitting_a_schedules_last_runs_leave_no_finished_schedule
     assert completed not in schedules | keys
 
 
+@pytest.mark.parametrize("deferred", [False, True], ids=["immediate-key", "deferred-key"])
 def test_a_run_that_cannot_be_deleted_does_not_keep_the_rest_of_the_history(
-    settings: Settings, caplog: pytest.LogCaptureFixture
+    settings: Settings, caplog: pytest.LogCaptureFixture, deferred: bool
 ) -> None:
     history = insert_history(settings.database_url)
     with connect(settings.database_url) as conn:
-        # A table of the user's own keeps the oldest expired run, for good.
+        # A table of the user's own keeps the oldest expired run (a deferred key is checked only
+        # at commit, where no split could find the row at fault).
         oldest = conn.execute(
             "select id from runs where id = any(%s) order by scheduled_for limit 1",
             (list(history.gone_runs),),
         ).fetchone()
         assert oldest is not None
-        conn.execute("create table kept_runs (run_id uuid references runs (id))")
+        when = "deferrable initially deferred" if deferred else ""
+        conn.execute(f"create table kept_runs (run_id uuid references runs (id) {when})")
         conn.execute("insert into kept_runs values (%s)", (oldest["id"],))
         conn.commit()
+    clock = [0.0]
+    sweeper = retention(settings, 30, batch=4, clock=clock)
     with caplog.at_level(logging.WARNING):
-        every_look(retention(settings, 30, batch=4))
+        every_look(sweeper)
     # Poison never stops a component: the rest of the expired history goes.
     assert remaining(settings.database_url)[0] == history.kept_runs | {oldest["id"]}
-    refusals = [r for r in caplog.records if "cannot be deleted" in r.getMessage()]
+    refusals = [r.getMessage() for r in caplog.records if "could not be deleted" in r.getMessage()]
     assert len(refusals) == 1, caplog.text
-    assert str(oldest["id"]) in refusals[0].getMessage()
-    assert "\n" not in refusals[0].getMessage()
+    assert (
+        f"1 rows could not be deleted and are left out for 60 minutes (the first: {oldest['id']})"
+        in (refusals[0])
+    )
+    assert "\n" not in refusals[0]
     with connect(settings.database_url) as conn:
         conn.execute("drop table kept_runs")
         conn.commit()
-    every_look(retention(settings, 30))  # after a restart, once nothing keeps it
+    clock[0] = 120.0
+    every_look(sweeper)
+    assert oldest["id"] in remaining(settings.database_url)[0], "left out for an hour"
+    clock[0] = 3700.0
+    every_look(sweeper)
+    assert remaining(settings.database_url)[0] == history.kept_runs, "tried again after the hour"
+
+
+def test_a_fault_that_is_not_the_rows_fault_leaves_no_row_out(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    history = insert_history(settings.database_url)
+    clock = [0.0]
+    sweeper = retention(settings, 30, clock=clock)
+    with connect(settings.database_url) as conn:
+        conn.execute("alter table attempts rename to attempts_away")  # the look's second statement fails
+        conn.commit()
+        try:
+            with caplog.at_level(logging.WARNING):
+                assert sweeper.step() is False
+        finally:
+            conn.execute("alter table attempts_away rename to attempts")
+            conn.commit()
+    assert "history retention: look failed, tried again in 60 s" in caplog.text
+    assert "could not be deleted" not in caplog.text
+    clock[0] = 61.0
+    every_look(sweeper)
     assert remaining(settings.database_url)[0] == history.kept_runs
 
 

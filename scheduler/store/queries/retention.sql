@@ -53,10 +53,23 @@ select (select count(*) from runs_gone)::int as runs,
        (select count(*) from attempts_gone)::int as attempts,
        array(select distinct schedule_id from runs_gone) as schedule_ids;
 
+-- name: cancelled_schedules_after
+-- Deleted schedules whose cancel is older than the horizon, oldest cancel first, after a position
+-- (schedules_cancelled): those whose runs went before their cancel was old enough, and those that
+-- never fired, which no deleted run leads to.
+select id, updated_at
+  from schedules
+ where state = 'cancelled'
+   and updated_at < now() - make_interval(secs => %(retention_s)s::float8)
+   and (updated_at, id) > (%(updated_at)s::timestamptz, %(id)s::uuid)
+ order by updated_at, id
+ limit %(limit)s::int;
+
 -- name: schedules_after
--- The retention's crawl over every schedule, a page per look in creation order (schedules_created):
--- it finds the finished schedules no deleted run led to (cancelled after their last run ended,
--- never fired, or whose last runs two replicas deleted side by side).
+-- A page of every schedule in creation order (schedules_created), the backstop for the rare
+-- finished schedule neither a deleted run nor its cancel leads to (a one-shot whose key the
+-- ingestor held when its run went, a completed cron whose last runs two replicas deleted side by
+-- side). It comes round once per table's worth of pages.
 select id, created_at
   from schedules
  where (created_at, id) > (%(created_at)s::timestamptz, %(id)s::uuid)
