@@ -90,7 +90,8 @@ def storable_result(text: str | None) -> Any:
         return capped_text(text, MAX_RESULT_BYTES)
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """An error's first line: a PostgreSQL error's detail lines may quote the rows' keys."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
@@ -283,7 +284,7 @@ class Reconciler(Service):
             "PostgreSQL refused a batch of %d outcome messages (%s: %s); finding the refused ones",
             len(batch),
             error.sqlstate,
-            _first_line(error),
+            first_line(error),
         )
         refusals: list[Quarantined] = []
         with conn.transaction():
@@ -315,7 +316,7 @@ class Reconciler(Service):
                 raise
             if len(batch) == 1:
                 message, event = batch[0]
-                reason = f"refused by PostgreSQL ({exc.sqlstate}): {_first_line(exc)}"
+                reason = f"refused by PostgreSQL ({exc.sqlstate}): {first_line(exc)}"
                 refusals.append(self._quarantined(message, reason, event))
                 return store.Applied()
             # In order: the first half's events are applied before the second half's, as in a batch.

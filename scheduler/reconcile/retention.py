@@ -19,8 +19,9 @@ next look is a minute later. The lease sweeper's loop calls it after each sweep,
 its own, so every reconciler replica applies it and nothing it meets can stop the sweep; SKIP
 LOCKED keeps it from waiting on the replicas, the pipeline and the API.
 
-Poison: when PostgreSQL refuses to delete part of a batch for the rows' sake (an integrity error,
-such as a table of the user's own that references a run, or an exception its trigger raises), the
+Poison: when PostgreSQL refuses to delete part of a batch for the rows' sake (the reconciler's
+refusal classes, such as a table of the user's own that references a run, or an exception a trigger
+of the user's raises), the
 part is tried again in halves down to the rows it refuses; those are left out for an hour, with one
 warning per look, and the rest goes on. Splitting stops after ``SPLIT_BUDGET_S`` per look, so a
 batch full of such rows cannot hold the sweep or its locks for long. Any other error (a lost
@@ -38,9 +39,9 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import psycopg
-import psycopg.errors
 
 from scheduler.reconcile import metrics
+from scheduler.reconcile.reconciler import first_line, refused
 from scheduler.store import retention as store
 from scheduler.store.database import Database, Session
 
@@ -52,8 +53,8 @@ SPLIT_BUDGET_S = 2.0
 REFUSED_FOR_S = 3600.0
 MAX_REFUSED = 10_000
 DAY_S = 86_400.0
-# Refusals that are about the rows themselves, so that splitting the batch finds the ones at fault.
-ROW_ERRORS = (psycopg.errors.IntegrityError, psycopg.errors.RaiseException)
+# A trigger's own exception (raise_exception) is about the rows too, besides the data classes.
+TRIGGER_REFUSED = "P0001"
 Row = dict[str, Any]
 T = TypeVar("T")
 
@@ -70,10 +71,9 @@ class Look:
     refusal: str = ""
 
 
-def reason_of(error: psycopg.Error) -> str:
-    """The server's one-line reason (its detail lines may quote the rows' keys), or the first
-    line of the client's."""
-    return error.diag.message_primary or str(error).partition("\n")[0] or type(error).__name__
+def rows_at_fault(error: psycopg.Error) -> bool:
+    """Whether PostgreSQL refused the rows themselves, so that splitting the batch finds them."""
+    return refused(error) or error.sqlstate == TRIGGER_REFUSED
 
 
 class HistoryRetention:
@@ -115,7 +115,7 @@ class HistoryRetention:
             self._after, self._series = None, 0
             self._next_look = self.clock() + self.every_s
             self.log.warning(
-                "history retention: look failed, tried again in %.0f s: %s", self.every_s, reason_of(error)
+                "history retention: look failed, tried again in %.0f s: %s", self.every_s, first_line(error)
             )
             return False
         self._next_look = self.clock() + (0.0 if whole else self.every_s)
@@ -198,12 +198,14 @@ class HistoryRetention:
         try:
             with conn.transaction():
                 return [delete(ids)]
-        except ROW_ERRORS as error:
+        except psycopg.Error as error:
+            if not rows_at_fault(error):
+                raise
             if len(ids) == 1:
                 if len(self._refused) < MAX_REFUSED:
                     self._refused[ids[0]] = self.clock() + REFUSED_FOR_S
                 look.refused.append(ids[0])
-                look.refusal = look.refusal or reason_of(error)
+                look.refusal = look.refusal or first_line(error)
                 return []
         if self.clock() > deadline:
             return []
