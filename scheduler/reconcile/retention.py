@@ -14,10 +14,11 @@ A look deletes a batch of the oldest expired runs and judges the schedules they 
 transaction; while batches come back whole they follow one another, each from where the last one
 stopped, for up to ``SERIES_BATCHES`` batches. When a series ends the look also walks a page of the
 schedules cancelled before the horizon (their runs often went while the cancel was recent) and a
-page of every schedule, a slow backstop for the rare finished one nothing else leads to; then the
-next look is a minute later. The lease sweeper's loop calls it after each sweep, on a connection of
-its own, so every reconciler replica applies it and nothing it meets can stop the sweep; SKIP
-LOCKED keeps it from waiting on the replicas, the pipeline and the API.
+page of every schedule, a slow backstop for the rare finished one nothing else leads to. After a
+batch that was not whole, or deleted nothing, the next look is a minute later; after a full series
+the next starts again at the oldest runs at once. The lease sweeper's loop calls it after each
+sweep, on a connection of its own, so every reconciler replica applies it and nothing it meets can
+stop the sweep; SKIP LOCKED keeps it from waiting on the replicas, the pipeline and the API.
 
 Poison: when PostgreSQL refuses to delete part of a batch for the rows' sake (the reconciler's
 refusal classes, such as a table of the user's own that references a run, or an exception a trigger
@@ -140,11 +141,15 @@ class HistoryRetention:
                 touched.update(deleted.schedule_ids)
             look.schedules += self._delete_schedules(conn, touched, look, deadline)
         self._count(look)
-        look.whole = len(expired) >= self.batch
+        # A whole batch means more is due now, unless the batch deleted nothing (all of it refused,
+        # or splitting ran out of time): then the next look waits its minute like any other.
+        look.whole = len(expired) >= self.batch and look.runs > 0
         self._series = self._series + 1 if look.whole else 0
         series_over = not look.whole or self._series >= SERIES_BATCHES
         self._after = expired[-1].scheduled_for if not series_over else None
         if series_over:
+            # The next series starts again at the oldest runs, so that runs passed over (locked
+            # then, or finished since) are not left behind for good.
             self._series = 0
             walked = Look()
             with conn.transaction():
@@ -229,11 +234,15 @@ class HistoryRetention:
                 self.retention_s / DAY_S,
             )
         if look.refused:
+            left_out = (
+                f"left out for {REFUSED_FOR_S / 60:.0f} minutes"
+                if len(self._refused) < MAX_REFUSED
+                else f"tried again at each look ({MAX_REFUSED} rows are left out already)"
+            )
             self.log.warning(
-                "history retention: %d rows could not be deleted and are left out for %.0f minutes "
-                "(the first: %s): %s",
+                "history retention: %d rows could not be deleted and are %s (the first: %s): %s",
                 len(look.refused),
-                REFUSED_FOR_S / 60,
+                left_out,
                 look.refused[0],
                 look.refusal,
             )

@@ -124,7 +124,8 @@ def app_runs_page(
         "after_id": None if after is None else after[1],
         "limit": limit,
     }
-    return _with_attempts(conn, conn.execute(query("app_runs_page"), params).fetchall())
+    page = query("app_runs_page") if state is None else query("app_runs_page_in_state")
+    return _with_attempts(conn, conn.execute(page, params).fetchall())
 
 
 def _with_attempts(conn: psycopg.Connection[Row], rows: list[Row]) -> list[Row]:

@@ -145,7 +145,8 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteSchedule(self, request, context):
-        """Soft: the schedule is cancelled and kept, with its history.
+        """Soft: the schedule is cancelled and kept, with its history, until the history retention
+        (SCHEDULER_HISTORY_RETENTION_DAYS) deletes them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

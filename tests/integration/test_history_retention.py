@@ -7,7 +7,9 @@ stops it or the lease sweeper that runs it."""
 from __future__ import annotations
 
 import itertools
+import json
 import logging
+import subprocess
 import threading
 import time
 import uuid
@@ -24,11 +26,12 @@ from scheduler.reconcile import metrics
 from scheduler.reconcile.lease_sweeper import LeaseSweeper, Sweep
 from scheduler.reconcile.retention import HistoryRetention
 from scheduler.runtime.service import Check
+from scheduler.store import api as api_store
 from scheduler.store import connect
 from scheduler.store import retention as retention_store
 from scheduler.store.database import Database
 from scheduler.wiring import Wiring
-from tests.support import Component, wait_for
+from tests.support import SCHEDULER, Component, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -425,3 +428,54 @@ def test_the_reconciler_process_applies_the_retention(
     finally:
         assert reconciler.stop() == 0, reconciler.output()[-3000:]
     assert f"history retention: {len(history.gone_runs)} runs" in reconciler.output()
+
+
+def test_a_batch_that_deleted_nothing_waits_its_minute(settings: Settings) -> None:
+    history = insert_history(settings.database_url)
+    with connect(settings.database_url) as conn:
+        # A table of the user's own keeps every run: each batch is refused whole.
+        conn.execute("create table kept_runs (run_id uuid references runs (id))")
+        conn.execute("insert into kept_runs select id from runs")
+        conn.commit()
+    clock = [0.0]
+    sweeper = retention(settings, 30, batch=2, clock=clock)
+    try:
+        assert sweeper.step() is False, "a whole batch that deleted nothing is no reason to go on at once"
+        assert sweeper.step() is False
+    finally:
+        sweeper.close()
+    assert remaining(settings.database_url)[0] == history.kept_runs | history.gone_runs
+
+
+def test_audit_entries_of_deleted_schedules_stay_with_their_app(
+    settings: Settings, settings_env: dict[str, str]
+) -> None:
+    def cli(*args: str) -> Any:
+        done = subprocess.run(
+            [SCHEDULER, *args, "--json"], env=settings_env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    cli("apps", "create", APP, "--partitions", "1")
+    created = cli("schedules", "create", "--app", APP, "--cron", "0 3 * * *", "--handler", "builtin:noop")
+    cli("schedules", "cancel", created["id"])
+    with connect(settings.database_url) as conn:
+        conn.execute(
+            "update schedules set updated_at = now() - interval '31 days' where id = %s", (created["id"],)
+        )
+        conn.commit()
+    every_look(retention(settings, 30))
+    assert created["id"] not in {str(s) for s in remaining(settings.database_url)[1]}
+    with connect(settings.database_url) as conn:
+        entries = api_store.audit_page(
+            conn,
+            apps=[APP],
+            entity=None,
+            entity_id=created["id"],
+            actor=None,
+            since=None,
+            before_id=None,
+            limit=10,
+        )
+    assert [(e["action"], e["app"]) for e in entries] == [("cancel", APP), ("create", APP)]

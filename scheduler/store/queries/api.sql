@@ -102,13 +102,26 @@ select r.*
        select r.*
          from runs r
         where r.app = a.name
-          and (%(state)s::text is null or r.state = %(state)s::text)
           and (%(after_fired)s::timestamptz is null
                or (r.scheduled_for <= %(after_fired)s::timestamptz
                    and (r.scheduled_for < %(after_fired)s::timestamptz or r.id > %(after_id)s::uuid)))
         order by r.scheduled_for desc, r.id
         limit %(limit)s::int) r
  where (%(apps)s::text[] is null or a.name = any(%(apps)s::text[]))
+ order by r.scheduled_for desc, r.id
+ limit %(limit)s::int;
+
+-- name: app_runs_page_in_state
+-- The same page in one state. One statement over the apps in scope, not a loop over every app: a
+-- loop lets the planner take a partial index of open runs (not keyed by app) once per app, which on
+-- a big table with stale statistics cost seconds a page; this way it picks one plan for the page.
+select r.*
+  from runs r
+ where r.state = %(state)s::text
+   and (%(apps)s::text[] is null or r.app = any(%(apps)s::text[]))
+   and (%(after_fired)s::timestamptz is null
+        or (r.scheduled_for <= %(after_fired)s::timestamptz
+            and (r.scheduled_for < %(after_fired)s::timestamptz or r.id > %(after_id)s::uuid)))
  order by r.scheduled_for desc, r.id
  limit %(limit)s::int;
 
@@ -120,9 +133,11 @@ select run_id, attempt, kind, outcome, worker, started_at, finished_at, error, r
 
 -- name: audit_page
 -- Audit entries newest first with the app each concerns (an app's own entries name it; a
--- schedule's and a run's, through their rows), after the cursor's id. `apps` null: any app.
+-- schedule's and a run's, through their rows, or, once the history retention has deleted those,
+-- through the app the entry recorded), after the cursor's id. `apps` null: any app.
 select a.id, a.at, a.actor, a.action, a.entity, a.entity_id, a.old_value, a.new_value,
-       coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end) as app
+       coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
+                a.new_value->>'app', a.old_value->>'app') as app
   from audit_log a
   left join schedules s on s.id = case when a.entity = 'schedule' then a.entity_id::uuid end
   left join runs r on r.id = case when a.entity = 'run' then a.entity_id::uuid end
@@ -132,6 +147,7 @@ select a.id, a.at, a.actor, a.action, a.entity, a.entity_id, a.old_value, a.new_
    and (%(actor)s::text is null or a.actor = %(actor)s::text)
    and (%(since)s::timestamptz is null or a.at >= %(since)s::timestamptz)
    and (%(apps)s::text[] is null
-        or coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end) = any(%(apps)s::text[]))
+        or coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
+                    a.new_value->>'app', a.old_value->>'app') = any(%(apps)s::text[]))
  order by a.id desc
  limit %(limit)s::int;
