@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -120,6 +121,21 @@ METHODS: dict[str, Method] = {
         ),
     )
 }
+
+
+def _position(cursor: str) -> tuple[datetime, UUID] | None:
+    """Where a keyset page by (an instant, an id) starts: the cursor this API gave, or None."""
+    parts = m.decode_cursor(cursor, 2)
+    return None if parts is None else (m.instant_of(parts[0]), m.uuid_of(parts[1], "cursor"))
+
+
+def _page(rows: list[Row], limit: int, instant: str) -> tuple[list[Row], str, bool]:
+    """A page of ``limit`` from ``limit + 1`` rows, with the cursor of its last row (by ``instant``
+    and id) when more follow."""
+    has_more = len(rows) > limit
+    rows = rows[:limit]
+    last = rows[-1] if has_more else None
+    return rows, "" if last is None else m.encode_cursor(last[instant].isoformat(), str(last["id"])), has_more
 
 
 def _domain_error(exc: Exception) -> ApiError | None:
@@ -318,25 +334,17 @@ class SchedulerApi:
         apps = self._app_filter(principal, request.app)
         if request.state and request.state not in set(ScheduleState):
             raise invalid(f"state must be one of {', '.join(ScheduleState)}", field="state")
-        cursor = m.decode_cursor(request.cursor, 2)
-        after = None if cursor is None else (m.instant_of(cursor[0]), m.uuid_of(cursor[1], "cursor"))
         rows = store.schedules_page(
             conn,
             apps=apps,
             state=request.state or None,
             enabled=request.enabled if request.HasField("enabled") else None,
-            after=after,
+            after=_position(request.cursor),
             limit=limit + 1,
         )
-        has_more = len(rows) > limit
-        rows = rows[:limit]
-        last = rows[-1] if has_more else None
+        rows, next_cursor, has_more = _page(rows, limit, "created_at")
         return pb.ListSchedulesResponse(
-            schedules=[m.schedule_message(row) for row in rows],
-            next_cursor=""
-            if last is None
-            else m.encode_cursor(last["created_at"].isoformat(), str(last["id"])),
-            has_more=has_more,
+            schedules=[m.schedule_message(row) for row in rows], next_cursor=next_cursor, has_more=has_more
         )
 
     def _trigger_schedule(
@@ -378,18 +386,12 @@ class SchedulerApi:
         apps = self._app_filter(principal, request.app)
         if request.state and request.state not in set(RunState):
             raise invalid(f"state must be one of {', '.join(RunState)}", field="state")
-        cursor = m.decode_cursor(request.cursor, 2)
-        after = None if cursor is None else (m.instant_of(cursor[0]), m.uuid_of(cursor[1], "cursor"))
-        runs = store.app_runs_page(conn, apps=apps, state=request.state or None, after=after, limit=limit + 1)
-        has_more = len(runs) > limit
-        runs = runs[:limit]
-        last = runs[-1] if has_more else None
+        runs = store.app_runs_page(
+            conn, apps=apps, state=request.state or None, after=_position(request.cursor), limit=limit + 1
+        )
+        runs, next_cursor, has_more = _page(runs, limit, "scheduled_for")
         return pb.ListRunsResponse(
-            runs=[m.run_message(run) for run in runs],
-            next_cursor=""
-            if last is None
-            else m.encode_cursor(last["scheduled_for"].isoformat(), str(last["id"])),
-            has_more=has_more,
+            runs=[m.run_message(run) for run in runs], next_cursor=next_cursor, has_more=has_more
         )
 
     def _list_dead_letters(

@@ -188,17 +188,23 @@ def test_a_retention_of_zero_keeps_everything(settings: Settings) -> None:
     assert remaining(settings.database_url) == before
 
 
-def test_rows_another_transaction_holds_are_skipped_not_waited_for(settings: Settings) -> None:
-    history = insert_history(settings.database_url)
-    locked = sorted(history.gone_runs)[0]
+def looks_while_held(settings: Settings, lock: LiteralString, row_id: uuid.UUID) -> None:
+    """Every look of a retention while another transaction holds a row with ``lock``: they must
+    end without waiting for it."""
     with connect(settings.database_url) as holder:
-        # As the reconciler holds a run it is applying an event to.
-        holder.execute("select 1 from runs where id = %s for update", (locked,))
+        holder.execute(lock, (row_id,))
         worker = threading.Thread(target=every_look, args=(retention(settings, 30),))
         worker.start()
         worker.join(10)
-        assert not worker.is_alive(), "the retention waited on a locked run"
+        assert not worker.is_alive(), f"the retention waited on a row held by: {lock}"
         holder.rollback()
+
+
+def test_rows_another_transaction_holds_are_skipped_not_waited_for(settings: Settings) -> None:
+    history = insert_history(settings.database_url)
+    locked = sorted(history.gone_runs)[0]
+    # As the reconciler holds a run it is applying an event to.
+    looks_while_held(settings, "select 1 from runs where id = %s for update", locked)
     runs, _, attempts, _ = remaining(settings.database_url)
     assert runs == history.kept_runs | {locked}
     assert locked in attempts
@@ -207,14 +213,8 @@ def test_rows_another_transaction_holds_are_skipped_not_waited_for(settings: Set
 def test_a_schedule_key_the_ingestor_holds_is_skipped_and_its_schedule_goes_later(settings: Settings) -> None:
     history = insert_history(settings.database_url)
     (one_shot,) = history.gone_schedules
-    with connect(settings.database_url) as ingestor:
-        # As the ingestor's schedules_by_key holds a key while it applies a command.
-        ingestor.execute("select 1 from schedule_keys where schedule_id = %s for update", (one_shot,))
-        worker = threading.Thread(target=every_look, args=(retention(settings, 30),))
-        worker.start()
-        worker.join(10)
-        assert not worker.is_alive(), "the retention waited on a key the ingestor holds"
-        ingestor.rollback()
+    # As the ingestor's schedules_by_key holds a key while it applies a command.
+    looks_while_held(settings, "select 1 from schedule_keys where schedule_id = %s for update", one_shot)
     runs, schedules, _, _ = remaining(settings.database_url)
     assert runs == history.kept_runs
     assert one_shot in schedules
