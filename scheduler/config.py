@@ -148,7 +148,8 @@ class Settings:
     # How long a started job's run stays leased after its start event or a heartbeat (the worker
     # sends one every 5 s): silence past this is what lets the lease sweeper give up on it.
     lease_window_s: float = 30.0
-    # How long finished runs (and the one-shot schedules they leave) are kept; 0 keeps everything.
+    # How long finished runs, their attempts and the finished schedules they leave are kept (days);
+    # 0 keeps everything.
     history_retention_days: float = 30.0
     http_allowlist: tuple[str, ...] = ()
     # Workers: the Python handlers they run besides the builtins (``package.module`` or

@@ -13,12 +13,15 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, LiteralString
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from scheduler.config import Settings
@@ -339,21 +342,35 @@ def test_a_run_that_cannot_be_deleted_does_not_keep_the_rest_of_the_history(
     assert remaining(settings.database_url)[0] == history.kept_runs, "tried again after the hour"
 
 
+@contextmanager
+def table_away(settings: Settings, table: LiteralString) -> Iterator[None]:
+    """``table`` gone (renamed) for a while, as a fault that is nobody's rows' fault."""
+    with connect(settings.database_url) as conn:
+        conn.execute(
+            sql.SQL("alter table {} rename to {}").format(
+                sql.Identifier(table), sql.Identifier(f"{table}_away")
+            )
+        )
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(
+                sql.SQL("alter table {} rename to {}").format(
+                    sql.Identifier(f"{table}_away"), sql.Identifier(table)
+                )
+            )
+            conn.commit()
+
+
 def test_a_fault_that_is_not_the_rows_fault_leaves_no_row_out(
     settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     history = insert_history(settings.database_url)
     clock = [0.0]
     sweeper = retention(settings, 30, clock=clock)
-    with connect(settings.database_url) as conn:
-        conn.execute("alter table attempts rename to attempts_away")  # the look's second statement fails
-        conn.commit()
-        try:
-            with caplog.at_level(logging.WARNING):
-                assert sweeper.step() is False
-        finally:
-            conn.execute("alter table attempts_away rename to attempts")
-            conn.commit()
+    with table_away(settings, "attempts"), caplog.at_level(logging.WARNING):  # the look's second statement
+        assert sweeper.step() is False
     assert "history retention: look failed, tried again in 60 s" in caplog.text
     assert "could not be deleted" not in caplog.text
     clock[0] = 61.0
@@ -367,17 +384,10 @@ def test_a_look_that_fails_is_logged_and_tried_again_a_minute_later(
     history = insert_history(settings.database_url)
     clock = [0.0]
     sweeper = retention(settings, 30, clock=clock)
-    with connect(settings.database_url) as conn:
-        # What a look cannot do without: the table it reads first is gone (renamed) for a while.
-        conn.execute("alter table apps rename to apps_away")
-        conn.commit()
-        try:
-            with caplog.at_level(logging.WARNING):
-                assert sweeper.step() is False
-            assert "history retention: look failed, tried again in 60 s" in caplog.text
-        finally:
-            conn.execute("alter table apps_away rename to apps")
-            conn.commit()
+    # What a look cannot do without: the table it reads first.
+    with table_away(settings, "apps"), caplog.at_level(logging.WARNING):
+        assert sweeper.step() is False
+    assert "history retention: look failed, tried again in 60 s" in caplog.text
     assert sweeper.step() is False, "not before the next look"
     assert remaining(settings.database_url)[0] == history.kept_runs | history.gone_runs
     clock[0] = 61.0
