@@ -751,7 +751,12 @@ def restart_workers(
     sup.refresh()
     ran = [e for e in chaos_report.load_executions(executions) if e.start >= since]
     with psycopg.connect(url, autocommit=True) as conn:
-        events = conn.execute("select count(*) from attempts where received_at >= %s", (since_db,)).fetchone()
+        # Recorded events, and the runs an event was applied to (their rows hold the plain ones).
+        events = conn.execute(
+            "select (select count(*) from attempts where received_at >= %(since)s)"
+            "     + (select count(*) from runs where reconciled_at >= %(since)s)",
+            {"since": since_db},
+        ).fetchone()
     return {
         "pids": list(stopped.values()),
         "workers_stopped": len(stopped),

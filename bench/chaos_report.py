@@ -13,7 +13,8 @@ The figures (``bench/README.md`` explains each):
   earlier execution was in flight on a worker killed or stopped at that moment, had finished on a
   worker killed before it could commit, fell in the broker's outage, or nothing explains it.
 - ``unrecorded_double_effects``: executions whose (run, attempt, worker) has no row at all in
-  ``attempts``: effects the database does not know happened.
+  ``attempts`` and is not the run's own (its row holds its current attempt's applied start and
+  success): effects the database does not know happened.
 - ``stack_traces``: every one in the components' logs, injected (a connection failure during a
   fault) or not.
 """
@@ -335,6 +336,12 @@ def build(inputs: Inputs) -> dict[str, Any]:
             recorded[(row["run_id"], row["attempt"])].add(row["worker"])
             if row["kind"] == "succeeded":
                 succeeded_by[(row["run_id"], row["attempt"])].add(row["worker"])
+    # A run's row holds its current attempt's applied start and success instead of `attempts` rows.
+    for run in runs:
+        if run["worker"]:
+            recorded[(run["id"], run["attempt"])].add(run["worker"])
+            if run["state"] == "succeeded":
+                succeeded_by[(run["id"], run["attempt"])].add(run["worker"])
 
     def known(execution: Execution, workers: set[str]) -> bool:
         return execution.worker in workers or any(w.endswith(f"-{execution.pid}") for w in workers)

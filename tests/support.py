@@ -10,9 +10,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from scheduler.store import connect
+from scheduler.store.sql import query
 
 SCHEDULER = str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "scheduler")
 T = TypeVar("T")
@@ -114,3 +117,12 @@ def components(env: dict[str, str], log_dir: Path, *names: str) -> Iterator[list
         for component in started:
             code = component.stop()
             assert code == 0, f"{component.name} exited {code}:\n{component.output()[-3000:]}"
+
+
+def attempts_history(database_url: str, run_filter: str = "true", *params: object) -> list[dict[str, Any]]:
+    """The attempts of the runs matching ``run_filter`` (SQL over ``runs``) as a user reads them
+    (``scheduler runs get``, the API): the events `attempts` recorded and what each run's own row
+    holds (its applied start and success), each with its ``run_id``, a run's oldest first."""
+    with connect(database_url) as conn:
+        ids = [row["id"] for row in conn.execute(f"select id from runs where {run_filter}", params)]
+        return conn.execute(query("history_of_runs"), {"run_ids": ids}).fetchall()

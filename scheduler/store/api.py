@@ -15,6 +15,7 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
+from scheduler.store.runs import with_attempts
 from scheduler.store.sql import query
 
 Row = dict[str, Any]
@@ -104,7 +105,7 @@ def runs_page(
     rows = conn.execute(
         query("runs_page"), {"schedule_id": schedule_id, "before": before, "limit": limit}
     ).fetchall()
-    return _with_attempts(conn, rows)
+    return with_attempts(conn, rows)
 
 
 def app_runs_page(
@@ -125,15 +126,7 @@ def app_runs_page(
         "limit": limit,
     }
     page = query("app_runs_page") if state is None else query("app_runs_page_in_state")
-    return _with_attempts(conn, conn.execute(page, params).fetchall())
-
-
-def _with_attempts(conn: psycopg.Connection[Row], rows: list[Row]) -> list[Row]:
-    attempts: dict[UUID, list[Row]] = {row["id"]: [] for row in rows}
-    if rows:
-        for attempt in conn.execute(query("attempts_of_runs"), {"run_ids": list(attempts)}).fetchall():
-            attempts[attempt.pop("run_id")].append(attempt)
-    return [row | {"attempts": attempts[row["id"]]} for row in rows]
+    return with_attempts(conn, conn.execute(page, params).fetchall())
 
 
 def audit_page(

@@ -30,9 +30,17 @@ def list_runs(
 
 def get_run(conn: psycopg.Connection[Row], run_id: UUID) -> Row | None:
     run = conn.execute(query("get_run"), {"id": run_id}).fetchone()
-    if run is not None:
-        run["attempts"] = conn.execute(query("attempts_of_run"), {"run_id": run_id}).fetchall()
-    return run
+    return None if run is None else with_attempts(conn, [run])[0]
+
+
+def with_attempts(conn: psycopg.Connection[Row], rows: list[Row]) -> list[Row]:
+    """Each run row with its ``attempts``: what `attempts` recorded and what the run's row holds
+    (its applied start and success), in the order they happened."""
+    attempts: dict[UUID, list[Row]] = {row["id"]: [] for row in rows}
+    if rows:
+        for attempt in conn.execute(query("history_of_runs"), {"run_ids": list(attempts)}).fetchall():
+            attempts[attempt.pop("run_id")].append(attempt)
+    return [row | {"attempts": attempts[row["id"]]} for row in rows]
 
 
 def list_dead(

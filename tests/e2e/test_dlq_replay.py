@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from scheduler.config import Settings
 from scheduler.store import connect
 from tests.e2e.test_execution import APP, pipeline, runs
-from tests.support import SCHEDULER, wait_for
+from tests.support import SCHEDULER, attempts_history, wait_for
 
 pytestmark = pytest.mark.e2e
 __all__ = ["pipeline"]
@@ -53,15 +54,16 @@ def test_replaying_dead_runs(pipeline: Settings, settings_env: dict[str, str]) -
     wait_for(lambda: len(runs(pipeline, "state = 'succeeded'")) == 100, 60, "the 100 replays to run")
     replayed = {r["id"] for r in runs(pipeline, "state = 'succeeded'")}
     assert {r["attempt"] for r in runs(pipeline, "state = 'succeeded'")} == {2}
+    executions = Counter(
+        a["run_id"]
+        for a in attempts_history(pipeline.database_url)
+        if a["kind"] == "succeeded" and a["outcome"] == "applied"
+    )
     with connect(pipeline.database_url) as conn:
-        executions = conn.execute(
-            "select run_id, count(*) as n from attempts where kind = 'succeeded' and outcome = 'applied' "
-            "group by run_id"
-        ).fetchall()
         audit: list[dict[str, Any]] = conn.execute(
             "select actor, entity_id from audit_log where action = 'replay'"
         ).fetchall()
-    assert {e["run_id"] for e in executions} == replayed and {e["n"] for e in executions} == {1}
+    assert set(executions) == replayed and set(executions.values()) == {1}
     assert {a["entity_id"] for a in audit} == {str(r) for r in replayed}
     assert all(a["actor"].startswith("cli:") for a in audit)
 

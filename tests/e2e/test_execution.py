@@ -22,7 +22,15 @@ from scheduler.kafka.transport import TopicAdmin
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect
-from tests.support import SCHEDULER, Component, components, read_records, read_topic, wait_for
+from tests.support import (
+    SCHEDULER,
+    Component,
+    attempts_history,
+    components,
+    read_records,
+    read_topic,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -57,12 +65,7 @@ def runs(settings: Settings, sql_filter: str = "true") -> list[dict[str, Any]]:
 
 
 def attempts_of(settings: Settings, schedule_id: Any) -> list[dict[str, Any]]:
-    with connect(settings.database_url) as conn:
-        return conn.execute(
-            "select a.* from attempts a join runs r on r.id = a.run_id where r.schedule_id = %s "
-            "order by a.received_at, a.id",
-            (schedule_id,),
-        ).fetchall()
+    return attempts_history(settings.database_url, "schedule_id = %s", schedule_id)
 
 
 def terminal(settings: Settings, schedule_id: Any) -> dict[str, Any] | None:
@@ -207,18 +210,25 @@ def test_a_worker_killed_mid_job_loses_nothing(
             assert survivor.stop() == 0
     done = runs(settings)
     assert len(done) == jobs and {r["state"] for r in done} == {"succeeded"}
-    with connect(settings.database_url) as conn:
-        outcomes: dict[str, Any] | None = conn.execute(
-            "select count(*) filter (where kind = 'succeeded' and outcome = 'applied') as applied, "
-            "count(*) filter (where kind = 'succeeded' and outcome <> 'applied') as extra, "
-            "count(distinct run_id) filter (where worker = %(victim)s) as started_on_victim, "
-            "count(distinct run_id) filter (where worker = %(victim)s and kind = 'started' and run_id in "
-            "  (select run_id from attempts where kind = 'succeeded' and outcome = 'applied' "
-            "     and worker <> %(victim)s)) as re_executed "
-            "from attempts",
-            {"victim": victim_name},
-        ).fetchone()
-    assert outcomes is not None
+    history = attempts_history(settings.database_url)
+    succeeded_elsewhere = {
+        a["run_id"]
+        for a in history
+        if a["kind"] == "succeeded" and a["outcome"] == "applied" and a["worker"] != victim_name
+    }
+    outcomes = {
+        "applied": sum(1 for a in history if a["kind"] == "succeeded" and a["outcome"] == "applied"),
+        "extra": sum(1 for a in history if a["kind"] == "succeeded" and a["outcome"] != "applied"),
+        "re_executed": len(
+            {
+                a["run_id"]
+                for a in history
+                if a["worker"] == victim_name
+                and a["kind"] == "started"
+                and a["run_id"] in succeeded_elsewhere
+            }
+        ),
+    }
     # Exactly one success applied per run; the re-executions of the victim's jobs are on record.
     assert outcomes["applied"] == jobs
     assert outcomes["re_executed"] > 0
@@ -244,11 +254,8 @@ def test_sigterm_lets_running_jobs_finish_publish_and_commit(
         assert worker.stop(timeout_s=40) == 0, worker.output()[-3000:]
         # No other worker exists: every success below was published by the one that was stopped.
         wait_for(lambda: len(runs(settings, "state = 'succeeded'")) == jobs, 30, "every run succeeded")
-    with connect(settings.database_url) as conn:
-        executions = conn.execute(
-            "select count(*) as n from attempts where kind = 'succeeded' and outcome = 'applied'"
-        ).fetchone()
-    assert executions == {"n": jobs}
+    executions = [a for a in attempts_history(settings.database_url) if a["kind"] == "succeeded"]
+    assert [a["outcome"] for a in executions] == ["applied"] * jobs
     # Its offsets were committed up to the end of every partition: nothing would be re-delivered.
     topic = settings.jobs_topic(APP)
     reader = RawConsumer(

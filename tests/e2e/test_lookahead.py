@@ -27,7 +27,7 @@ from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, schedules
 from tests.e2e.health import free_port, get, sample_values
-from tests.support import SCHEDULER, Component, components, read_topic, wait_for
+from tests.support import SCHEDULER, Component, attempts_history, components, read_topic, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -63,11 +63,8 @@ def runs(settings: Settings) -> list[dict[str, Any]]:
 
 
 def started_attempts(settings: Settings) -> list[dict[str, Any]]:
-    with connect(settings.database_url) as conn:
-        return conn.execute(
-            "select a.* from attempts a join runs r on r.id = a.run_id "
-            "join schedules s on s.id = r.schedule_id where a.kind = 'started' and s.kind = 'delayed'"
-        ).fetchall()
+    delayed = "schedule_id in (select id from schedules where kind = 'delayed')"
+    return [a for a in attempts_history(settings.database_url, delayed) if a["kind"] == "started"]
 
 
 def succeeded(settings: Settings, count: int) -> list[dict[str, Any]] | None:

@@ -125,12 +125,6 @@ select r.*
  order by r.scheduled_for desc, r.id
  limit %(limit)s::int;
 
--- name: attempts_of_runs
-select run_id, attempt, kind, outcome, worker, started_at, finished_at, error, received_at
-  from attempts
- where run_id = any(%(run_ids)s::uuid[])
- order by run_id, received_at, id;
-
 -- name: audit_page
 -- Audit entries newest first with the app each concerns (an app's own entries name it; a
 -- schedule's and a run's, through their rows, or, once the history retention has deleted those,

@@ -1,10 +1,15 @@
 -- name: apply_outcomes
 -- A whole batch of outcome events in one statement. An event counts only if it names the run's
--- current attempt and the run is not terminal (the fencing token); an event id seen before is a
+-- current attempt and the run is not terminal (the fencing token); an event seen before is a
 -- duplicate. Per run the strongest accepted event of the batch decides the new state (an end
--- beats a retry beats a start or heartbeat). Every event is recorded in `attempts` with what
--- became of it, so duplicate executions are counted, never hidden: a start of an attempt that an
--- earlier event already started is a re-execution (a redelivered job run again), whatever the run.
+-- beats a retry beats a start or heartbeat).
+--
+-- What is written where: the run's own row holds its current attempt's applied start, heartbeats
+-- and success (worker, started_at, finished_at, result); `attempts` gets a row for every other
+-- event (retries, deaths, stale, duplicate and re-executed ones), so duplicates are counted, never
+-- hidden, at one run update per job instead of a row per event. A start of an attempt that was
+-- started before is a re-execution (a redelivered job run again), whatever the run; the start the
+-- run's row held is then written out first, so both executions stay on record.
 with received as (
     select *
       from unnest(%(event_ids)b::text[], %(run_ids)b::uuid[], %(attempts)b::int[], %(kinds)b::text[],
@@ -21,27 +26,43 @@ with received as (
       from (select distinct on (e.event_id) e.*
               from received e
              order by e.event_id, e.ord) d
-), seen as (
-    -- By the run's key: an event is about one run, and a run has a handful of rows.
-    select e.event_id
-      from event e
-     where exists (select 1 from attempts a where a.run_id = e.run_id and a.event_id = e.event_id)
-), restarted as (
-    select e.event_id
-      from event e
-     where e.kind = 'started'
-       and e.event_id not in (select event_id from seen)
-       and (exists (select 1 from attempts a
-                     where a.run_id = e.run_id and a.attempt = e.attempt and a.kind = 'started'
-                       and a.event_id is distinct from e.event_id)
-            or e.start_rank > 1)
 ), run as (
     -- Locked in id order, as every statement that waits for run locks does: no deadlocks.
-    select r.id, r.attempt, r.state
+    select r.id, r.attempt, r.state, r.worker, r.started_at, r.finished_at
       from runs r
      where r.id = any(array(select distinct run_id from event))
      order by r.id
        for update of r
+), seen as (
+    -- A recorded event, found by the run's key: an event is about one run, which has a few rows.
+    select e.event_id
+      from event e
+     where exists (select 1 from attempts a where a.run_id = e.run_id and a.event_id = e.event_id)
+    union all
+    -- A copy of what the run's row holds instead of a row: its attempt's start (the same worker's,
+    -- at the same instant) or its success, read again (a reconciler that died before committing
+    -- its offsets).
+    select e.event_id
+      from event e
+      join run r on r.id = e.run_id
+     where e.attempt = r.attempt
+       and e.worker is not distinct from r.worker
+       and ((e.kind = 'started' and e.started_at = r.started_at)
+            or (e.kind = 'succeeded' and r.state = 'succeeded' and e.finished_at = r.finished_at))
+), restarted as (
+    -- Evidence that the attempt had started: the run's row (started_at belongs to its current
+    -- attempt; a new attempt starts with none), a recorded event of that attempt that says when
+    -- it started, or an earlier start in this batch.
+    select e.event_id
+      from event e
+      left join run r on r.id = e.run_id
+     where e.kind = 'started'
+       and e.event_id not in (select event_id from seen)
+       and (e.start_rank > 1
+            or (e.attempt = r.attempt and r.started_at is not null)
+            or exists (select 1 from attempts a
+                        where a.run_id = e.run_id and a.attempt = e.attempt and a.started_at is not null
+                          and a.event_id is distinct from e.event_id))
 ), accepted as (
     select e.*
       from event e
@@ -77,29 +98,47 @@ with received as (
            -- stopped running holds none.
            lease_expires_at = case when d.kind in ('started', 'heartbeat')
                                    then now() + make_interval(secs => %(lease_window_s)s::float8) end,
+           reconciled_at = now(),
            version = r.version + 1
       from decisive d
      where r.id = d.run_id
        -- A start or heartbeat arriving after a retry decision of the same attempt changes nothing.
        and not (d.kind in ('started', 'heartbeat') and r.state = 'retry_wait')
     returning r.id, r.state, r.app
-), recorded as (
-    insert into attempts (run_id, attempt, event_id, kind, outcome, worker, started_at, finished_at, error,
-                          error_class)
-    select e.run_id, e.attempt, e.event_id, e.kind,
+), classified as (
+    select e.*,
            case when e.event_id in (select event_id from seen) or e.ord not in (select ord from event)
                 then 'duplicate'
                 when e.event_id in (select event_id from restarted) then 'reexecution'
                 when e.event_id in (select event_id from accepted) then 'applied'
-                else 'stale' end,
-           e.worker, e.started_at, e.finished_at, e.error, e.error_class
+                else 'stale' end as outcome
       from received e
-    returning outcome
+), reexecuted as (
+    select distinct run_id, attempt from classified where outcome = 'reexecution'
+), recorded as (
+    insert into attempts (run_id, attempt, event_id, kind, outcome, worker, started_at, finished_at, error,
+                          error_class)
+    -- The start the run's row held, before a re-execution of its attempt replaces it there.
+    select r.id, r.attempt, null, 'started', 'applied', r.worker, r.started_at, null, null, null
+      from run r
+     where r.started_at is not null
+       and (r.id, r.attempt) in (select run_id, attempt from reexecuted)
+       and not exists (select 1 from attempts a
+                        where a.run_id = r.id and a.attempt = r.attempt and a.kind = 'started'
+                          and a.outcome = 'applied')
+    union all
+    select c.run_id, c.attempt, c.event_id, c.kind, c.outcome, c.worker, c.started_at, c.finished_at,
+           c.error, c.error_class
+      from classified c
+     where c.outcome <> 'applied'
+        or c.kind in ('retry', 'dead')
+        -- An applied first start of an attempt re-executed in this same batch.
+        or (c.kind = 'started' and (c.run_id, c.attempt) in (select run_id, attempt from reexecuted))
 )
-select (select count(*) from recorded where outcome = 'applied') as applied,
-       (select count(*) from recorded where outcome = 'stale') as stale,
-       (select count(*) from recorded where outcome = 'duplicate') as duplicate,
-       (select count(*) from recorded where outcome = 'reexecution') as reexecution,
+select (select count(*) from classified where outcome = 'applied') as applied,
+       (select count(*) from classified where outcome = 'stale') as stale,
+       (select count(*) from classified where outcome = 'duplicate') as duplicate,
+       (select count(*) from classified where outcome = 'reexecution') as reexecution,
        (select count(*) from applied where state in ('succeeded', 'dead')) as finished,
        array(select app from applied where state = 'dead') as dead_apps;
 
@@ -123,8 +162,9 @@ select coalesce(%(now)s::timestamptz, now()) as now,
 -- Started runs whose worker went silent past the lease window (no start event, heartbeat or outcome
 -- since): their attempt is over. With attempts left the run waits for its next one, due at once
 -- (the sweeper dispatches it in the same transaction); on its last attempt it is dead. Runs that
--- were never started hold no lease: waiting never expires an attempt. Recorded in `attempts`, with
--- each run's earlier failed attempts for the next job message's (or the dead letter's) history.
+-- were never started hold no lease: waiting never expires an attempt. Recorded in `attempts` (the
+-- start the run's row held first, so the silent worker stays on record), with each run's earlier
+-- failed attempts for the next job message's (or the dead letter's) history.
 with expired as (
     select r.id, r.attempt, r.max_attempts
       from runs r
@@ -141,6 +181,7 @@ with expired as (
            finished_at = case when e.attempt >= e.max_attempts then coalesce(%(now)s::timestamptz, now()) end,
            lease_expires_at = null,
            error = 'LeaseExpired: ' || %(error)s::text,
+           reconciled_at = now(),
            version = r.version + 1
       from expired e
      where r.id = e.id
@@ -148,6 +189,13 @@ with expired as (
               r.started_at
 ), recorded as (
     insert into attempts (run_id, attempt, kind, outcome, worker, started_at, finished_at, error, error_class)
+    select w.id, w.attempt, 'started', 'applied', w.worker, w.started_at, null, null, null
+      from swept w
+     where w.started_at is not null
+       and not exists (select 1 from attempts a
+                        where a.run_id = w.id and a.attempt = w.attempt and a.kind = 'started'
+                          and a.outcome = 'applied')
+    union all
     select id, attempt, case when state = 'dead' then 'dead' else 'retry' end, 'applied', 'sweeper',
            started_at, coalesce(%(now)s::timestamptz, now()), %(error)s::text, 'LeaseExpired'
       from swept

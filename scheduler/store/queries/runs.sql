@@ -34,8 +34,33 @@ select r.id, r.schedule_id, s.name as schedule_name, r.app, r.scheduled_for, r.s
 -- name: get_run
 select * from runs where id = %(id)s::uuid;
 
--- name: attempts_of_run
-select attempt, kind, outcome, worker, started_at, finished_at, error, received_at
-  from attempts
- where run_id = %(run_id)s::uuid
- order by received_at, id;
+-- name: history_of_runs
+-- Each run's attempts as a user reads them: the events recorded in `attempts`, and the two that
+-- the run's own row holds instead of a row (apply_outcomes records only the events that say more
+-- than the run does): its current attempt's applied start, and its success. Those are shown
+-- unless a row of theirs was recorded (a re-execution writes the start out; rows from before
+-- migration 0012). received_at orders each run's entries: a held start by when it began, a
+-- success by when it was reconciled.
+select h.run_id, h.attempt, h.kind, h.outcome, h.worker, h.started_at, h.finished_at, h.error, h.received_at
+  from (select a.run_id, a.attempt, a.kind, a.outcome, a.worker, a.started_at, a.finished_at, a.error,
+               a.received_at, a.id
+          from attempts a
+         where a.run_id = any(%(run_ids)s::uuid[])
+        union all
+        select r.id, r.attempt, 'started', 'applied', r.worker, r.started_at, null, null, r.started_at, 0
+          from runs r
+         where r.id = any(%(run_ids)s::uuid[])
+           and r.started_at is not null
+           and not exists (select 1 from attempts a
+                            where a.run_id = r.id and a.attempt = r.attempt and a.kind = 'started'
+                              and a.outcome = 'applied')
+        union all
+        select r.id, r.attempt, 'succeeded', 'applied', r.worker, r.started_at, r.finished_at, null,
+               coalesce(r.reconciled_at, r.finished_at), 0
+          from runs r
+         where r.id = any(%(run_ids)s::uuid[])
+           and r.state = 'succeeded'
+           and not exists (select 1 from attempts a
+                            where a.run_id = r.id and a.attempt = r.attempt and a.kind = 'succeeded'
+                              and a.outcome = 'applied')) h
+ order by h.run_id, h.received_at, h.id;

@@ -122,8 +122,10 @@ with next_attempt as (
 ), moved as (
     update runs r
        -- dispatched_at: when this attempt was queued, what a redispatch's cut-off is compared with.
+       -- started_at is the current attempt's (the one before is in its `attempts` row): a start
+       -- of the new attempt is then told from a re-execution by the run's row alone.
        set state = 'pending', attempt = n.attempt, next_attempt_at = null, dispatched_at = now(),
-           lease_expires_at = null, version = r.version + 1
+           started_at = null, lease_expires_at = null, version = r.version + 1
       from next_attempt n
      where r.id = n.id and r.state = 'retry_wait' and r.attempt = n.attempt - 1
     returning r.id
