@@ -41,7 +41,11 @@ class Run:
     skip_reason: SkipReason | None
     buffered: bool
     """``buffer_one``: created while the previous run was open, dispatched when that one ends."""
+    guarded: bool
+    """Its schedule's overlap policy is not ``allow``: while open, the next fires wait or skip."""
     created_at: datetime
+    reconciled_at: datetime | None
+    """When the reconciler last applied an event or a verdict to it."""
     version: int
 
 

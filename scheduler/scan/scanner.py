@@ -228,6 +228,7 @@ class Scanner(Service):
                     state=RunState.PENDING,
                     max_attempts=schedule.max_attempts,
                     buffered=buffered,
+                    guarded=schedule.overlap_policy is not OverlapPolicy.ALLOW,
                     message=message,
                     delay_ms=self._jitter_ms(leased, at),
                 )

@@ -25,7 +25,7 @@ from scheduler.config import Settings
 from scheduler.domain.cron import CronSchedule, NoFireTime
 from scheduler.domain.policies import fires_of
 from scheduler.domain.run_state import RunState
-from scheduler.domain.schedule import ScheduleKind, ScheduleState
+from scheduler.domain.schedule import OverlapPolicy, ScheduleKind, ScheduleState
 from scheduler.kafka.topics import ensure_sized_topics
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.scan.dispatch import JobDispatcher, attempt_deadline
@@ -476,6 +476,7 @@ def trigger(
                     scheduled_for=now,
                     state=RunState.PENDING,
                     max_attempts=schedule.max_attempts,
+                    guarded=schedule.overlap_policy is not OverlapPolicy.ALLOW,
                     message=message,
                 )
             ],

@@ -82,7 +82,9 @@ def run_from_row(row: Mapping[str, Any]) -> Run:
         error=row["error"],
         skip_reason=None if reason is None else SkipReason(reason),
         buffered=row["buffered"],
+        guarded=row["guarded"],
         created_at=row["created_at"],
+        reconciled_at=row["reconciled_at"],
         version=row["version"],
     )
 

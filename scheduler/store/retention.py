@@ -59,12 +59,10 @@ def cancelled_schedules_after(
     return [(r["updated_at"], r["id"]) for r in conn.execute(query("cancelled_schedules_after"), params)]
 
 
-def schedules_after(
-    conn: psycopg.Connection[Row], position: tuple[datetime, UUID], limit: int
-) -> list[tuple[datetime, UUID]]:
-    """The next ``limit`` schedules in creation order after ``position``, as positions."""
-    params = {"created_at": position[0], "id": position[1], "limit": limit}
-    return [(r["created_at"], r["id"]) for r in conn.execute(query("schedules_after"), params)]
+def schedules_after(conn: psycopg.Connection[Row], position: UUID, limit: int) -> list[UUID]:
+    """The ids of the next ``limit`` schedules in id order after ``position``."""
+    params = {"id": position, "limit": limit}
+    return [r["id"] for r in conn.execute(query("schedules_after"), params)]
 
 
 def delete_finished_schedules(conn: psycopg.Connection[Row], ids: Sequence[UUID], retention_s: float) -> int:

@@ -52,6 +52,8 @@ class NewRun:
     max_attempts: int
     skip_reason: SkipReason | None = None
     buffered: bool = False
+    guarded: bool = False
+    """Its schedule's overlap policy is not allow: while open, it counts for the next fires."""
     message: Message | None = None  # None: nothing to dispatch now (skipped or buffered)
     delay_ms: int = 0
     """The fire's jitter: its message is not published before this many ms after the commit."""
@@ -143,6 +145,7 @@ def create_runs(conn: psycopg.Connection[Row], runs: Sequence[NewRun]) -> Create
             "max_attempts": [r.max_attempts for r in runs],
             "skip_reasons": [r.skip_reason for r in runs],
             "buffered": [r.buffered for r in runs],
+            "guarded": [r.guarded for r in runs],
             "delay_ms": [r.delay_ms for r in runs],
             "topics": [r.message.topic if r.message else None for r in runs],
             "keys": [r.message.key if r.message else None for r in runs],

@@ -436,6 +436,33 @@ def test_a_second_start_of_an_attempt_is_a_counted_reexecution_and_retries_use_t
     assert (won["state"], won["attempt"], won["worker"]) == ("succeeded", 1, "w9")
 
 
+def test_a_plain_job_is_held_by_its_run_and_copies_of_its_events_are_counted_duplicates(
+    settings: Settings,
+) -> None:
+    plain, copied = dispatched_runs(settings, 2)
+    start, success = result(copied, "started", worker="w1"), result(copied, worker="w1")
+    duplicates_before = counter(metrics.EVENTS, "duplicate")
+    publish(settings, [result(plain, "started", worker="w1"), result(plain, worker="w1"), start, success])
+    with running(Wiring(settings).reconciler_service()):
+        wait_for(lambda: run_row(settings, copied)["state"] == "succeeded", 60, "both applied")
+        wait_for(lambda: run_row(settings, plain)["state"] == "succeeded", 60, "both applied")
+        # Nothing but the runs' own rows was written for a start and a success.
+        assert rows(settings, "select 1 from attempts") == []
+        # The same events read again (a reconciler that died before committing its offsets).
+        publish(settings, [start, success])
+        wait_for(lambda: len(rows(settings, "select 1 from attempts")) == 2, 60, "the copies recorded")
+
+    assert history(settings, plain) == [("started", "applied", "w1"), ("succeeded", "applied", "w1")]
+    assert history(settings, copied) == [
+        ("started", "applied", "w1"),
+        ("succeeded", "applied", "w1"),
+        ("started", "duplicate", "w1"),
+        ("succeeded", "duplicate", "w1"),
+    ]
+    assert counter(metrics.EVENTS, "duplicate") == duplicates_before + 2
+    assert run_row(settings, copied)["reconciled_at"] is not None
+
+
 def test_a_start_gives_the_run_a_lease_of_the_window_from_the_database_clock(settings: Settings) -> None:
     [run] = dispatched_runs(settings, 1)
     with connect(settings.database_url) as conn:
@@ -499,6 +526,10 @@ def test_the_sweeper_waits_for_unread_outcomes_then_redispatches_or_kills_only_s
     assert (won["state"], won["attempt"]) == ("succeeded", 1), "a success the sweeper had not seen wins"
     again = run_row(settings, silent)
     assert (again["state"], again["attempt"], again["lease_expires_at"]) == ("pending", 2, None)
+    # The next attempt has not started; the silent worker's start stays on record with the verdict.
+    assert again["started_at"] is None
+    assert history(settings, silent) == [("started", "applied", "w"), ("retry", "applied", "sweeper")]
+    assert history(settings, last) == [("started", "applied", "w"), ("dead", "applied", "sweeper")]
     dead = run_row(settings, last)
     assert (dead["state"], dead["attempt"]) == ("dead", 1) and dead["error"].startswith("LeaseExpired")
 

@@ -113,6 +113,32 @@ def test_overlap_skip_records_the_fire_while_the_previous_run_is_open(settings: 
     assert [(r["state"], r["skip_reason"]) for r in runs] == [("pending", None), ("skipped", "overlap")]
 
 
+def test_a_run_made_under_allow_counts_once_the_policy_becomes_skip(settings: Settings, app: str) -> None:
+    row = create(settings, kind="cron", cron="* * * * *")
+    first = row["next_fire_at"]
+    scan(settings, first)
+    [open_run] = runs_of(settings, row["id"])
+    assert (open_run["state"], open_run["guarded"]) == ("pending", False)
+    with connect(settings.database_url) as conn:
+        service.update_schedule(
+            conn,
+            row["id"],
+            ScheduleSpec(
+                app="scan", handler="builtin:noop", kind="cron", cron="* * * * *", overlap_policy="skip"
+            ),
+            "test",
+        )
+        conn.execute(
+            "update schedules set next_fire_at = %s where id = %s", (first + timedelta(minutes=1), row["id"])
+        )
+    scan(settings, first + timedelta(minutes=1))
+    runs = runs_of(settings, row["id"])
+    assert [(r["state"], r["skip_reason"], r["guarded"]) for r in runs] == [
+        ("pending", None, True),
+        ("skipped", "overlap", False),
+    ]
+
+
 def test_paused_schedules_do_not_fire_and_resume_follows_the_misfire_policy(
     settings: Settings, app: str
 ) -> None:

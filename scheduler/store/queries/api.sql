@@ -71,15 +71,22 @@ returning 1;
 -- name: schedules_page
 -- A page of schedules in creation order with their keys, after the cursor's (created_at, id):
 -- keyset paging, so a page never repeats or skips a row however many are created or changed
--- meanwhile. `apps` null: any app.
+-- meanwhile. `apps` null: any app. Each app's next page is read from schedules_app_created and
+-- only those are merged: one index per order is one index entry fewer for every schedule made.
 select s.*, k.schedule_key
-  from schedules s
+  from apps a
+ cross join lateral (
+       select s.*
+         from schedules s
+        where s.app = a.name
+          and (%(state)s::text is null or s.state = %(state)s::text)
+          and (%(enabled)s::bool is null or (s.state = 'active') = %(enabled)s::bool)
+          and (%(after_created)s::timestamptz is null
+               or (s.created_at, s.id) > (%(after_created)s::timestamptz, %(after_id)s::uuid))
+        order by s.created_at, s.id
+        limit %(limit)s::int) s
   left join schedule_keys k on k.schedule_id = s.id
- where (%(apps)s::text[] is null or s.app = any(%(apps)s::text[]))
-   and (%(state)s::text is null or s.state = %(state)s::text)
-   and (%(enabled)s::bool is null or (s.state = 'active') = %(enabled)s::bool)
-   and (%(after_created)s::timestamptz is null
-        or (s.created_at, s.id) > (%(after_created)s::timestamptz, %(after_id)s::uuid))
+ where (%(apps)s::text[] is null or a.name = any(%(apps)s::text[]))
  order by s.created_at, s.id
  limit %(limit)s::int;
 

@@ -66,14 +66,14 @@ select id, updated_at
  limit %(limit)s::int;
 
 -- name: schedules_after
--- A page of every schedule in creation order (schedules_created), the backstop for the rare
--- finished schedule neither a deleted run nor its cancel leads to (a one-shot whose key the
--- ingestor held when its run went, a completed cron whose last runs two replicas deleted side by
--- side). It comes round once per table's worth of pages.
-select id, created_at
+-- A page of every schedule in id order (the primary key), the backstop for the rare finished
+-- schedule neither a deleted run nor its cancel leads to (a one-shot whose key the ingestor held
+-- when its run went, a completed cron whose last runs two replicas deleted side by side). It comes
+-- round once per table's worth of pages.
+select id
   from schedules
- where (created_at, id) > (%(created_at)s::timestamptz, %(id)s::uuid)
- order by created_at, id
+ where id > %(id)s::uuid
+ order by id
  limit %(limit)s::int;
 
 -- name: delete_finished_schedules

@@ -14,12 +14,15 @@ select s.*, coalesce(%(now)s::timestamptz, now()) as scan_now
    for update skip locked;
 
 -- name: open_runs_of
--- For overlap policies: how many unfinished and how many buffered runs each schedule has.
+-- For overlap policies: how many unfinished and how many buffered runs each schedule has. Only
+-- guarded runs count (those of a schedule whose overlap policy is not allow), which are the ones
+-- runs_guarded_open holds: every other run is created without an entry there.
 select schedule_id,
        count(*) filter (where not buffered) as open_runs,
        count(*) filter (where buffered) as buffered_runs
   from runs
  where schedule_id = any(%(schedule_ids)s::uuid[])
+   and guarded
    and state in ('pending', 'dispatched', 'running', 'retry_wait')
  group by schedule_id;
 
@@ -32,14 +35,14 @@ with candidate as (
     select *
       from unnest(%(ids)b::uuid[], %(schedule_ids)b::uuid[], %(apps)b::text[],
                   %(scheduled_for)b::timestamptz[], %(states)b::text[], %(max_attempts)b::int[],
-                  %(skip_reasons)b::text[], %(buffered)b::bool[], %(delay_ms)b::int[],
+                  %(skip_reasons)b::text[], %(buffered)b::bool[], %(guarded)b::bool[], %(delay_ms)b::int[],
                   %(topics)b::text[], %(keys)b::bytea[], %(values)b::bytea[], %(headers)b::jsonb[])
-           as c(id, schedule_id, app, scheduled_for, state, max_attempts, skip_reason, buffered,
+           as c(id, schedule_id, app, scheduled_for, state, max_attempts, skip_reason, buffered, guarded,
                 delay_ms, topic, key, value, headers)
 ), created as (
     insert into runs (id, schedule_id, app, scheduled_for, state, attempt, max_attempts,
-                      skip_reason, buffered, finished_at)
-    select id, schedule_id, app, scheduled_for, state, 1, max_attempts, skip_reason, buffered,
+                      skip_reason, buffered, guarded, finished_at)
+    select id, schedule_id, app, scheduled_for, state, 1, max_attempts, skip_reason, buffered, guarded,
            case when state = 'skipped' then now() end
       from candidate
         on conflict (schedule_id, scheduled_for) do nothing

@@ -19,11 +19,18 @@ returning *;
 select * from schedules where id = %(id)s::uuid;
 
 -- name: list_schedules
-select *
-  from schedules
- where (%(app)s::text is null or app = %(app)s::text)
-   and (%(state)s::text is null or state = %(state)s::text)
- order by created_at, id
+-- In creation order: each app's first from schedules_app_created, merged.
+select s.*
+  from apps a
+ cross join lateral (
+       select s.*
+         from schedules s
+        where s.app = a.name
+          and (%(state)s::text is null or s.state = %(state)s::text)
+        order by s.created_at, s.id
+        limit %(limit)s::int) s
+ where (%(app)s::text is null or a.name = %(app)s::text)
+ order by s.created_at, s.id
  limit %(limit)s::int;
 
 -- name: set_schedule_state
@@ -42,7 +49,10 @@ returning *;
 
 -- name: replace_schedule_spec
 -- An update: every field of the spec replaced at once, on the version the caller read. A schedule
--- in error whose spec now computes is active again; a paused one stays paused.
+-- in error whose spec now computes is active again; a paused one stays paused. A policy other
+-- than allow guards the schedule's open runs too (they were made under allow, without an entry in
+-- runs_guarded_open), so that its next fires see them.
+with updated as (
 update schedules
    set name = %(name)s::text,
        description = %(description)s::text,
@@ -69,7 +79,17 @@ update schedules
        updated_at = now()
  where id = %(id)s::uuid
    and version = %(version)s::int
-returning *;
+returning *
+), guarded as (
+    update runs r
+       set guarded = true
+      from updated u
+     where u.overlap_policy <> 'allow'
+       and r.schedule_id = u.id
+       and not r.guarded
+       and r.state in ('pending', 'dispatched', 'running', 'retry_wait')
+)
+select * from updated;
 
 -- name: insert_audit
 insert into audit_log (actor, action, entity, entity_id, old_value, new_value)
