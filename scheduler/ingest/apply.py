@@ -33,6 +33,7 @@ from typing import Any
 import psycopg
 
 from scheduler.config import Settings
+from scheduler.domain.ids import new_id
 from scheduler.ingest.commands import ValidCommand, rejection
 from scheduler.scan.dispatch import JobDispatcher
 from scheduler.schedule import service
@@ -198,7 +199,7 @@ class _Batch:
                     f"schedule key {key!r} already exists in app {app!r} (schedule {existing})",
                 )
                 continue
-            schedule_id = uuid.uuid4()
+            schedule_id = new_id()
             try:
                 creates.append((_new_schedule(command, schedule_id, now), command))
             except InvalidSchedule as exc:

@@ -38,7 +38,6 @@ import math
 import random
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -48,6 +47,7 @@ from uuid import UUID
 import psycopg
 
 from scheduler.config import Settings
+from scheduler.domain.ids import new_id
 from scheduler.domain.policies import OverlapAction, fires_of, overlap_action
 from scheduler.domain.run_state import RunState
 from scheduler.domain.schedule import OverlapPolicy, ScheduleKind, SkipReason
@@ -204,7 +204,7 @@ class Scanner(Service):
             if action is OverlapAction.SKIP:
                 runs.append(self._skipped(leased, at, SkipReason.OVERLAP))
                 continue
-            run_id = uuid.uuid4()
+            run_id = new_id()
             buffered = action is OverlapAction.BUFFER
             message = None
             if not buffered:
@@ -249,7 +249,7 @@ class Scanner(Service):
 
     def _skipped(self, leased: DueSchedule, at: datetime, reason: SkipReason) -> NewRun:
         return NewRun(
-            id=uuid.uuid4(),
+            id=new_id(),
             schedule_id=leased.schedule.id,
             app=leased.schedule.app,
             scheduled_for=at,

@@ -23,6 +23,7 @@ import psycopg
 
 from scheduler.config import Settings
 from scheduler.domain.cron import CronSchedule, NoFireTime
+from scheduler.domain.ids import new_id
 from scheduler.domain.policies import fires_of
 from scheduler.domain.run_state import RunState
 from scheduler.domain.schedule import OverlapPolicy, ScheduleKind, ScheduleState
@@ -177,7 +178,7 @@ def create_schedule(
     validate(spec)
     if schedule_key is not None:
         validate_schedule_key(schedule_key)
-    schedule_id = schedule_id or uuid.uuid4()
+    schedule_id = schedule_id or new_id()
     attributes = {
         "scheduler.app": spec.app,
         "scheduler.schedule_id": str(schedule_id),
@@ -254,7 +255,7 @@ def create_schedules(conn: psycopg.Connection[Row], batch: Sequence[NewSchedule]
                 validate_schedule_key(item.schedule_key)
         except InvalidSchedule as exc:
             raise InvalidBatchItem(index, str(exc)) from None
-        ids.append(uuid.uuid4())
+        ids.append(new_id())
         key = (item.spec.app, item.schedule_key or str(ids[-1]))
         if key in keys:
             raise KeyConflict(f"schedules[{index}]: key {key[1]!r} of app {key[0]!r} is given twice", index)
@@ -457,7 +458,7 @@ def trigger(
         if schedule.state in (ScheduleState.CANCELLED, ScheduleState.COMPLETED):
             raise InvalidTransition(f"cannot trigger schedule {schedule_id}: it is {schedule.state}")
         now = schedules.db_now(conn)
-        run_id = uuid.uuid4()
+        run_id = new_id()
         message = dispatcher.message(
             run_id=run_id,
             schedule_id=schedule_id,
