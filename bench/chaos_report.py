@@ -336,9 +336,10 @@ def build(inputs: Inputs) -> dict[str, Any]:
             recorded[(row["run_id"], row["attempt"])].add(row["worker"])
             if row["kind"] == "succeeded":
                 succeeded_by[(row["run_id"], row["attempt"])].add(row["worker"])
-    # A run's row holds its current attempt's applied start and success instead of `attempts` rows.
+    # A run's row holds its current attempt's applied start and success instead of `attempts` rows
+    # (a run waiting for its next attempt still names the worker of the one before).
     for run in runs:
-        if run["worker"]:
+        if run["worker"] and run["state"] not in ("pending", "dispatched"):
             recorded[(run["id"], run["attempt"])].add(run["worker"])
             if run["state"] == "succeeded":
                 succeeded_by[(run["id"], run["attempt"])].add(run["worker"])

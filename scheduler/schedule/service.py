@@ -300,7 +300,9 @@ def create_schedules(conn: psycopg.Connection[Row], batch: Sequence[NewSchedule]
 
 
 def _default_name(spec: ScheduleSpec, schedule_id: uuid.UUID) -> str:
-    return f"{spec.kind}-{str(schedule_id)[:8]}"
+    # The id's random end: its first digits are the time it was made (UUIDv7), the same for every
+    # schedule made within a minute.
+    return f"{spec.kind}-{schedule_id.hex[-8:]}"
 
 
 UPDATABLE = (ScheduleState.ACTIVE, ScheduleState.PAUSED, ScheduleState.ERROR)
@@ -344,6 +346,8 @@ def update_schedule(
             raise schedules.VersionConflict(
                 f"schedule {schedule_id} was changed by someone else (expected version {old['version']})"
             )
+        if old["overlap_policy"] == OverlapPolicy.ALLOW and new["overlap_policy"] != OverlapPolicy.ALLOW:
+            schedules.guard_open_runs(conn, schedule_id)
         schedules.audit(conn, actor, "update", "schedule", str(schedule_id), old, new)
         if new["state"] == ScheduleState.ACTIVE:
             schedules.notify_due(conn)
@@ -351,9 +355,10 @@ def update_schedule(
 
 
 def current_schedule(
-    conn: psycopg.Connection[Row], schedule_id: uuid.UUID, expected_version: int | None
+    conn: psycopg.Connection[Row], schedule_id: uuid.UUID, expected_version: int | None, *, lock: bool = False
 ) -> Row:
-    row = schedules.get_schedule(conn, schedule_id)
+    """``lock``: the row is held against updates until the transaction ends."""
+    row = schedules.get_schedule(conn, schedule_id, lock=lock)
     if row is None:
         raise ScheduleNotFound(f"no schedule {schedule_id}")
     if expected_version is not None and row["version"] != expected_version:
@@ -454,7 +459,8 @@ def trigger(
     time); returns the new run's id. Like every new run it has no lease until a worker starts it."""
     dispatcher = dispatcher or JobDispatcher(settings)
     with conn.transaction():
-        schedule = schedule_from_row(current_schedule(conn, schedule_id, None))
+        # Locked: an update of its overlap policy waits until this run is made under the one read.
+        schedule = schedule_from_row(current_schedule(conn, schedule_id, None, lock=True))
         if schedule.state in (ScheduleState.CANCELLED, ScheduleState.COMPLETED):
             raise InvalidTransition(f"cannot trigger schedule {schedule_id}: it is {schedule.state}")
         now = schedules.db_now(conn)

@@ -71,8 +71,15 @@ def insert_schedule(conn: psycopg.Connection[Row], values: Row) -> Row:
     return row
 
 
-def get_schedule(conn: psycopg.Connection[Row], schedule_id: UUID) -> Row | None:
-    return conn.execute(query("get_schedule"), {"id": schedule_id}).fetchone()
+def get_schedule(conn: psycopg.Connection[Row], schedule_id: UUID, *, lock: bool = False) -> Row | None:
+    """``lock``: held against updates until the transaction ends."""
+    name = "get_schedule_for_share" if lock else "get_schedule"
+    return conn.execute(query(name), {"id": schedule_id}).fetchone()
+
+
+def guard_open_runs(conn: psycopg.Connection[Row], schedule_id: UUID) -> None:
+    """Count the schedule's open runs for its overlap policy from now on (see the SQL)."""
+    conn.execute(query("guard_open_runs"), {"id": schedule_id})
 
 
 def insert_schedule_key(

@@ -639,3 +639,110 @@ def test_a_buffered_fire_committed_after_the_wakeup_is_still_released(settings: 
             return found == {"buffered": False, "queued": True}
 
         wait_for(released, 10, "the buffered fire released by the next look")
+
+
+# --- copies of events the runs' rows hold, across retries, re-executions and sweeps --------------
+
+
+def event(run: Run, kind: str, worker: str, started_at: datetime, attempt: int = 1) -> OutcomeEvent:
+    ended = started_at + timedelta(milliseconds=5) if kind in ("succeeded", "retry") else None
+    return OutcomeEvent(
+        str(uuid.uuid4()),
+        run.id,
+        attempt,
+        kind,
+        worker,
+        started_at,
+        ended,
+        error="boom" if kind == "retry" else None,
+        error_class="Boom" if kind == "retry" else None,
+        backoff_ms=0 if kind == "retry" else None,
+    )
+
+
+def apply(settings: Settings, *events: OutcomeEvent) -> reconcile.Applied:
+    with connect(settings.database_url) as conn:
+        applied = reconcile.apply_outcomes(conn, events, 30.0)
+        conn.commit()
+    return applied
+
+
+def next_attempt(settings: Settings, run: Run) -> None:
+    """The retry's next attempt queued, as the scanner's redispatch leaves it."""
+    with connect(settings.database_url) as conn:
+        conn.execute(
+            "update runs set state = 'pending', attempt = attempt + 1, next_attempt_at = null, "
+            "started_at = null, dispatched_at = now() where id = %s and state = 'retry_wait'",
+            (run.id,),
+        )
+        conn.commit()
+
+
+def test_a_start_read_again_after_its_attempt_ended_and_moved_on_is_a_duplicate(settings: Settings) -> None:
+    [run] = dispatched_runs(settings, 1)
+    at = datetime.now(UTC)
+    start = event(run, "started", "w1", at)
+    assert apply(settings, start) == reconcile.Applied(applied=1)
+    assert apply(settings, event(run, "retry", "w1", at)) == reconcile.Applied(applied=1)
+    next_attempt(settings, run)
+    # The first start read again: its execution is on record (its retry), so it is no second one.
+    assert apply(settings, start) == reconcile.Applied(duplicate=1)
+    # A start of attempt 1 by another worker is one: the job ran again.
+    assert apply(settings, event(run, "started", "w2", at + timedelta(seconds=1))) == reconcile.Applied(
+        stale=0, reexecution=1
+    )
+    again = run_row(settings, run)
+    assert (again["state"], again["attempt"], again["started_at"]) == ("pending", 2, None)
+
+
+def test_a_start_read_again_after_a_re_execution_is_a_duplicate_and_changes_nothing(
+    settings: Settings,
+) -> None:
+    [run] = dispatched_runs(settings, 1)
+    at = datetime.now(UTC)
+    first, second = event(run, "started", "w1", at), event(run, "started", "w2", at + timedelta(seconds=2))
+    apply(settings, first)
+    assert apply(settings, second).reexecution == 1
+    assert apply(settings, first) == reconcile.Applied(duplicate=1)
+    assert apply(settings, second) == reconcile.Applied(duplicate=1)
+    assert run_row(settings, run)["worker"] == "w2"
+    assert history(settings, run) == [
+        ("started", "applied", "w1"),
+        ("started", "reexecution", "w2"),
+        ("started", "duplicate", "w1"),
+        ("started", "duplicate", "w2"),
+    ]
+
+
+def test_a_start_read_again_after_its_lease_expired_is_a_duplicate(settings: Settings) -> None:
+    [run] = dispatched_runs(settings, 1)
+    start = event(run, "started", "w1", datetime.now(UTC))
+    apply(settings, start)
+    with connect(settings.database_url) as conn:
+        swept = Wiring(settings).lease_sweeper().sweep(conn, now=database_now(settings) + timedelta(hours=1))
+    assert swept.swept == 1 and run_row(settings, run)["attempt"] == 2
+    assert apply(settings, start) == reconcile.Applied(duplicate=1)
+    assert history(settings, run) == [
+        ("started", "applied", "w1"),
+        ("retry", "applied", "sweeper"),
+        ("started", "duplicate", "w1"),
+    ]
+
+
+def test_a_run_queued_for_its_next_attempt_by_an_older_release_holds_no_start(settings: Settings) -> None:
+    # An older release's redispatch left the attempt before's start on the run.
+    [run] = dispatched_runs(settings, 1)
+    at = datetime.now(UTC)
+    apply(settings, event(run, "started", "w1", at))
+    apply(settings, event(run, "retry", "w1", at))
+    with connect(settings.database_url) as conn:
+        conn.execute(
+            "update runs set state = 'dispatched', attempt = 2, next_attempt_at = null where id = %s",
+            (run.id,),
+        )
+        conn.commit()
+    assert history(settings, run) == [("retry", "applied", "w1")]
+    assert apply(settings, event(run, "started", "w2", at + timedelta(seconds=1), attempt=2)) == (
+        reconcile.Applied(applied=1)
+    )
+    assert history(settings, run) == [("retry", "applied", "w1"), ("started", "applied", "w2")]

@@ -20,6 +20,7 @@ from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, schedules
 from scheduler.store import scan as scan_store
 from scheduler.wiring import Wiring
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -137,6 +138,54 @@ def test_a_run_made_under_allow_counts_once_the_policy_becomes_skip(settings: Se
         ("pending", None, True),
         ("skipped", "overlap", False),
     ]
+
+
+def test_a_run_made_while_an_update_to_skip_waits_for_the_schedule_is_guarded(
+    settings: Settings, app: str
+) -> None:
+    row = create(settings, kind="cron", cron="* * * * *")
+    spec = ScheduleSpec(
+        app="scan", handler="builtin:noop", kind="cron", cron="* * * * *", overlap_policy="skip"
+    )
+    # A scanner's transaction: the schedule leased (locked), an allow run made, not yet committed.
+    with connect(settings.database_url) as scanning:
+        scanning.execute("select 1 from schedules where id = %s for update", (row["id"],))
+        scanning.execute(
+            "insert into runs (id, schedule_id, app, scheduled_for, state, max_attempts, guarded) "
+            "values (gen_random_uuid(), %s, 'scan', %s, 'pending', 3, false)",
+            (row["id"], row["next_fire_at"]),
+        )
+        done: list[Exception | None] = []
+
+        def update() -> None:
+            try:
+                with connect(settings.database_url) as conn:
+                    service.update_schedule(conn, row["id"], spec, "test")
+                done.append(None)
+            except Exception as exc:  # reported below
+                done.append(exc)
+
+        updating = threading.Thread(target=update)
+        updating.start()
+        with connect(settings.database_url, autocommit=True) as watch:
+            wait_for(
+                lambda: watch.execute(
+                    "select 1 from pg_stat_activity where wait_event_type = 'Lock' "
+                    "and datname = current_database() and pid <> pg_backend_pid()"
+                ).fetchone(),
+                30,
+                "the update waiting for the schedule",
+            )
+        scanning.commit()
+        updating.join(30)
+    assert done == [None]
+    [made] = runs_of(settings, row["id"])
+    assert made["guarded"], "the run the scanner made while the update waited counts for the overlap policy"
+
+
+def test_schedules_made_together_without_a_name_get_names_of_their_own(settings: Settings, app: str) -> None:
+    names = {create(settings, kind="immediate")["name"] for _ in range(20)}
+    assert len(names) == 20 and all(n.startswith("immediate-") for n in names)
 
 
 def test_paused_schedules_do_not_fire_and_resume_follows_the_misfire_policy(

@@ -4,12 +4,14 @@
 -- duplicate. Per run the strongest accepted event of the batch decides the new state (an end
 -- beats a retry beats a start or heartbeat).
 --
--- What is written where: the run's own row holds its current attempt's applied start, heartbeats
--- and success (worker, started_at, finished_at, result); `attempts` gets a row for every other
--- event (retries, deaths, stale, duplicate and re-executed ones), so duplicates are counted, never
--- hidden, at one run update per job instead of a row per event. A start of an attempt that was
--- started before is a re-execution (a redelivered job run again), whatever the run; the start the
--- run's row held is then written out first, so both executions stay on record.
+-- What is written where: the run's own row holds its current attempt's applied start and success
+-- (worker, started_at, finished_at, result; a heartbeat only renews the lease); `attempts` gets a
+-- row for every other event (retries, deaths, stale, duplicate and re-executed ones), so
+-- duplicates are counted, never hidden, at one run update per job instead of a row per event. A
+-- start of an attempt that was started before is a re-execution (a redelivered job run again),
+-- whatever the run; the start the run's row held is then written out first, so both executions
+-- stay on record. An execution is known by its attempt, worker and start instant: a start event
+-- that names one already on record (the run's row, or a row of its attempt) is a copy.
 with received as (
     select *
       from unnest(%(event_ids)b::text[], %(run_ids)b::uuid[], %(attempts)b::int[], %(kinds)b::text[],
@@ -28,7 +30,10 @@ with received as (
              order by e.event_id, e.ord) d
 ), run as (
     -- Locked in id order, as every statement that waits for run locks does: no deadlocks.
-    select r.id, r.attempt, r.state, r.worker, r.started_at, r.finished_at
+    -- held_start: the start the row holds for its current attempt. A run waiting for an attempt
+    -- (pending, dispatched) has none, whatever started_at still says of the one before.
+    select r.id, r.attempt, r.state, r.worker, r.finished_at,
+           case when r.state not in ('pending', 'dispatched') then r.started_at end as held_start
       from runs r
      where r.id = any(array(select distinct run_id from event))
      order by r.id
@@ -39,30 +44,36 @@ with received as (
       from event e
      where exists (select 1 from attempts a where a.run_id = e.run_id and a.event_id = e.event_id)
     union all
-    -- A copy of what the run's row holds instead of a row: its attempt's start (the same worker's,
-    -- at the same instant) or its success, read again (a reconciler that died before committing
-    -- its offsets).
+    -- A copy of what the run's row holds instead of a row, read again (a reconciler that died
+    -- before committing its offsets): its attempt's start, or the success that ended it.
     select e.event_id
       from event e
       join run r on r.id = e.run_id
      where e.attempt = r.attempt
        and e.worker is not distinct from r.worker
-       and ((e.kind = 'started' and e.started_at = r.started_at)
-            or (e.kind = 'succeeded' and r.state = 'succeeded' and e.finished_at = r.finished_at))
+       and ((e.kind = 'started' and e.started_at = r.held_start)
+            or (e.kind = 'succeeded' and e.finished_at = r.finished_at))
+    union all
+    -- A start of an execution on record in a row of its attempt: its end (a retry, a death), or
+    -- the start a re-execution or a lease expiry wrote out.
+    select e.event_id
+      from event e
+     where e.kind = 'started'
+       and exists (select 1 from attempts a
+                    where a.run_id = e.run_id and a.attempt = e.attempt and a.worker = e.worker
+                      and a.started_at = e.started_at)
 ), restarted as (
-    -- Evidence that the attempt had started: the run's row (started_at belongs to its current
-    -- attempt; a new attempt starts with none), a recorded event of that attempt that says when
-    -- it started, or an earlier start in this batch.
+    -- Evidence that the attempt had started in another execution: the start the run's row holds,
+    -- a recorded event of that attempt that says when it started, or an earlier start in the batch.
     select e.event_id
       from event e
       left join run r on r.id = e.run_id
      where e.kind = 'started'
        and e.event_id not in (select event_id from seen)
        and (e.start_rank > 1
-            or (e.attempt = r.attempt and r.started_at is not null)
+            or (e.attempt = r.attempt and r.held_start is not null)
             or exists (select 1 from attempts a
-                        where a.run_id = e.run_id and a.attempt = e.attempt and a.started_at is not null
-                          and a.event_id is distinct from e.event_id))
+                        where a.run_id = e.run_id and a.attempt = e.attempt and a.started_at is not null))
 ), accepted as (
     select e.*
       from event e
@@ -119,9 +130,9 @@ with received as (
     insert into attempts (run_id, attempt, event_id, kind, outcome, worker, started_at, finished_at, error,
                           error_class)
     -- The start the run's row held, before a re-execution of its attempt replaces it there.
-    select r.id, r.attempt, null, 'started', 'applied', r.worker, r.started_at, null, null, null
+    select r.id, r.attempt, null, 'started', 'applied', r.worker, r.held_start, null, null, null
       from run r
-     where r.started_at is not null
+     where r.held_start is not null
        and (r.id, r.attempt) in (select run_id, attempt from reexecuted)
        and not exists (select 1 from attempts a
                         where a.run_id = r.id and a.attempt = r.attempt and a.kind = 'started'

@@ -35,7 +35,8 @@ with candidate as (
     select *
       from unnest(%(ids)b::uuid[], %(schedule_ids)b::uuid[], %(apps)b::text[],
                   %(scheduled_for)b::timestamptz[], %(states)b::text[], %(max_attempts)b::int[],
-                  %(skip_reasons)b::text[], %(buffered)b::bool[], %(guarded)b::bool[], %(delay_ms)b::int[],
+                  %(skip_reasons)b::text[], %(buffered)b::bool[], %(guarded)b::bool[],
+                  %(delay_ms)b::int[],
                   %(topics)b::text[], %(keys)b::bytea[], %(values)b::bytea[], %(headers)b::jsonb[])
            as c(id, schedule_id, app, scheduled_for, state, max_attempts, skip_reason, buffered, guarded,
                 delay_ms, topic, key, value, headers)

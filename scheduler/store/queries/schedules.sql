@@ -49,10 +49,7 @@ returning *;
 
 -- name: replace_schedule_spec
 -- An update: every field of the spec replaced at once, on the version the caller read. A schedule
--- in error whose spec now computes is active again; a paused one stays paused. A policy other
--- than allow guards the schedule's open runs too (they were made under allow, without an entry in
--- runs_guarded_open), so that its next fires see them.
-with updated as (
+-- in error whose spec now computes is active again; a paused one stays paused.
 update schedules
    set name = %(name)s::text,
        description = %(description)s::text,
@@ -79,17 +76,33 @@ update schedules
        updated_at = now()
  where id = %(id)s::uuid
    and version = %(version)s::int
-returning *
-), guarded as (
-    update runs r
-       set guarded = true
-      from updated u
-     where u.overlap_policy <> 'allow'
-       and r.schedule_id = u.id
-       and not r.guarded
-       and r.state in ('pending', 'dispatched', 'running', 'retry_wait')
+returning *;
+
+-- name: guard_open_runs
+-- A schedule whose overlap policy was allow and is no longer: its open runs, made without an
+-- entry in runs_guarded_open, are guarded now, so that its next fires see them. A statement of its
+-- own, after the schedule's update has locked the schedule: a scanner that made runs of it before
+-- has committed them (it held that lock), and one after sees the new policy. The runs are locked
+-- in id order, as every statement that waits for run locks does (no deadlock with the reconciler).
+-- It reads the schedule's runs by their (schedule_id, scheduled_for) key, once per such update.
+with open_run as (
+    select id
+      from runs
+     where schedule_id = %(id)s::uuid
+       and not guarded
+       and state in ('pending', 'dispatched', 'running', 'retry_wait')
+     order by id
+       for update
 )
-select * from updated;
+update runs r
+   set guarded = true
+  from open_run o
+ where r.id = o.id;
+
+-- name: get_schedule_for_share
+-- The schedule, locked against updates until the transaction ends (its trigger makes a run under
+-- the overlap policy it reads).
+select * from schedules where id = %(id)s::uuid for share;
 
 -- name: insert_audit
 insert into audit_log (actor, action, entity, entity_id, old_value, new_value)
