@@ -57,7 +57,7 @@ def run_e2e(
             started = time.monotonic()
             conn.execute(
                 "insert into schedules (id, app, name, kind, handler, next_fire_at) "
-                "select gen_random_uuid(), 'bench', 'noop-' || g, 'immediate', 'builtin:noop', now() "
+                "select bench_id(), 'bench', 'noop-' || g, 'immediate', 'builtin:noop', now() "
                 "from generate_series(1, %s) g",
                 (jobs,),
             )

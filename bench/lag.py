@@ -64,7 +64,7 @@ def insert_idle(conn: Conn, count: int) -> float:
     started = time.monotonic()
     conn.execute(
         "insert into schedules (id, app, name, kind, cron, handler, state, next_fire_at) "
-        "select gen_random_uuid(), %s, 'idle-' || g, 'cron', '0 0 1 1 *', 'builtin:noop', "
+        "select bench_id(), %s, 'idle-' || g, 'cron', '0 0 1 1 *', 'builtin:noop', "
         "       case when g %% 2 = 0 then 'paused' else 'active' end, "
         "       (date_trunc('year', now() at time zone 'UTC') + interval '1 year') at time zone 'UTC' "
         "  from generate_series(1, %s) g",
@@ -87,7 +87,7 @@ def insert_window(
     assert opens is not None
     conn.execute(
         "insert into schedules (id, app, name, kind, run_at, handler, next_fire_at) "
-        "select gen_random_uuid(), %(app)s, 'lag-' || g, 'delayed', t, %(handler)s, t "
+        "select bench_id(), %(app)s, 'lag-' || g, 'delayed', t, %(handler)s, t "
         "  from (select g, %(t0)s::timestamptz + (g - 1) * %(step)s * interval '1 microsecond' as t "
         "          from generate_series(1, %(n)s) g) fires",
         {"app": BENCH_APP, "t0": opens["t0"], "step": step_us, "n": fires, "handler": handler},

@@ -120,7 +120,7 @@ def warm_up(conn: Conn, jobs: int = WARM_UP_JOBS, timeout_s: float = 120) -> flo
     since = row["t"]
     conn.execute(
         "insert into schedules (id, app, name, kind, handler, next_fire_at) "
-        "select gen_random_uuid(), %s, 'warmup-' || g, 'immediate', 'builtin:noop', now() "
+        "select bench_id(), %s, 'warmup-' || g, 'immediate', 'builtin:noop', now() "
         "from generate_series(1, %s) g",
         (BENCH_APP, jobs),
     )
@@ -279,7 +279,7 @@ def run_inflight(jobs: int, seconds: float, partitions: int) -> dict[str, Any]:
             t0 = db_epoch(conn)
             conn.execute(
                 "insert into schedules (id, app, name, kind, handler, payload, next_fire_at) "
-                "select gen_random_uuid(), %s, 'inflight-' || g, 'immediate', 'builtin:sleep', %s, now() "
+                "select bench_id(), %s, 'inflight-' || g, 'immediate', 'builtin:sleep', %s, now() "
                 "from generate_series(1, %s) g",
                 (BENCH_APP, Jsonb({"seconds": seconds}), jobs),
             )
@@ -397,7 +397,7 @@ def insert_cron(conn: Conn, spread: Spread, count: int, after: float, chunk: int
             "select id, %(app)s, 'cron-' || g, 'cron', %(cron)s, 'builtin:noop', "
             f"       to_timestamp((floor((%(after)s - o) / {period}) + 1) * {period} + o) "
             f"  from (select g, id, {spread.offset_sql} as o "
-            "          from (select g, gen_random_uuid() as id "
+            "          from (select g, bench_id() as id "
             "                  from generate_series(%(first)s::int, %(last)s::int) g) ids) fires",
             {"app": BENCH_APP, "cron": spread.expression, "after": after, "first": first, "last": last},
         )
@@ -566,7 +566,7 @@ def load_history(conn: Conn, admin: Conn, runs: int) -> dict[str, Any]:
     started = time.monotonic()
     conn.execute(
         "insert into schedules (id, app, name, kind, cron, handler, state) "
-        "select gen_random_uuid(), %s, 'history-' || g, 'cron', 'H/45 * * * *', 'builtin:noop', 'paused' "
+        "select bench_id(), %s, 'history-' || g, 'cron', 'H/45 * * * *', 'builtin:noop', 'paused' "
         "  from generate_series(1, %s) g",
         (BENCH_APP, schedules),
     )
@@ -578,7 +578,7 @@ def load_history(conn: Conn, admin: Conn, runs: int) -> dict[str, Any]:
         conn.execute(
             "insert into runs (id, schedule_id, app, scheduled_for, state, attempt, max_attempts, "
             "                  dispatched_at, started_at, finished_at, worker, created_at, version) "
-            "select gen_random_uuid(), s.id, %(app)s, f.t, 'succeeded', 1, 3, f.t + interval '10 ms', "
+            "select bench_id(f.t), s.id, %(app)s, f.t, 'succeeded', 1, 3, f.t + interval '10 ms', "
             "       f.t + interval '20 ms', f.t + interval '30 ms', 'bench-history', "
             "       f.t + interval '5 ms', 3 "
             "  from generate_series(%(first)s::int, %(last)s::int) k "
