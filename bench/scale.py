@@ -723,9 +723,13 @@ def measure_lag(conn: Conn, settings: Settings, workers: int, concurrency: int, 
         conn.commit()
         assert row is not None
         since = row["t"]
+        # The server's WAL meanwhile: full-page images are what pages touched at random cost on a
+        # large table (the first change of a page after a checkpoint writes all of it).
+        wal_before = wal_counters(conn)
         ahead_s = insert_window(conn, fires, LAG_WINDOW_S, 2.0 + fires / 20_000)
         with suppress(TimeoutError):
             wait_until(lambda: succeeded_since(conn, since) >= fires, LAG_WINDOW_S + 120, interval_s=0.2)
+        wal_after = wal_counters(conn)
         rows = conn.execute(
             "select extract(epoch from coalesce(r.started_at, clock_timestamp()) - x.run_at) * 1000 "
             "         as start_ms, "
@@ -744,7 +748,17 @@ def measure_lag(conn: Conn, settings: Settings, workers: int, concurrency: int, 
         **ms_percentiles([float(r["start_ms"]) for r in rows]),
         "dispatch": ms_percentiles([float(r["dispatch_ms"]) for r in rows if r["dispatch_ms"] is not None]),
         "scan": ms_percentiles([float(r["scan_ms"]) for r in rows if r["scan_ms"] is not None]),
+        "wal_mb": round((wal_after["bytes"] - wal_before["bytes"]) / 1e6, 1),
+        "full_page_images": wal_after["fpi"] - wal_before["fpi"],
     }
+
+
+def wal_counters(conn: Conn) -> dict[str, int]:
+    """The server's WAL bytes and full-page images so far (``pg_stat_wal``)."""
+    row = conn.execute("select wal_bytes::bigint as bytes, wal_fpi as fpi from pg_stat_wal").fetchone()
+    conn.commit()
+    assert row is not None
+    return {"bytes": int(row["bytes"]), "fpi": int(row["fpi"])}
 
 
 def measure_retention(settings: Settings, conn: Conn, admin: Conn) -> dict[str, Any]:
@@ -965,7 +979,12 @@ def show_history(figures: dict[str, Any]) -> None:
     cli = (_v(figures[n]["cli_runs_list"]["median_ms"]) for n in sizes)
     table.add_row("scheduler runs list --app --limit 50 (wall, median)", *cli, "a process each")
     lags = (f"{figures[n]['lag'].get('p50_ms')} / {figures[n]['lag'].get('p99_ms')}" for n in sizes)
-    table.add_row("start lag p50 / p99 at 1,000/s", *lags, f"scan p99 {big['lag']['scan'].get('p99_ms')}")
+    table.add_row(
+        "start lag p50 / p99 at 1,000/s",
+        *lags,
+        f"scan p99 {big['lag']['scan'].get('p99_ms')}; the server's WAL meanwhile "
+        f"{big['lag'].get('wal_mb')} MB, {big['lag'].get('full_page_images')} full-page images",
+    )
     for n in sizes:
         kept = figures[n].get("retention")
         if kept:
