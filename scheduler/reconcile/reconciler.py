@@ -1,9 +1,11 @@
 """The reconciler: applies the workers' outcome events to PostgreSQL.
 
 It consumes ``.results``, ``.retry`` and ``.dlq`` together in batches. Each batch is decoded,
-applied with one set-based statement (fenced by attempt, idempotent by event id, every event
-recorded in ``attempts``), committed to PostgreSQL, and only then are the Kafka offsets committed:
-a crash re-applies a batch, which the event ids turn into counted duplicates. A failure of
+applied with one set-based statement (fenced by attempt; a job's plain start and success held by
+its run's row, every other event recorded in ``attempts``), committed to PostgreSQL, and only then
+are the Kafka offsets committed: a crash re-applies a batch, whose events are then recognised as
+counted duplicates (by their event ids, or as what is on record of their execution; a heartbeat
+read again only renews the lease again). A failure of
 PostgreSQL or Kafka rebuilds the consumer, which then reads again from the committed offsets, so a
 batch that was not applied is read again rather than skipped; a consumer error that came with good
 messages is raised by the next poll, after those messages were applied and committed.

@@ -99,7 +99,7 @@ def result(run: Run, status: str = "succeeded", worker: str = "w", **fields: Any
         app=APP,
         attempt=fields.pop("attempt", run.attempt),
         worker=worker,
-        started_at=now,
+        started_at=fields.pop("started_at", now),
         finished_at=now if status == "succeeded" else None,
         **fields,
     )
@@ -385,13 +385,14 @@ def test_a_second_start_of_an_attempt_is_a_counted_reexecution_and_retries_use_t
 ) -> None:
     twice, backoff, legacy, late = dispatched_runs(settings, 4)
     first_start = result(twice, "started", worker="w1")
+    second_start = result(twice, "started", worker="w2")
     worker_clock_far_off = datetime(2001, 1, 1, tzinfo=UTC)
     legacy_not_before = datetime.now(UTC) + timedelta(hours=2)
     publish(
         settings,
         [
             first_start,
-            result(twice, "started", worker="w2"),  # the job redelivered to another worker
+            second_start,  # the job redelivered to another worker
             first_start,  # the same event redelivered: a duplicate, not an execution
             retry(backoff, backoff_ms=90_000, not_before=worker_clock_far_off),
             retry(legacy, not_before=legacy_not_before),  # an older worker: no backoff_ms
@@ -405,7 +406,7 @@ def test_a_second_start_of_an_attempt_is_a_counted_reexecution_and_retries_use_t
         publish(
             settings,
             [
-                result(twice, worker="w2"),
+                result(twice, worker="w2", started_at=second_start.started_at),
                 # A start after the run succeeded: a third execution, recorded although it changes nothing.
                 result(twice, "started", worker="w3"),
                 # The attempt that failed reports success after all (a second execution of it): it wins.
@@ -440,9 +441,14 @@ def test_a_plain_job_is_held_by_its_run_and_copies_of_its_events_are_counted_dup
     settings: Settings,
 ) -> None:
     plain, copied = dispatched_runs(settings, 2)
-    start, success = result(copied, "started", worker="w1"), result(copied, worker="w1")
+    # A worker's start and success name the same start instant: the execution's.
+    plain_start = result(plain, "started", worker="w1")
+    start = result(copied, "started", worker="w1")
+    success = result(copied, worker="w1", started_at=start.started_at)
     duplicates_before = counter(metrics.EVENTS, "duplicate")
-    publish(settings, [result(plain, "started", worker="w1"), result(plain, worker="w1"), start, success])
+    publish(
+        settings, [plain_start, result(plain, worker="w1", started_at=plain_start.started_at), start, success]
+    )
     with running(Wiring(settings).reconciler_service()):
         wait_for(lambda: run_row(settings, copied)["state"] == "succeeded", 60, "both applied")
         wait_for(lambda: run_row(settings, plain)["state"] == "succeeded", 60, "both applied")
@@ -746,3 +752,30 @@ def test_a_run_queued_for_its_next_attempt_by_an_older_release_holds_no_start(se
         reconcile.Applied(applied=1)
     )
     assert history(settings, run) == [("retry", "applied", "w1"), ("started", "applied", "w2")]
+
+
+def test_an_execution_known_by_its_retry_before_its_start_is_a_counted_re_execution(
+    settings: Settings,
+) -> None:
+    [run] = dispatched_runs(settings, 1)
+    at = datetime.now(UTC)
+    apply(settings, event(run, "started", "w1", at))
+    # Another worker ran the attempt again; its retry (.retry) is read before its start (.results).
+    later = at + timedelta(seconds=3)
+    assert apply(settings, event(run, "retry", "w2", later)) == reconcile.Applied(applied=1, reexecution=1)
+    assert apply(settings, event(run, "started", "w2", later)) == reconcile.Applied(duplicate=1)
+    assert history(settings, run) == [
+        ("started", "applied", "w1"),
+        ("started", "reexecution", "w2"),
+        ("retry", "applied", "w2"),
+        ("started", "duplicate", "w2"),
+    ]
+
+
+def test_a_start_announced_twice_in_one_batch_is_one_execution(settings: Settings) -> None:
+    [run] = dispatched_runs(settings, 1)
+    at = datetime.now(UTC)
+    # The worker announces its start again, with a new event id, when Kafka's answer was lost.
+    first, again = event(run, "started", "w1", at), event(run, "started", "w1", at)
+    assert apply(settings, first, again) == reconcile.Applied(applied=1, duplicate=1)
+    assert history(settings, run) == [("started", "applied", "w1"), ("started", "duplicate", "w1")]

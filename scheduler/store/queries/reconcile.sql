@@ -7,11 +7,15 @@
 -- What is written where: the run's own row holds its current attempt's applied start and success
 -- (worker, started_at, finished_at, result; a heartbeat only renews the lease); `attempts` gets a
 -- row for every other event (retries, deaths, stale, duplicate and re-executed ones), so
--- duplicates are counted, never hidden, at one run update per job instead of a row per event. A
--- start of an attempt that was started before is a re-execution (a redelivered job run again),
--- whatever the run; the start the run's row held is then written out first, so both executions
--- stay on record. An execution is known by its attempt, worker and start instant: a start event
--- that names one already on record (the run's row, or a row of its attempt) is a copy.
+-- duplicates are counted, never hidden, at one run update per job instead of a row per event.
+--
+-- An execution is known by its attempt, worker and start instant. A start of an execution already
+-- on record (the run's row, a row of its attempt, an earlier start in the batch) is a copy: a
+-- duplicate. A start of an attempt that another execution started before is a re-execution (a
+-- redelivered job run again), whatever the run; so is an execution known first by its end (a
+-- retry or a dead letter, read from their own topics before its start), recorded as a start of
+-- its own. Either way the start the run's row held is written out first: every execution stays on
+-- record.
 with received as (
     select *
       from unnest(%(event_ids)b::text[], %(run_ids)b::uuid[], %(attempts)b::int[], %(kinds)b::text[],
@@ -22,18 +26,27 @@ with received as (
            as e(event_id, run_id, attempt, kind, worker, started_at, finished_at, error, error_class,
                 result, not_before, backoff_ms, ord)
 ), event as (
-    -- Each event once; a copy of it later in the same batch is a duplicate. start_rank numbers the
-    -- starts of one attempt in the batch (a window, not a subquery per event: batches are large).
-    select d.*, row_number() over (partition by d.run_id, d.attempt, d.kind order by d.ord) as start_rank
-      from (select distinct on (e.event_id) e.*
-              from received e
-             order by e.event_id, e.ord) d
+    -- Each event once; a copy of it later in the same batch is a duplicate. Of one attempt's events
+    -- of a kind in the batch, exec_rank numbers the executions by their first event, and copy_rank
+    -- one execution's events (a worker announces a start again, with a new id, when Kafka's
+    -- answer to the first was lost). Windows, not a subquery per event: batches are large.
+    select x.*, dense_rank() over (partition by x.run_id, x.attempt, x.kind order by x.exec_first) as exec_rank
+      from (select d.*,
+                   min(d.ord) over (partition by d.run_id, d.attempt, d.kind, d.worker, d.started_at)
+                       as exec_first,
+                   row_number() over (partition by d.run_id, d.attempt, d.kind, d.worker, d.started_at
+                                      order by d.ord) as copy_rank
+              from (select distinct on (e.event_id) e.*
+                      from received e
+                     order by e.event_id, e.ord) d) x
 ), run as (
     -- Locked in id order, as every statement that waits for run locks does: no deadlocks.
-    -- held_start: the start the row holds for its current attempt. A run waiting for an attempt
-    -- (pending, dispatched) has none, whatever started_at still says of the one before.
+    -- held_start: the start the row holds for its current attempt, while no row of `attempts`
+    -- does: a run started (running, or ended by a success or a cancel). A run waiting for an attempt
+    -- has none, whatever started_at still says of the one before; one that ended otherwise has its
+    -- start in its end's row.
     select r.id, r.attempt, r.state, r.worker, r.finished_at,
-           case when r.state not in ('pending', 'dispatched') then r.started_at end as held_start
+           case when r.state in ('running', 'succeeded', 'cancelled') then r.started_at end as held_start
       from runs r
      where r.id = any(array(select distinct run_id from event))
      order by r.id
@@ -43,6 +56,12 @@ with received as (
     select e.event_id
       from event e
      where exists (select 1 from attempts a where a.run_id = e.run_id and a.event_id = e.event_id)
+    union all
+    -- A start announced again in the same batch.
+    select e.event_id
+      from event e
+     where e.kind = 'started'
+       and e.copy_rank > 1
     union all
     -- A copy of what the run's row holds instead of a row, read again (a reconciler that died
     -- before committing its offsets): its attempt's start, or the success that ended it.
@@ -55,7 +74,7 @@ with received as (
             or (e.kind = 'succeeded' and e.finished_at = r.finished_at))
     union all
     -- A start of an execution on record in a row of its attempt: its end (a retry, a death), or
-    -- the start a re-execution or a lease expiry wrote out.
+    -- a start written out (a re-execution, a lease expiry).
     select e.event_id
       from event e
      where e.kind = 'started'
@@ -63,17 +82,36 @@ with received as (
                     where a.run_id = e.run_id and a.attempt = e.attempt and a.worker = e.worker
                       and a.started_at = e.started_at)
 ), restarted as (
-    -- Evidence that the attempt had started in another execution: the start the run's row holds,
-    -- a recorded event of that attempt that says when it started, or an earlier start in the batch.
+    -- Evidence that another execution had started the attempt: the start the run's row holds, a
+    -- recorded event of that attempt that says when it started, or an earlier start in the batch.
     select e.event_id
       from event e
       left join run r on r.id = e.run_id
      where e.kind = 'started'
        and e.event_id not in (select event_id from seen)
-       and (e.start_rank > 1
+       and (e.exec_rank > 1
             or (e.attempt = r.attempt and r.held_start is not null)
             or exists (select 1 from attempts a
                         where a.run_id = e.run_id and a.attempt = e.attempt and a.started_at is not null))
+), revealed as (
+    -- Executions known by an end (or a heartbeat) before their start: of the run's attempt, another
+    -- than the one its row holds, with no start of theirs in the batch or on record.
+    select distinct e.run_id, e.attempt, e.worker, e.started_at
+      from event e
+      join run r on r.id = e.run_id
+      left join event s
+        on s.kind = 'started' and s.run_id = e.run_id and s.attempt = e.attempt and s.worker = e.worker
+       and s.started_at = e.started_at
+     where e.kind <> 'started'
+       and s.event_id is null
+       and e.attempt = r.attempt
+       and r.held_start is not null
+       and e.started_at is not null
+       and (e.worker is distinct from r.worker or e.started_at <> r.held_start)
+       and e.event_id not in (select event_id from seen)
+       and not exists (select 1 from attempts a
+                        where a.run_id = e.run_id and a.attempt = e.attempt and a.worker = e.worker
+                          and a.started_at = e.started_at)
 ), accepted as (
     select e.*
       from event e
@@ -82,9 +120,7 @@ with received as (
        and r.state not in ('succeeded', 'dead', 'skipped', 'cancelled')
        and e.event_id not in (select event_id from seen)
 ), decisive as (
-    -- The window is computed before DISTINCT ON picks each run's row: over all its accepted events.
-    select distinct on (a.run_id) a.*,
-           min(a.started_at) over (partition by a.run_id) as first_started_at
+    select distinct on (a.run_id) a.*
       from accepted a
      order by a.run_id,
               case a.kind when 'succeeded' then 0 when 'dead' then 0 when 'retry' then 1 else 2 end,
@@ -93,7 +129,8 @@ with received as (
     update runs r
        set state = case d.kind when 'succeeded' then 'succeeded' when 'dead' then 'dead'
                                when 'retry' then 'retry_wait' else 'running' end,
-           started_at = coalesce(d.first_started_at, r.started_at),
+           -- The deciding event's execution: its worker and its start, together.
+           started_at = coalesce(d.started_at, r.started_at),
            finished_at = case when d.kind in ('succeeded', 'dead') then d.finished_at end,
            worker = d.worker,
            result = case when d.kind = 'succeeded' then d.result else r.result end,
@@ -125,18 +162,28 @@ with received as (
                 else 'stale' end as outcome
       from received e
 ), reexecuted as (
-    select distinct run_id, attempt from classified where outcome = 'reexecution'
+    select run_id, attempt from classified where outcome = 'reexecution'
+    union
+    select run_id, attempt from revealed
 ), recorded as (
     insert into attempts (run_id, attempt, event_id, kind, outcome, worker, started_at, finished_at, error,
                           error_class)
-    -- The start the run's row held, before a re-execution of its attempt replaces it there.
-    select r.id, r.attempt, null, 'started', 'applied', r.worker, r.held_start, null, null, null
+    -- The start the run's row held, before a re-execution of its attempt replaces it there,
+    -- unless a row has it already.
+    select r.id, r.attempt, null::text, 'started', 'applied', r.worker, r.held_start, null::timestamptz,
+           null::text, null::text
       from run r
      where r.held_start is not null
        and (r.id, r.attempt) in (select run_id, attempt from reexecuted)
        and not exists (select 1 from attempts a
                         where a.run_id = r.id and a.attempt = r.attempt and a.kind = 'started'
-                          and a.outcome = 'applied')
+                          and a.outcome in ('applied', 'reexecution') and a.worker = r.worker
+                          and a.started_at = r.held_start)
+    union all
+    -- An execution known by its end before its start.
+    select v.run_id, v.attempt, null::text, 'started', 'reexecution', v.worker, v.started_at,
+           null::timestamptz, null::text, null::text
+      from revealed v
     union all
     select c.run_id, c.attempt, c.event_id, c.kind, c.outcome, c.worker, c.started_at, c.finished_at,
            c.error, c.error_class
@@ -149,7 +196,8 @@ with received as (
 select (select count(*) from classified where outcome = 'applied') as applied,
        (select count(*) from classified where outcome = 'stale') as stale,
        (select count(*) from classified where outcome = 'duplicate') as duplicate,
-       (select count(*) from classified where outcome = 'reexecution') as reexecution,
+       (select count(*) from classified where outcome = 'reexecution')
+           + (select count(*) from revealed) as reexecution,
        (select count(*) from applied where state in ('succeeded', 'dead')) as finished,
        array(select app from applied where state = 'dead') as dead_apps;
 
@@ -205,7 +253,8 @@ with expired as (
      where w.started_at is not null
        and not exists (select 1 from attempts a
                         where a.run_id = w.id and a.attempt = w.attempt and a.kind = 'started'
-                          and a.outcome = 'applied')
+                          and a.outcome in ('applied', 'reexecution') and a.worker = w.worker
+                          and a.started_at = w.started_at)
     union all
     select id, attempt, case when state = 'dead' then 'dead' else 'retry' end, 'applied', 'sweeper',
            started_at, coalesce(%(now)s::timestamptz, now()), %(error)s::text, 'LeaseExpired'

@@ -37,10 +37,11 @@ select * from runs where id = %(id)s::uuid;
 -- name: history_of_runs
 -- Each run's attempts as a user reads them: the events recorded in `attempts`, and the two that
 -- the run's own row holds instead of a row (apply_outcomes records only the events that say more
--- than the run does): its current attempt's applied start (a run waiting for an attempt has
--- none), and its success. Those are shown unless a row of theirs was recorded (a re-execution
--- writes the start out; rows from before migration 0012). An attempt that ended otherwise shows
--- as its end (a retry, a death), which says when it started. received_at orders each run's
+-- than the run does): its current attempt's applied start, while it runs or once it ended by a
+-- success or a cancel, and its success. Those are shown unless a row of theirs was recorded (a
+-- re-execution writes the start out; rows from before migration 0012). An attempt that ended
+-- otherwise shows as its end (a retry, a death), which says when it started; a run waiting for
+-- its next attempt has no start of it. received_at orders each run's
 -- entries: a held start by when it began, a success by when it was reconciled.
 select h.run_id, h.attempt, h.kind, h.outcome, h.worker, h.started_at, h.finished_at, h.error, h.received_at
   from (select a.run_id, a.attempt, a.kind, a.outcome, a.worker, a.started_at, a.finished_at, a.error,
@@ -52,10 +53,11 @@ select h.run_id, h.attempt, h.kind, h.outcome, h.worker, h.started_at, h.finishe
           from runs r
          where r.id = any(%(run_ids)s::uuid[])
            and r.started_at is not null
-           and r.state not in ('pending', 'dispatched')
+           and r.state in ('running', 'succeeded', 'cancelled')
            and not exists (select 1 from attempts a
                             where a.run_id = r.id and a.attempt = r.attempt and a.kind = 'started'
-                              and a.outcome = 'applied')
+                              and a.outcome in ('applied', 'reexecution')
+                              and a.worker is not distinct from r.worker and a.started_at = r.started_at)
         union all
         select r.id, r.attempt, 'succeeded', 'applied', r.worker, r.started_at, r.finished_at, null,
                coalesce(r.reconciled_at, r.finished_at), 0
