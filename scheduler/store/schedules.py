@@ -115,7 +115,16 @@ def schedule_id_by_key(conn: psycopg.Connection[Row], app: str, schedule_key: st
 def list_schedules(
     conn: psycopg.Connection[Row], app: str | None = None, state: str | None = None, limit: int = 1000
 ) -> list[Row]:
-    return conn.execute(query("list_schedules"), {"app": app, "state": state, "limit": limit}).fetchall()
+    """The first ``limit`` schedules in creation order, each with its key (the API's first page)."""
+    params = {
+        "apps": None if app is None else [app],
+        "state": state,
+        "enabled": None,
+        "after_created": None,
+        "after_id": None,
+        "limit": limit,
+    }
+    return conn.execute(query("schedules_page"), params).fetchall()
 
 
 def set_schedule_state(

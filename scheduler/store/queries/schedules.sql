@@ -18,21 +18,6 @@ returning *;
 -- name: get_schedule
 select * from schedules where id = %(id)s::uuid;
 
--- name: list_schedules
--- In creation order: each app's first from schedules_app_created, merged.
-select s.*
-  from apps a
- cross join lateral (
-       select s.*
-         from schedules s
-        where s.app = a.name
-          and (%(state)s::text is null or s.state = %(state)s::text)
-        order by s.created_at, s.id
-        limit %(limit)s::int) s
- where (%(app)s::text is null or a.name = %(app)s::text)
- order by s.created_at, s.id
- limit %(limit)s::int;
-
 -- name: set_schedule_state
 -- Optimistic locking: the update applies only to the version the caller read. The reason a
 -- schedule was in error goes with the error state (the audit log keeps it).
