@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from scheduler.store import connect
-from scheduler.store.sql import query
+from scheduler.store.runs import with_attempts
 
 SCHEDULER = str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "scheduler")
 T = TypeVar("T")
@@ -124,5 +124,9 @@ def attempts_history(database_url: str, run_filter: str = "true", *params: objec
     (``scheduler runs get``, the API): the events `attempts` recorded and what each run's own row
     holds (its applied start and success), each with its ``run_id``, a run's oldest first."""
     with connect(database_url) as conn:
-        ids = [row["id"] for row in conn.execute(f"select id from runs where {run_filter}", params)]
-        return conn.execute(query("history_of_runs"), {"run_ids": ids}).fetchall()
+        runs = conn.execute(f"select id from runs where {run_filter}", params).fetchall()
+        return [
+            attempt | {"run_id": run["id"]}
+            for run in with_attempts(conn, runs)
+            for attempt in run["attempts"]
+        ]

@@ -64,6 +64,12 @@ class OverlapPolicy(StrEnum):
     SKIP = "skip"  # record the fire as skipped
     BUFFER_ONE = "buffer_one"  # keep at most one waiting fire, started when the current run ends
 
+    @property
+    def guards_runs(self) -> bool:
+        """Whether its schedule's open runs decide its next fires: such runs are made ``guarded``
+        (and only guarded open runs are counted, from their own index)."""
+        return self is not OverlapPolicy.ALLOW
+
 
 class SkipReason(StrEnum):
     """Why a run was recorded as skipped instead of run."""

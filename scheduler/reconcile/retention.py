@@ -102,7 +102,7 @@ class HistoryRetention:
         self._after: datetime | None = None  # where a series of whole batches stands
         self._series = 0
         self._cancelled_walk = store.WALK_START
-        self._backstop_walk = UUID(int=0)
+        self._backstop_walk = store.FIRST_ID
         self._refused: dict[UUID, float] = {}  # run or schedule id: until when it is left out
 
     def step(self) -> bool:
@@ -169,7 +169,7 @@ class HistoryRetention:
         )
         self._cancelled_walk = cancelled[-1] if len(cancelled) >= self.walk_page else store.WALK_START
         every = store.schedules_after(conn, self._backstop_walk, self.walk_page)
-        self._backstop_walk = every[-1] if len(every) >= self.walk_page else UUID(int=0)
+        self._backstop_walk = every[-1] if len(every) >= self.walk_page else store.FIRST_ID
         ids = {schedule_id for _, schedule_id in cancelled} | set(every)
         return self._delete_schedules(conn, ids, look, deadline)
 

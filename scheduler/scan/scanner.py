@@ -50,7 +50,7 @@ from scheduler.config import Settings
 from scheduler.domain.ids import new_id
 from scheduler.domain.policies import OverlapAction, fires_of, overlap_action
 from scheduler.domain.run_state import RunState
-from scheduler.domain.schedule import OverlapPolicy, ScheduleKind, SkipReason
+from scheduler.domain.schedule import ScheduleKind, SkipReason
 from scheduler.domain.storable import capped_text
 from scheduler.runtime.service import Check, Service
 from scheduler.scan import metrics
@@ -176,7 +176,7 @@ class Scanner(Service):
         )
 
     def _plan(self, conn: psycopg.Connection[Row], due: list[DueSchedule]) -> _Plan:
-        guarded = [d.schedule.id for d in due if d.schedule.overlap_policy is not OverlapPolicy.ALLOW]
+        guarded = [d.schedule.id for d in due if d.schedule.overlap_policy.guards_runs]
         open_runs = store.open_runs_of(conn, guarded)
         plan = _Plan([], [], [])
         for leased in due:
@@ -228,7 +228,7 @@ class Scanner(Service):
                     state=RunState.PENDING,
                     max_attempts=schedule.max_attempts,
                     buffered=buffered,
-                    guarded=schedule.overlap_policy is not OverlapPolicy.ALLOW,
+                    guarded=schedule.overlap_policy.guards_runs,
                     message=message,
                     delay_ms=self._jitter_ms(leased, at),
                 )

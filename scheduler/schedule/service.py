@@ -346,7 +346,11 @@ def update_schedule(
             raise schedules.VersionConflict(
                 f"schedule {schedule_id} was changed by someone else (expected version {old['version']})"
             )
-        if old["overlap_policy"] == OverlapPolicy.ALLOW and new["overlap_policy"] != OverlapPolicy.ALLOW:
+        # Runs made while its policy guarded none are not guarded; now they decide its next fires.
+        if (
+            OverlapPolicy(new["overlap_policy"]).guards_runs
+            and not OverlapPolicy(old["overlap_policy"]).guards_runs
+        ):
             schedules.guard_open_runs(conn, schedule_id)
         schedules.audit(conn, actor, "update", "schedule", str(schedule_id), old, new)
         if new["state"] == ScheduleState.ACTIVE:
@@ -483,7 +487,7 @@ def trigger(
                     scheduled_for=now,
                     state=RunState.PENDING,
                     max_attempts=schedule.max_attempts,
-                    guarded=schedule.overlap_policy is not OverlapPolicy.ALLOW,
+                    guarded=schedule.overlap_policy.guards_runs,
                     message=message,
                 )
             ],

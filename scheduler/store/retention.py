@@ -15,7 +15,8 @@ from scheduler.store.sql import query
 
 Row = dict[str, Any]
 # Where a walk over schedules starts: before every (time, id).
-WALK_START = (datetime.fromisoformat("0001-01-01T00:00:00+00:00"), UUID(int=0))
+FIRST_ID = UUID(int=0)  # where a walk in id order starts
+WALK_START = (datetime.fromisoformat("0001-01-01T00:00:00+00:00"), FIRST_ID)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from scheduler.domain.schedule import ScheduleState
+from scheduler.store.api import schedules_page
 from scheduler.store.sql import query
 
 Row = dict[str, Any]
@@ -116,15 +117,9 @@ def list_schedules(
     conn: psycopg.Connection[Row], app: str | None = None, state: str | None = None, limit: int = 1000
 ) -> list[Row]:
     """The first ``limit`` schedules in creation order, each with its key (the API's first page)."""
-    params = {
-        "apps": None if app is None else [app],
-        "state": state,
-        "enabled": None,
-        "after_created": None,
-        "after_id": None,
-        "limit": limit,
-    }
-    return conn.execute(query("schedules_page"), params).fetchall()
+    return schedules_page(
+        conn, apps=None if app is None else [app], state=state, enabled=None, after=None, limit=limit
+    )
 
 
 def set_schedule_state(
