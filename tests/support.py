@@ -100,9 +100,17 @@ class Component:
         self.proc.wait(10)
 
     def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, and its exit code; one still running after ``timeout_s`` is killed, and the
+        failure carries the end of its log (what it was doing instead of stopping)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout_s)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(
+                f"{self.name} still running {timeout_s:g} s after SIGTERM:\n{self.output()[-5000:]}"
+            ) from None
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")

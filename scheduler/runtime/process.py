@@ -28,6 +28,8 @@ log = logging.getLogger("scheduler.process")
 # After the grace period the process exits even if a thread (a handler that ignores cancellation)
 # does not: a stop that never ends is worse than an unfinished job, which is redelivered.
 EXIT_MARGIN_S = 5.0
+# How soon the main thread notices a signal (see run_component's handler).
+SIGNAL_POLL_S = 0.1
 
 
 def build_info(registry: CollectorRegistry, component: str) -> None:
@@ -51,11 +53,14 @@ def run_component(
 ) -> int:
     """Run ``services`` until a signal (0) or a service's failure (1)."""
     stop = threading.Event()
+    # The handler only notes the signal: it runs on the main thread between two of its bytecodes,
+    # and setting the event there takes the event's lock, which the main thread may be holding in
+    # its own wait at that moment; the process then waits for itself forever. The main loop below
+    # sets the event instead.
+    received: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
-        if not stop.is_set():
-            log.info("received %s, stopping", signal.Signals(signum).name)
-        stop.set()
+        received.append(signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -85,8 +90,10 @@ def run_component(
     threads = [threading.Thread(target=guarded, args=(s,), name=s.name, daemon=True) for s in services]
     for thread in threads:
         thread.start()
-    while not stop.is_set() and any(t.is_alive() for t in threads):
-        stop.wait(0.5)
+    while not stop.is_set() and not received and any(t.is_alive() for t in threads):
+        stop.wait(SIGNAL_POLL_S)
+    if received:
+        log.info("received %s, stopping", signal.Signals(received[0]).name)
     stop.set()
     deadline = time.monotonic() + grace_s + EXIT_MARGIN_S
     for thread in threads:

@@ -143,6 +143,7 @@ class Supervisor:
         self._grace_s = grace_s
         self._echo = echo
         self._stopping = False
+        self._received = 0  # the signal that stopped it, noted by the handler
 
     def _start(self, child: _Child) -> None:
         env = dict(os.environ if self._env is None else self._env)
@@ -155,11 +156,12 @@ class Supervisor:
         child.signalled = False
 
     def _stop_all(self, signum: int = 0, _frame: object = None) -> None:
-        """Idempotent: a second Ctrl-C while the children drain changes nothing."""
+        """The signal handler: it only notes the stop, since it runs between two bytecodes of the
+        main thread, which may be holding a lock the logging or the children's signalling would
+        take again. The main loop signals the children. A second Ctrl-C changes nothing."""
         if not self._stopping and signum:
-            log.info("received %s, stopping every component", signal.Signals(signum).name)
+            self._received = signum
         self._stopping = True
-        self._signal_children()
 
     def _signal_children(self) -> None:
         for child in self._children:
@@ -194,6 +196,8 @@ class Supervisor:
                 time.sleep(0.1)
         finally:
             self._stopping = True
+            if self._received:
+                log.info("received %s, stopping every component", signal.Signals(self._received).name)
             self._signal_children()  # also any started after the signal arrived
             stop_processes(
                 [c.proc for c in self._children if c.proc is not None], self._grace_s, signal=False
