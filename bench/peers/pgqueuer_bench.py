@@ -123,8 +123,8 @@ def main() -> None:
             enqueued = time.monotonic()
             finished = harness.wait_until(lambda: queued(conn) == 0, 600)
             # Read while the workers still run, as ours is read before its components stop; the
-            # count(*) polling above is counted too, as our e2e run's is: a statement every 50 ms.
-            cost = probe.finish(args.jobs)
+            # count(*) polling above is this connection's, reported apart as our e2e run's is.
+            cost = probe.finish(args.jobs, watcher=conn.info.backend_pid)
 
             fires = max(1, round(args.rate * args.window))
             lead_s = 2.0 + fires / 20_000
