@@ -103,6 +103,7 @@ def apply_outcomes(
             "results": [None if e.result is None else Jsonb(e.result) for e in events],
             "not_before": [e.not_before for e in events],
             "backoff_ms": [e.backoff_ms for e in events],
+            **batch_ranks(events),
             "lease_window_s": lease_window_s,
         },
     ).fetchone()
@@ -115,6 +116,39 @@ def apply_outcomes(
         row["finished"],
         tuple(row["dead_apps"]),
     )
+
+
+def batch_ranks(events: Sequence[OutcomeEvent]) -> dict[str, list[Any]]:
+    """How ``apply_outcomes`` tells copies and executions apart within a batch, numbered here rather
+    than by three sorts of the batch in PostgreSQL, the one part that does not scale out.
+
+    - ``first_copies``: whether the event is its id's first in the batch (a later one is a copy);
+    - ``exec_ranks``: among the first copies of one run's attempt and kind, the execution's number
+      (by worker and start instant) in the order their first events came;
+    - ``copy_ranks``: the event's number among the first copies of its execution.
+
+    A copy's ranks are 0: the statement reads them only of first copies."""
+    first_copies: list[bool] = []
+    exec_ranks: list[int] = []
+    copy_ranks: list[int] = []
+    ids: set[str] = set()
+    executions: dict[tuple[UUID, int, str], dict[tuple[str | None, datetime | None], int]] = {}
+    copies: dict[tuple[UUID, int, str, str | None, datetime | None], int] = {}
+    for event in events:
+        if event.event_id in ids:
+            first_copies.append(False)
+            exec_ranks.append(0)
+            copy_ranks.append(0)
+            continue
+        ids.add(event.event_id)
+        numbered = executions.setdefault((event.run_id, event.attempt, event.kind), {})
+        execution = (event.worker, event.started_at)
+        key = (event.run_id, event.attempt, event.kind, *execution)
+        first_copies.append(True)
+        exec_ranks.append(numbered.setdefault(execution, len(numbered) + 1))
+        copy_ranks.append(copies.setdefault(key, 0) + 1)
+        copies[key] += 1
+    return {"first_copies": first_copies, "exec_ranks": exec_ranks, "copy_ranks": copy_ranks}
 
 
 def notify_run_finished(conn: psycopg.Connection[Row]) -> None:
