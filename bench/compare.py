@@ -111,7 +111,12 @@ def ours(
     that size with its cost) measured now."""
     known = {} if fresh else latest()
     e2e = known.get("e2e", {})
-    if e2e.get("jobs") != jobs or e2e.get("workers") != workers or "cost" not in e2e:
+    # A run recorded before the watcher's CPU was left out of the cost is measured again.
+    if (
+        e2e.get("jobs") != jobs
+        or e2e.get("workers") != workers
+        or "watcher_cpu_ms" not in e2e.get("cost", {})
+    ):
         from bench.e2e import run_e2e
 
         e2e = run_e2e(jobs, partitions, workers, concurrency)

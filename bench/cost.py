@@ -221,6 +221,9 @@ class CostProbe:
             watcher_ms = (after.backend_cpu_s[watcher] - before.backend_cpu_s.get(watcher, 0.0)) * 1000
             figures["watcher_cpu_ms"] = round(watcher_ms, 1)
             figures["watcher_cpu_ms_per_job"] = round(watcher_ms / per, 4)
+        elif watcher is not None:
+            # Not readable (a server elsewhere, a backend gone): counted in the totals, and said so.
+            figures["watcher_cpu_ms"] = None
         if before.pg_cpu_s is not None and after.pg_cpu_s is not None:
             cpu_ms = (after.pg_cpu_s - before.pg_cpu_s) * 1000 - watcher_ms
             figures["pg_cpu_ms"] = round(cpu_ms, 1)

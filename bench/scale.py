@@ -730,6 +730,7 @@ def measure_lag(conn: Conn, settings: Settings, workers: int, concurrency: int, 
         with suppress(TimeoutError):
             wait_until(lambda: succeeded_since(conn, since) >= fires, LAG_WINDOW_S + 120, interval_s=0.2)
         wal_after = wal_counters(conn)
+        by_relation = full_page_images_by_relation(conn, wal_before["lsn"], wal_after["lsn"])
         rows = conn.execute(
             "select extract(epoch from coalesce(r.started_at, clock_timestamp()) - x.run_at) * 1000 "
             "         as start_ms, "
@@ -750,15 +751,44 @@ def measure_lag(conn: Conn, settings: Settings, workers: int, concurrency: int, 
         "scan": ms_percentiles([float(r["scan_ms"]) for r in rows if r["scan_ms"] is not None]),
         "wal_mb": round((wal_after["bytes"] - wal_before["bytes"]) / 1e6, 1),
         "full_page_images": wal_after["fpi"] - wal_before["fpi"],
+        "full_page_images_by_relation": by_relation,
     }
 
 
-def wal_counters(conn: Conn) -> dict[str, int]:
-    """The server's WAL bytes and full-page images so far (``pg_stat_wal``)."""
-    row = conn.execute("select wal_bytes::bigint as bytes, wal_fpi as fpi from pg_stat_wal").fetchone()
+def wal_counters(conn: Conn) -> dict[str, Any]:
+    """The server's WAL bytes and full-page images so far (``pg_stat_wal``), and where it is."""
+    row = conn.execute(
+        "select wal_bytes::bigint as bytes, wal_fpi as fpi, pg_current_wal_lsn()::text as lsn "
+        "  from pg_stat_wal"
+    ).fetchone()
     conn.commit()
     assert row is not None
-    return {"bytes": int(row["bytes"]), "fpi": int(row["fpi"])}
+    return {"bytes": int(row["bytes"]), "fpi": int(row["fpi"]), "lsn": str(row["lsn"])}
+
+
+def full_page_images_by_relation(conn: Conn, start: str, end: str, top: int = 8) -> dict[str, int]:
+    """Which relations (and forks) the full-page images between two WAL positions were of, the
+    most first, from ``pg_walinspect`` (a superuser's extension; empty without it). A page's
+    first change after a checkpoint writes the whole page, so this names what a window touched at
+    random; with data checksums (PostgreSQL 18's default) a page whose hint bits are first set by
+    a read counts too."""
+    try:
+        conn.execute("create extension if not exists pg_walinspect")
+        rows = conn.execute(
+            "select coalesce(c.relname, b.relfilenode::text) || case b.relforknumber when 0 then '' "
+            "         when 1 then ' (free-space map)' when 2 then ' (visibility map)' else ' (init)' end "
+            "         as relation, count(*) as n "
+            "  from pg_get_wal_block_info(%s::pg_lsn, %s::pg_lsn) b "
+            "  left join pg_class c on c.relfilenode = b.relfilenode "
+            " where b.fpi_length > 0 "
+            " group by 1 order by 2 desc limit %s",
+            (start, end, top),
+        ).fetchall()
+        conn.commit()
+    except psycopg.Error:
+        conn.rollback()
+        return {}
+    return {str(row["relation"]): int(row["n"]) for row in rows}
 
 
 def measure_retention(settings: Settings, conn: Conn, admin: Conn) -> dict[str, Any]:
@@ -983,7 +1013,8 @@ def show_history(figures: dict[str, Any]) -> None:
         "start lag p50 / p99 at 1,000/s",
         *lags,
         f"scan p99 {big['lag']['scan'].get('p99_ms')}; the server's WAL meanwhile "
-        f"{big['lag'].get('wal_mb')} MB, {big['lag'].get('full_page_images')} full-page images",
+        f"{big['lag'].get('wal_mb')} MB, {big['lag'].get('full_page_images')} full-page images "
+        f"{big['lag'].get('full_page_images_by_relation') or ''}",
     )
     for n in sizes:
         kept = figures[n].get("retention")

@@ -156,12 +156,15 @@ class Supervisor:
         child.signalled = False
 
     def _stop_all(self, signum: int = 0, _frame: object = None) -> None:
-        """The signal handler: it only notes the stop, since it runs between two bytecodes of the
-        main thread, which may be holding a lock the logging or the children's signalling would
-        take again. The main loop signals the children. A second Ctrl-C changes nothing."""
+        """The signal handler. It runs between two bytecodes of the main thread, which may be in
+        the middle of logging, so it does not log (the main loop does): it notes the stop and
+        signals the children at once, which takes no lock that could wait (a child's poll only
+        tries its lock), so a stop never waits for the loop's ``tick``. A second Ctrl-C changes
+        nothing: each child gets one SIGTERM."""
         if not self._stopping and signum:
             self._received = signum
         self._stopping = True
+        self._signal_children()
 
     def _signal_children(self) -> None:
         for child in self._children:
