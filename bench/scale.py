@@ -775,12 +775,12 @@ def full_page_images_by_relation(conn: Conn, start: str, end: str, top: int = 8)
     try:
         conn.execute("create extension if not exists pg_walinspect")
         rows = conn.execute(
-            "select coalesce(c.relname, b.relfilenode::text) || case b.relforknumber when 0 then '' "
+            "select coalesce(pg_filenode_relation(b.reltablespace, b.relfilenode)::regclass::text, "
+            "                b.relfilenode::text) || case b.relforknumber when 0 then '' "
             "         when 1 then ' (free-space map)' when 2 then ' (visibility map)' else ' (init)' end "
             "         as relation, count(*) as n "
-            "  from pg_get_wal_block_info(%s::pg_lsn, %s::pg_lsn) b "
-            "  left join pg_class c on c.relfilenode = b.relfilenode "
-            " where b.fpi_length > 0 "
+            "  from pg_get_wal_block_info(%s::pg_lsn, %s::pg_lsn, false) b "
+            " where b.block_fpi_length > 0 "
             " group by 1 order by 2 desc limit %s",
             (start, end, top),
         ).fetchall()
