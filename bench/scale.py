@@ -767,7 +767,8 @@ def wal_counters(conn: Conn) -> dict[str, Any]:
 
 
 def full_page_images_by_relation(conn: Conn, start: str, end: str, top: int = 8) -> dict[str, int]:
-    """Which relations (and forks) the full-page images between two WAL positions were of, the
+    """Which relations (and forks) the full-page images between two WAL positions were of, and in
+    which kind of record (a heap update, a lock, a prune, a hint), the
     most first, from ``pg_walinspect`` (a superuser's extension; empty without it). A page's
     first change after a checkpoint writes the whole page, so this names what a window touched at
     random; with data checksums (PostgreSQL 18's default) a page whose hint bits are first set by
@@ -778,7 +779,7 @@ def full_page_images_by_relation(conn: Conn, start: str, end: str, top: int = 8)
             "select coalesce(pg_filenode_relation(b.reltablespace, b.relfilenode)::regclass::text, "
             "                b.relfilenode::text) || case b.relforknumber when 0 then '' "
             "         when 1 then ' (free-space map)' when 2 then ' (visibility map)' else ' (init)' end "
-            "         as relation, count(*) as n "
+            "         || ': ' || b.resource_manager || '/' || b.record_type as relation, count(*) as n "
             "  from pg_get_wal_block_info(%s::pg_lsn, %s::pg_lsn, false) b "
             " where b.block_fpi_length > 0 "
             " group by 1 order by 2 desc limit %s",
