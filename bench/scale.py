@@ -768,9 +768,9 @@ def wal_counters(conn: Conn) -> dict[str, Any]:
 
 def full_page_images_by_relation(conn: Conn, start: str, end: str, top: int = 8) -> dict[str, int]:
     """Which relations (and forks) the full-page images between two WAL positions were of, and in
-    which kind of record (a heap update, a lock, a prune, a hint), the
-    most first, from ``pg_walinspect`` (a superuser's extension; empty without it). A page's
-    first change after a checkpoint writes the whole page, so this names what a window touched at
+    which kind of record (an insert, an update, a lock, a prune, a hint), the most first, from
+    ``pg_walinspect`` (a superuser's extension; without it, empty and said so). A page's first
+    change after a checkpoint writes the whole page, so this names what a window touched at
     random; with data checksums (PostgreSQL 18's default) a page whose hint bits are first set by
     a read counts too."""
     try:
@@ -786,8 +786,10 @@ def full_page_images_by_relation(conn: Conn, start: str, end: str, top: int = 8)
             (start, end, top),
         ).fetchall()
         conn.commit()
-    except psycopg.Error:
+    except psycopg.Error as exc:
         conn.rollback()
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        console().print(f"full-page images by relation not read: {reason}")
         return {}
     return {str(row["relation"]): int(row["n"]) for row in rows}
 

@@ -132,8 +132,8 @@ def batch_ranks(events: Sequence[OutcomeEvent]) -> dict[str, list[Any]]:
     exec_ranks: list[int] = []
     copy_ranks: list[int] = []
     ids: set[str] = set()
-    executions: dict[tuple[UUID, int, str], dict[tuple[str | None, datetime | None], int]] = {}
-    copies: dict[tuple[UUID, int, str, str | None, datetime | None], int] = {}
+    # Per run, attempt and kind: each execution's [number, copies so far].
+    executions: dict[tuple[UUID, int, str], dict[tuple[str | None, datetime | None], list[int]]] = {}
     for event in events:
         if event.event_id in ids:
             first_copies.append(False)
@@ -142,12 +142,11 @@ def batch_ranks(events: Sequence[OutcomeEvent]) -> dict[str, list[Any]]:
             continue
         ids.add(event.event_id)
         numbered = executions.setdefault((event.run_id, event.attempt, event.kind), {})
-        execution = (event.worker, event.started_at)
-        key = (event.run_id, event.attempt, event.kind, *execution)
+        execution = numbered.setdefault((event.worker, event.started_at), [len(numbered) + 1, 0])
+        execution[1] += 1
         first_copies.append(True)
-        exec_ranks.append(numbered.setdefault(execution, len(numbered) + 1))
-        copy_ranks.append(copies.setdefault(key, 0) + 1)
-        copies[key] += 1
+        exec_ranks.append(execution[0])
+        copy_ranks.append(execution[1])
     return {"first_copies": first_copies, "exec_ranks": exec_ranks, "copy_ranks": copy_ranks}
 
 
