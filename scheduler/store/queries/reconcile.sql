@@ -293,8 +293,7 @@ select r.id, r.schedule_id, r.scheduled_for, s.id as sid, s.app, s.handler, s.pa
  where r.buffered
    and r.state = 'pending'
    and not exists (select 1 from runs o
-                    where o.schedule_id = r.schedule_id and o.guarded and not o.buffered
-                      and o.state in ('pending', 'dispatched', 'running', 'retry_wait'))
+                    where o.guard_schedule_id = r.schedule_id and not o.buffered)
    for update of r skip locked;
 
 -- name: dispatch_buffered_runs

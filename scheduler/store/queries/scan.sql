@@ -15,16 +15,14 @@ select s.*, coalesce(%(now)s::timestamptz, now()) as scan_now
 
 -- name: open_runs_of
 -- For overlap policies: how many unfinished and how many buffered runs each schedule has. Only
--- guarded runs count (those of a schedule whose overlap policy is not allow), which are the ones
--- runs_guarded_open holds: every other run is created without an entry there.
-select schedule_id,
+-- guarded runs count (those of a schedule whose overlap policy is not allow): guard_schedule_id
+-- names the schedule of a guarded unfinished run (runs_guarded_open), and is null for every other.
+select guard_schedule_id as schedule_id,
        count(*) filter (where not buffered) as open_runs,
        count(*) filter (where buffered) as buffered_runs
   from runs
- where schedule_id = any(%(schedule_ids)s::uuid[])
-   and guarded
-   and state in ('pending', 'dispatched', 'running', 'retry_wait')
- group by schedule_id;
+ where guard_schedule_id = any(%(schedule_ids)s::uuid[])
+ group by guard_schedule_id;
 
 -- name: create_runs
 -- One statement for a whole batch: the runs, and an outbox row for each run that was really
