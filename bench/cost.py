@@ -68,6 +68,8 @@ class Snapshot:
     statements: dict[int, dict[str, Any]]
     transactions: int | None
     kafka_bytes: int | None
+    # table -> (updates, HOT updates) so far; read late, like transactions (idle backends report late)
+    updates: dict[str, tuple[int, int]] = field(default_factory=dict)
     at: float = field(default_factory=time.monotonic)
 
 
@@ -154,6 +156,7 @@ class CostProbe:
         if self.kafka_data is not None and self.topic_prefix:
             kafka = kafka_log_bytes(self.kafka_data, self.topic_prefix)
         return Snapshot(
+            updates=_updates(conn),
             wal_lsn=row["lsn"],
             pg_cpu_s=None if self._postmaster is None else server_cpu_seconds(self._postmaster),
             backend_cpu_s=self._backend_cpu(conn),
@@ -211,6 +214,7 @@ class CostProbe:
                     (self.database,),
                 ).fetchone()
                 after.transactions = None if late is None else int(late["n"])
+                after.updates = _updates(conn)
         per = max(jobs, 1)
         figures: dict[str, Any] = {"jobs": jobs, "seconds": round(after.at - before.at, 2)}
         wal_bytes = int(wal["n"]) if wal is not None else 0
@@ -243,9 +247,26 @@ class CostProbe:
         if before.kafka_bytes is not None and after.kafka_bytes is not None:
             figures["kafka_bytes"] = after.kafka_bytes - before.kafka_bytes
             figures["kafka_bytes_per_job"] = round(figures["kafka_bytes"] / per, 1)
+        # An update that changes no indexed column and finds room on its page is HOT: its new
+        # version alone, no index entry. The share says how far the tables' layout allows it.
+        hot, updated = {}, {}
+        for table, (updates, hot_updates) in after.updates.items():
+            old_updates, old_hot = before.updates.get(table, (0, 0))
+            if updates > old_updates:
+                hot[table] = round((hot_updates - old_hot) / (updates - old_updates), 3)
+                updated[table] = round((updates - old_updates) / per, 3)
+        figures["hot_update_share"] = hot
+        figures["updates_per_job"] = updated
         if self._statements:
             figures |= _statement_figures(before.statements, after.statements, per)
         return figures
+
+
+def _updates(conn: psycopg.Connection[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    return {
+        row["relname"]: (int(row["n_tup_upd"]), int(row["n_tup_hot_upd"]))
+        for row in conn.execute("select relname, n_tup_upd, n_tup_hot_upd from pg_stat_user_tables")
+    }
 
 
 def _statement_figures(
@@ -317,6 +338,13 @@ def show_cost(title: str, cost: dict[str, Any]) -> None:
         summary.add_column(key.removesuffix("_per_job"))
     summary.add_row(*(str(cost.get(key, "-")) for key in SUMMARY))
     out.print(summary)
+    if cost.get("hot_update_share"):
+        updated = cost.get("updates_per_job", {})
+        shares = ", ".join(
+            f"{table} {share:.0%} of {updated.get(table, '?')} per job"
+            for table, share in sorted(cost["hot_update_share"].items())
+        )
+        out.print(f"HOT updates: {shares}")
     if cost.get("top_statements"):
         top = Table(
             "calls", "exec ms", "rows", "WAL B", "FPI", "statement", title="per job, by execution time"
