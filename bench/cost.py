@@ -45,6 +45,8 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Long statements are cut for the tables; the query id tells them apart.
 QUERY_TEXT_CHARS = 90
 TOP_STATEMENTS = 12
+# An idle backend reports its statistics (transactions, table counts) this long after its last work.
+IDLE_REPORT_S = 10.0
 # The per-job figures, in the order the tables show them.
 SUMMARY = (
     "wal_bytes_per_job",
@@ -250,13 +252,16 @@ class CostProbe:
         # An update that changes no indexed column and finds room on its page is HOT: its new
         # version alone, no index entry. The share says how far the tables' layout allows it.
         hot, updated = {}, {}
-        for table, (updates, hot_updates) in after.updates.items():
+        # Only after a full settle: an idle backend reports its table counts up to 10 s late.
+        counts = after.updates if settle_s >= IDLE_REPORT_S else {}
+        for table, (updates, hot_updates) in counts.items():
             old_updates, old_hot = before.updates.get(table, (0, 0))
             if updates > old_updates:
                 hot[table] = round((hot_updates - old_hot) / (updates - old_updates), 3)
                 updated[table] = round((updates - old_updates) / per, 3)
-        figures["hot_update_share"] = hot
-        figures["updates_per_job"] = updated
+        if hot:
+            figures["hot_update_share"] = hot
+            figures["updates_per_job"] = updated
         if self._statements:
             figures |= _statement_figures(before.statements, after.statements, per)
         return figures
@@ -265,7 +270,10 @@ class CostProbe:
 def _updates(conn: psycopg.Connection[dict[str, Any]]) -> dict[str, tuple[int, int]]:
     return {
         row["relname"]: (int(row["n_tup_upd"]), int(row["n_tup_hot_upd"]))
-        for row in conn.execute("select relname, n_tup_upd, n_tup_hot_upd from pg_stat_user_tables")
+        for row in conn.execute(
+            "select relname, n_tup_upd, n_tup_hot_upd from pg_stat_user_tables "
+            " where schemaname = any(current_schemas(false))"
+        )
     }
 
 

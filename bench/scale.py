@@ -888,6 +888,19 @@ def run_history(runs: int, workers: int, concurrency: int, partitions: int) -> d
                     {"schedule_id": None, "app": BENCH_APP, "state": None, "limit": 50},
                     5,
                 ),
+                # The running ones, a few among millions: from the lease index, not the history.
+                "list_runs_app_running": plan_median_ms(
+                    conn,
+                    query("list_runs"),
+                    {"schedule_id": None, "app": BENCH_APP, "state": "running", "limit": 50},
+                    5,
+                ),
+                "api_runs_in_state_running": plan_median_ms(
+                    conn,
+                    query("app_runs_page_in_state"),
+                    {"state": "running", "apps": None, "after_fired": None, "after_id": None, "limit": 51},
+                    5,
+                ),
                 # The selection of a batch of the reconciler's retention, rolled back like the others.
                 "expired_runs": plan_median_ms(
                     conn,

@@ -125,6 +125,11 @@ select r.*
 select r.*
   from runs r
  where r.state = %(state)s::text
+   -- No index reads state (HOT updates, migration 0015), but a running run always holds a lease and
+   -- a retry_wait one its next attempt's time: said so, those few are read from their partial
+   -- indexes rather than the whole history.
+   and (%(state)s::text is distinct from 'running' or r.lease_expires_at is not null)
+   and (%(state)s::text is distinct from 'retry_wait' or r.next_attempt_at is not null)
    and (%(apps)s::text[] is null or r.app = any(%(apps)s::text[]))
    and (%(after_fired)s::timestamptz is null
         or (r.scheduled_for <= %(after_fired)s::timestamptz

@@ -24,6 +24,9 @@ select r.id, r.schedule_id, s.name as schedule_name, r.app, r.scheduled_for, r.s
          from runs r
         where r.app = a.name
           and (%(state)s::text is null or r.state = %(state)s::text)
+          -- As in app_runs_page_in_state (api.sql): running and retry_wait runs from their indexes.
+          and (%(state)s::text is distinct from 'running' or r.lease_expires_at is not null)
+          and (%(state)s::text is distinct from 'retry_wait' or r.next_attempt_at is not null)
         order by r.scheduled_for desc, r.id
         limit %(limit)s::int) r
   join schedules s on s.id = r.schedule_id
