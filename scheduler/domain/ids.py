@@ -1,10 +1,10 @@
-"""Ids of new schedules and runs: time-ordered UUIDs (version 7, RFC 9562)."""
+"""Ids of new schedules and runs (time-ordered UUIDs, version 7, RFC 9562) and of events."""
 
 from __future__ import annotations
 
 from uuid import UUID
 
-from uuid_utils.compat import uuid7
+from uuid_utils.compat import uuid4, uuid7
 
 
 def new_id() -> UUID:
@@ -16,3 +16,11 @@ def new_id() -> UUID:
     as version 4 ids are. (uuid-utils keeps the time the clock's at any rate; uuid6's uuid7 adds a
     millisecond per id made within one, so above 1,000 ids a second its time runs ahead.)"""
     return uuid7()
+
+
+def new_event_id() -> UUID:
+    """A random UUID (version 4) naming one event: unique without coordination, as ``uuid.uuid4()``
+    is, but drawn without a system call. The standard library's reads ``os.urandom``, which lets go
+    of the GIL; on a worker whose other threads keep it busy, taking it back waits for one of them
+    to yield (up to the interpreter's 5 ms switch interval), twice per job on the jobs loop."""
+    return uuid4()

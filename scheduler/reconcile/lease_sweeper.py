@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -33,6 +32,7 @@ from uuid import UUID
 
 import psycopg
 
+from scheduler.domain.ids import new_event_id
 from scheduler.domain.run import FailedAttempt
 from scheduler.domain.run_state import RunState
 from scheduler.kafka.avro import AvroCodec
@@ -261,7 +261,7 @@ class LeaseSweeper(Service):
             previous_attempts=history[:-1],
         )
         letter = JobDeadLetter(
-            event_id=uuid.uuid4(),
+            event_id=new_event_id(),
             cause="retries_exhausted",
             app=row["app"],
             run_id=row["id"],

@@ -73,6 +73,7 @@ from typing import Any
 
 from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, Span, SpanKind, use_span
 
+from scheduler.domain.ids import new_event_id
 from scheduler.domain.retry import RetryPolicy
 from scheduler.domain.storable import MAX_HISTORY_ERROR_CHARS, MAX_RESULT_BYTES, capped_result, capped_text
 from scheduler.kafka.avro import AvroCodec, MessageDecodeError
@@ -1307,7 +1308,7 @@ class Worker(Service):
         self, delivery: Delivery, job: JobMessage, started: datetime, status: str
     ) -> OutgoingMessage:
         event = JobResult(
-            event_id=uuid.uuid4(),
+            event_id=new_event_id(),
             status=status,  # type: ignore[arg-type]
             run_id=job.run_id,
             schedule_id=job.schedule_id,
@@ -1331,7 +1332,7 @@ class Worker(Service):
     def _succeeded(self, delivery: Delivery, job: JobMessage, started: datetime, result: Any) -> None:
         finished = datetime.now(UTC)
         result_json = _result_json(result)
-        event_id = uuid.uuid4()
+        event_id = new_event_id()
         self._outcome(job, started, "succeeded")
 
         def build(compact: bool) -> bytes:
@@ -1367,7 +1368,7 @@ class Worker(Service):
         # and a text of any size or content fits in the outcome message.
         error = capped_text(redact_text(error))
         error_class = capped_text(error_class, MAX_ERROR_CLASS_CHARS)
-        event_id = uuid.uuid4()
+        event_id = new_event_id()
         try:
             policy = RetryPolicy(
                 max_attempts=job.retry.max_attempts,
@@ -1476,7 +1477,7 @@ class Worker(Service):
     def _dead_undecodable(self, delivery: Delivery, reason: str) -> None:
         reason = capped_text(reason)
         finished = datetime.now(UTC)
-        event_id = uuid.uuid4()
+        event_id = new_event_id()
         # With its run and attempt (from the headers), the letter makes the reconciler end that
         # attempt's run as dead, rather than leave it dispatched for ever.
         run_id, attempt = _attempt_of(delivery.headers) or (None, None)
