@@ -27,6 +27,11 @@ A :class:`CostProbe` takes a snapshot before a run and one after, and reports th
   in the local broker's data folder, when it is given.
 
 Divided by the job count, these are what ``bench/README.md`` calls the cost per job.
+
+:class:`ComponentCpu` does the same for the processes around the database: user + system CPU of
+each pipeline component (by kind: ``scanner``, ``relay``, ``reconciler``, ``worker``, the workers
+summed) and of the local broker, between two snapshots. With PostgreSQL's, that says where a run's
+CPU went, which on a machine with few cores is what bounds both throughput and firing precision.
 """
 
 from __future__ import annotations
@@ -81,6 +86,68 @@ def process_cpu_seconds(pid: int, *, with_children: bool) -> float:
     utime, stime, cutime, cstime = (int(fields[i]) for i in (11, 12, 13, 14))
     ticks = utime + stime + (cutime + cstime if with_children else 0)
     return ticks / CLOCK_TICKS
+
+
+class ComponentCpu:
+    """CPU seconds of named groups of processes between :meth:`start` and :meth:`finish`. A process
+    that exits meanwhile counts up to its last reading (a component's exit is not the run's work)."""
+
+    def __init__(self, groups: dict[str, list[int]]) -> None:
+        self.groups = {name: pids for name, pids in groups.items() if pids}
+        self._before: dict[int, float] = {}
+
+    def _read(self) -> dict[int, float]:
+        cpu: dict[int, float] = {}
+        for pids in self.groups.values():
+            for pid in pids:
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    cpu[pid] = process_cpu_seconds(pid, with_children=False)
+        return cpu
+
+    def start(self) -> None:
+        self._before = self._read()
+
+    def finish(self, jobs: int) -> dict[str, float]:
+        """Milliseconds of CPU per job by group, and ``all`` of them together."""
+        after, per = self._read(), max(jobs, 1)
+        figures: dict[str, float] = {}
+        for name, pids in self.groups.items():
+            spent = sum(after[p] - self._before.get(p, 0.0) for p in pids if p in after)
+            figures[name] = round(spent * 1000 / per, 4)
+        figures["all"] = round(sum(figures.values()), 4)
+        return figures
+
+
+def local_kafka_pid() -> int | None:
+    """The local stack's broker process, when this machine runs it."""
+    from scheduler.config import load_settings
+    from scheduler.devstack import LocalStack
+
+    return LocalStack(load_settings()).kafka.pid()
+
+
+def component_groups(commands: list[list[str]], pids: list[int]) -> dict[str, list[int]]:
+    """``running``'s processes grouped by component kind (the first word of each command), with
+    the local broker as ``kafka``."""
+    groups: dict[str, list[int]] = {}
+    for command, pid in zip(commands, pids, strict=True):
+        groups.setdefault(command[0], []).append(pid)
+    kafka = local_kafka_pid()
+    if kafka is not None:
+        groups["kafka"] = [kafka]
+    return groups
+
+
+def show_component_cpu(cpu: dict[str, float], pg_ms_per_job: float | None) -> None:
+    """One line: the CPU per job of each component, the broker, PostgreSQL, and their sum."""
+    from bench.common import console
+
+    parts = [f"{name} {ms}" for name, ms in cpu.items() if name != "all"]
+    total = cpu.get("all", 0.0)
+    if pg_ms_per_job is not None:
+        parts.append(f"PostgreSQL {pg_ms_per_job}")
+        total += pg_ms_per_job
+    console().print(f"CPU ms per job: {', '.join(parts)}; all {round(total, 4)}")
 
 
 def server_cpu_seconds(postmaster: int) -> float | None:

@@ -4,8 +4,8 @@ All N schedules become due at one database instant T0 (inserted in bulk; ingesti
 elsewhere). Jobs per second is N over the time from T0 until the last run is reconciled
 (``succeeded`` in PostgreSQL). Per job it reports each stage: scan (due → run created), relay and
 pickup (created → worker started), run (started → finished) and reconcile (finished → outcome
-applied), and the whole (due → reconciled), and what the run cost PostgreSQL and Kafka per job
-(``bench/cost.py``).
+applied), and the whole (due → reconciled), what the run cost PostgreSQL and Kafka per job
+(``bench/cost.py``), and the CPU per job of each component, the broker and PostgreSQL.
 
     python -m bench.e2e --jobs 10000 --partitions 12 --workers 4 --concurrency 64
 """
@@ -20,7 +20,14 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import component_env, isolated_settings, percentiles, record, running, wait_until
-from bench.cost import CostProbe, local_kafka_data, show_cost
+from bench.cost import (
+    ComponentCpu,
+    CostProbe,
+    component_groups,
+    local_kafka_data,
+    show_component_cpu,
+    show_cost,
+)
 from scheduler.schedule import service
 from scheduler.wiring import Wiring
 
@@ -52,10 +59,16 @@ def run_e2e(
         )
         # The insert on one connection, the polling for the end on another (the watcher), whose
         # backend's CPU the probe reports apart: it is the benchmark's, not the scheduler's.
-        with running(commands, env), wiring.database.connect() as conn, wiring.database.connect() as watch:
+        with (
+            running(commands, env) as procs,
+            wiring.database.connect() as conn,
+            wiring.database.connect() as watch,
+        ):
             time.sleep(3)  # let the workers join their group before the burst
+            cpu = ComponentCpu(component_groups(commands, [p.pid for p in procs]))
             # From before the schedules' insert, as the peers are measured from before their enqueue.
             probe.start()
+            cpu.start()
             started = time.monotonic()
             conn.execute(
                 "insert into schedules (id, app, name, kind, handler, next_fire_at) "
@@ -76,6 +89,7 @@ def run_e2e(
             finished = wait_until(all_done, timeout_s=600, interval_s=0.05)
             elapsed = finished - started
             # Read before the components stop, so their shutdown is not counted.
+            component_cpu = cpu.finish(jobs)
             cost = probe.finish(jobs, watcher=watch.info.backend_pid)
             rows: list[dict[str, Any]] = conn.execute(
                 "select scheduled_for, created_at, dispatched_at, started_at, finished_at, reconciled_at "
@@ -106,6 +120,7 @@ def run_e2e(
         "stages_ms": stages,
         "duplicate_outcomes": duplicates,
         "cost": cost,
+        "cpu_ms_per_job": component_cpu,
     }
 
 
@@ -122,6 +137,8 @@ def show(figures: dict[str, Any]) -> None:
     console.print(table)
     if "cost" in figures:
         show_cost("e2e", figures["cost"])
+    if "cpu_ms_per_job" in figures:
+        show_component_cpu(figures["cpu_ms_per_job"], figures.get("cost", {}).get("pg_cpu_ms_per_job"))
 
 
 def main() -> None:

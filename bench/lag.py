@@ -48,6 +48,7 @@ from bench.common import (
     running,
     warm_up,
 )
+from bench.cost import ComponentCpu, component_groups
 from scheduler.store import query
 from scheduler.wiring import Wiring
 
@@ -163,12 +164,16 @@ def run_lag(
             }
             | ({"PGOPTIONS": pg_options} if pg_options else {}),
         )
+        commands = pipeline_commands(workers, concurrency)
         with (
-            running(pipeline_commands(workers, concurrency), env, LOGS / f"lag-{rate}-{idle}"),
+            running(commands, env, LOGS / f"lag-{rate}-{idle}") as procs,
             wiring.database.connect() as conn,
         ):
             time.sleep(3)  # the workers join their group
             warm_up(conn, WARM_UP_JOBS)
+            # From the window's insert to its last start: what the fires cost each process.
+            cpu = ComponentCpu(component_groups(commands, [p.pid for p in procs]))
+            cpu.start()
             # Room for the bulk insert to commit before the first fire, more for bigger windows.
             lead_s = 2.0 + fires / 20_000
             ahead_s = insert_window(conn, fires, window_s, lead_s, STAMP_HANDLER)
@@ -176,6 +181,7 @@ def run_lag(
             stalled = wait_for_fires(
                 conn, fires, timeout_s=lead_s + window_s + max(120, fires / 200), stall_s=stall_s
             )
+            component_cpu = cpu.finish(fires)
             # The measurement is over: fresh statistics keep the planner honest on the query below.
             conn.execute("analyze schedules, runs")
             # A fire that never started counts with the lag it had when the wait ended: a lower bound.
@@ -223,6 +229,8 @@ def run_lag(
         "idle_insert_s": idle_insert_s,
         "lease_query_ms": scan_query,
         "pg_options": pg_options,
+        # The components' and the broker's, not PostgreSQL's (bench.e2e's cost has the server's).
+        "cpu_ms_per_fire": component_cpu,
     }
 
 
@@ -255,6 +263,10 @@ def show(title: str, figures: dict[str, dict[str, Any]], key: str = "rate_per_s"
             str(entry["lease_query_ms"]),
         )
     out.print(table)
+    for entry in figures.values():
+        if entry.get("cpu_ms_per_fire"):
+            parts = ", ".join(f"{name} {ms}" for name, ms in entry["cpu_ms_per_fire"].items())
+            out.print(f"{entry[key]:,}: CPU ms per fire, from the window's insert to its last start: {parts}")
     for entry in figures.values():
         if entry.get("stalled"):
             out.print(

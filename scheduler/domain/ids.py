@@ -20,7 +20,8 @@ def new_id() -> UUID:
 
 def new_event_id() -> UUID:
     """A random UUID (version 4) naming one event: unique without coordination, as ``uuid.uuid4()``
-    is, but drawn without a system call. The standard library's reads ``os.urandom``, which lets go
-    of the GIL; on a worker whose other threads keep it busy, taking it back waits for one of them
-    to yield (up to the interpreter's 5 ms switch interval), twice per job on the jobs loop."""
+    is (uuid-utils reseeds its generator in a forked child), but made while keeping the GIL. The
+    standard library's reads ``os.urandom`` for each id, which lets go of the GIL; on a worker
+    whose other threads keep it busy, taking it back waits for one of them to yield (up to the
+    interpreter's 5 ms switch interval), twice per job on the jobs loop."""
     return uuid4()

@@ -18,8 +18,8 @@ Environment (a value that is not one of these is a ``ValueError`` naming the var
 - ``SCHEDULER_LOG_LEVEL``: ``DEBUG``, ``INFO`` (the default), ``WARNING``, ``ERROR``, ``CRITICAL``.
 - ``SCHEDULER_LOG_JOB_OUTCOMES``: the level of the ``scheduler.jobs`` logger (:data:`JOB_OUTCOMES_LOGGER`),
   where a component writes its one line per job outcome; ``INFO`` by default, so outcomes are logged
-  even under ``SCHEDULER_LOG_LEVEL=WARNING``; ``WARNING`` keeps only the failed ones (logged at
-  ``WARNING`` or above) and ``ERROR`` fewer still.
+  even under ``SCHEDULER_LOG_LEVEL=WARNING``; every outcome is logged at ``INFO``, so ``WARNING``
+  or above turns those lines off.
 - ``SCHEDULER_REDACT_KEYS``: more sensitive key patterns (see :mod:`scheduler.telemetry.redact`).
 
 ``httpx``, ``httpcore`` and ``urllib3`` log at ``WARNING`` or above: one line per HTTP job request
