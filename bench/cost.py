@@ -89,8 +89,9 @@ def process_cpu_seconds(pid: int, *, with_children: bool) -> float:
 
 
 class ComponentCpu:
-    """CPU seconds of named groups of processes between :meth:`start` and :meth:`finish`. A process
-    that exits meanwhile counts up to its last reading (a component's exit is not the run's work)."""
+    """CPU seconds of named groups of processes between :meth:`start` and :meth:`finish`, read
+    from ``/proc`` at those two moments only: a process that exits in between is left out (a
+    component that crashed mid-run shows as less CPU, and its log says why)."""
 
     def __init__(self, groups: dict[str, list[int]]) -> None:
         self.groups = {name: pids for name, pids in groups.items() if pids}
