@@ -39,12 +39,16 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import dict_row
+
+if TYPE_CHECKING:
+    from scheduler.devstack import LocalStack
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Long statements are cut for the tables; the query id tells them apart.
@@ -89,12 +93,13 @@ def process_cpu_seconds(pid: int, *, with_children: bool) -> float:
 
 
 class ComponentCpu:
-    """CPU seconds of named groups of processes between :meth:`start` and :meth:`finish`, read
-    from ``/proc`` at those two moments only: a process that exits in between is left out (a
-    component that crashed mid-run shows as less CPU, and its log says why)."""
+    """CPU seconds of named groups of processes (all their threads) since :meth:`start`, read from
+    ``/proc`` at the start and at each reading only: a process that is gone at either moment is
+    left out (a component that crashed mid-run shows as less CPU, and its log says why), and so is
+    a pid first seen at the reading (another process that took a finished one's number)."""
 
-    def __init__(self, groups: dict[str, list[int]]) -> None:
-        self.groups = {name: pids for name, pids in groups.items() if pids}
+    def __init__(self, groups: Mapping[str, Sequence[int]]) -> None:
+        self.groups = {name: list(pids) for name, pids in groups.items() if pids}
         self._before: dict[int, float] = {}
 
     def _read(self) -> dict[int, float]:
@@ -108,23 +113,25 @@ class ComponentCpu:
     def start(self) -> None:
         self._before = self._read()
 
+    def spent(self) -> dict[str, float]:
+        """CPU seconds by group since :meth:`start`."""
+        after, before = self._read(), self._before
+        return {
+            name: sum(after[p] - before[p] for p in pids if p in after and p in before)
+            for name, pids in self.groups.items()
+        }
+
     def finish(self, jobs: int) -> dict[str, float]:
         """Milliseconds of CPU per job by group, and ``all`` of them together."""
-        after, per = self._read(), max(jobs, 1)
-        figures: dict[str, float] = {}
-        for name, pids in self.groups.items():
-            spent = sum(after[p] - self._before.get(p, 0.0) for p in pids if p in after)
-            figures[name] = round(spent * 1000 / per, 4)
+        per = max(jobs, 1)
+        figures = {name: round(seconds * 1000 / per, 4) for name, seconds in self.spent().items()}
         figures["all"] = round(sum(figures.values()), 4)
         return figures
 
 
 def local_kafka_pid() -> int | None:
     """The local stack's broker process, when this machine runs it."""
-    from scheduler.config import load_settings
-    from scheduler.devstack import LocalStack
-
-    return LocalStack(load_settings()).kafka.pid()
+    return _local_stack().kafka.pid()
 
 
 def component_groups(commands: list[list[str]], pids: list[int]) -> dict[str, list[int]]:
@@ -395,11 +402,15 @@ def _local_postmaster(conn: psycopg.Connection[dict[str, Any]]) -> int | None:
 
 def local_kafka_data() -> Path | None:
     """The local stack's broker data folder, when this machine runs it."""
+    data: Path = _local_stack().kafka.data
+    return data if data.exists() else None
+
+
+def _local_stack() -> LocalStack:
     from scheduler.config import load_settings
     from scheduler.devstack import LocalStack
 
-    data: Path = LocalStack(load_settings()).kafka.data
-    return data if data.exists() else None
+    return LocalStack(load_settings())
 
 
 def show_cost(title: str, cost: dict[str, Any]) -> None:

@@ -31,7 +31,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,7 @@ from bench.common import (
     running,
     wait_until,
 )
-from bench.cost import CLOCK_TICKS, CostProbe, local_kafka_data, show_cost
+from bench.cost import ComponentCpu, CostProbe, local_kafka_data, show_cost
 from scheduler.wiring import Wiring
 
 YEARLY = "0 0 1 1 *"
@@ -96,16 +95,6 @@ def schedule_count(conn: Any, prefix: str) -> int:
     return int(row["n"]) if row else 0
 
 
-def cpu_seconds(pids: Sequence[int]) -> float:
-    """User + system CPU of the processes ``pids`` (all their threads) so far."""
-    total = 0
-    for pid in pids:
-        # /proc/<pid>/stat: the command may hold spaces and parentheses, so split after the last ")".
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / CLOCK_TICKS
-
-
 def run_avro(commands: int, partitions: int, ingestors: int = 1) -> dict[str, Any]:
     with isolated_settings("ingest") as settings, tempfile.TemporaryDirectory() as scratch:
         create_bench_app(settings, partitions)
@@ -124,15 +113,15 @@ def run_avro(commands: int, partitions: int, ingestors: int = 1) -> dict[str, An
             Wiring(settings).database.connect() as conn,
         ):
             # ``conn`` polls for the end: the probe's watcher, whose CPU is not the ingestion's.
-            pids = [p.pid for p in procs]
+            cpu = ComponentCpu({"ingestor": [p.pid for p in procs]})
             produce(env, warm)
             wait_until(lambda: schedule_count(conn, "warm") >= warmup, 120, interval_s=0.1)
             probe.start()
-            cpu_before = cpu_seconds(pids)
+            cpu.start()
             started = time.monotonic()
             summary = produce(env, batch)
             finished = wait_until(lambda: all_in(conn, "avro", commands), 600, interval_s=0.05)
-            ingestor_cpu_s = cpu_seconds(pids) - cpu_before
+            ingestor_cpu_s = cpu.spent()["ingestor"]
             cost = probe.finish(commands, settle_s=2.0, watcher=conn.info.backend_pid)
             # The same file once more, as a producer retrying everything would: applied once only.
             produce(env, batch)
@@ -180,12 +169,12 @@ def run_drain(commands: int, partitions: int, ingestors: int = 1) -> dict[str, A
             running([["ingestor"]] * ingestors, env, RESULTS / "logs" / "ingest-drain") as procs,
             Wiring(settings).database.connect() as conn,
         ):
-            pids = [p.pid for p in procs]
+            cpu = ComponentCpu({"ingestor": [p.pid for p in procs]})
             first = wait_until(lambda: any_in(conn, "drain"), 120, interval_s=0.02)
             head = schedule_count(conn, "drain")
-            cpu_before = cpu_seconds(pids)
+            cpu.start()
             finished = wait_until(lambda: all_in(conn, "drain", commands), 600, interval_s=0.05)
-            cpu_s = cpu_seconds(pids) - cpu_before
+            cpu_s = cpu.spent()["ingestor"]
     drained = max(commands - head, 1)
     return {
         "drain_per_s": round(drained / max(finished - first, 1e-3), 1),

@@ -64,6 +64,7 @@ from bench.common import (
     running,
     wait_until,
 )
+from bench.cost import ComponentCpu
 from bench.lag import insert_window, lease_query_ms
 from scheduler.config import Settings
 from scheduler.domain.cron import CronSchedule
@@ -153,15 +154,6 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
-def cpu_s(pid: int) -> float:
-    """User plus system CPU seconds of a process so far, from ``/proc/<pid>/stat``."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class CpuWindow:
     """CPU used over a window by named processes and by the PostgreSQL backends of the bench's
     database (the components keep their connections, so the backends seen at both ends count)."""
@@ -183,7 +175,8 @@ class CpuWindow:
 
     def start(self) -> None:
         self.started = time.monotonic()
-        self.before = {name: cpu_s(pid) for name, pid in self.procs.items()}
+        self.components = ComponentCpu({name: [pid] for name, pid in self.procs.items()})
+        self.components.start()
         self.backends = self._backends()
         psutil.cpu_percent(interval=None)
 
@@ -193,9 +186,8 @@ class CpuWindow:
         machine = psutil.cpu_percent(interval=None)
         after = self._backends()
         postgres = sum(after[pid] - before for pid, before in self.backends.items() if pid in after)
-        figures = {
-            name: round((cpu_s(pid) - self.before[name]) / wall * 100, 1) for name, pid in self.procs.items()
-        }
+        spent = self.components.spent()
+        figures = {name: round(spent.get(name, 0.0) / wall * 100, 1) for name in self.procs}
         return figures | {"postgres": round(postgres / wall * 100, 1), "machine": round(machine, 1)}
 
 
@@ -285,7 +277,9 @@ def run_inflight(jobs: int, seconds: float, partitions: int) -> dict[str, Any]:
             )
             conn.execute("select pg_notify('scheduler_due', '')")
             conn.commit()
-            cpu_before, wall_before = cpu_s(worker), time.monotonic()
+            worker_cpu_since = ComponentCpu({"worker": [worker]})
+            worker_cpu_since.start()
+            wall_before = time.monotonic()
             samples: list[tuple[int, float]] = []
             deadline = time.monotonic() + seconds + max(300.0, jobs / 20)
             succeeded = 0
@@ -305,7 +299,7 @@ def run_inflight(jobs: int, seconds: float, partitions: int) -> dict[str, Any]:
                 if succeeded >= jobs:
                     break
                 time.sleep(SAMPLE_EVERY_S)
-            worker_cpu = cpu_s(worker) - cpu_before
+            worker_cpu = worker_cpu_since.spent().get("worker", 0.0)
             wall = time.monotonic() - wall_before
             times = conn.execute(
                 "select extract(epoch from started_at)::float8 as s, "

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from confluent_kafka import Consumer, TopicPartition
 
 from bench.common import component_env, isolated_settings, running, wait_until
-from bench.cost import process_cpu_seconds
+from bench.cost import ComponentCpu
 from scheduler.kafka.messages import ATTEMPT_HEADER, RUN_ID_HEADER, JobMessage, RetryPolicy
 from scheduler.kafka.tracing import HEADER
 from scheduler.kafka.transport import OutgoingMessage
@@ -69,12 +69,13 @@ def main() -> None:
             started = time.monotonic()
             # The CPU from the first outcome on: the interpreter's start and imports are not the jobs'.
             wait_until(lambda: events() > 0, 120, 0.1)
-            cpu_before = sum(process_cpu_seconds(p.pid, with_children=False) for p in procs)
+            cpu = ComponentCpu({"workers": [p.pid for p in procs]})
+            cpu.start()
             counted_from = events()
             # Two events per job on .results: its start (which gives the run its lease) and its success.
             done = wait_until(lambda: events() >= 2 * args.jobs, 600, 0.2)
             # The workers' own user + system CPU (all their threads) per job they ran meanwhile.
-            cpu_s = sum(process_cpu_seconds(p.pid, with_children=False) for p in procs) - cpu_before
+            cpu_s = cpu.spent()["workers"]
         cpu_ms_per_job = cpu_s * 1000 / max(1.0, args.jobs - counted_from / 2)
         elapsed = done - started
         rate = args.jobs / elapsed

@@ -51,7 +51,9 @@ def test_threads_draw_distinct_event_ids() -> None:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_does_not_repeat_its_parents_ids() -> None:
-    new_event_id(), new_id()  # the generators are in use before the fork
+    # Both generators are in use before the fork.
+    new_event_id()
+    new_id()
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its next ids, then out without running the parent's cleanup
