@@ -79,13 +79,15 @@ with received as (
 ), restarted as (
     -- Evidence that another execution had started the attempt: the start the run's row holds, a
     -- recorded event of that attempt that says when it started, or an earlier start in the batch.
+    -- The run's row is looked up in a hashed set, not joined: the planner takes `run` for ten rows
+    -- (an array's default estimate) and the starts for one, and joined them in a nested loop over
+    -- both, which took 378 of 444 ms for a batch of 1,000 starts and 1,000 successes.
     select e.event_id
       from event e
-      left join run r on r.id = e.run_id
      where e.kind = 'started'
        and e.event_id not in (select event_id from seen)
        and (e.exec_rank > 1
-            or (e.attempt = r.attempt and r.held_start is not null)
+            or (e.run_id, e.attempt) in (select r.id, r.attempt from run r where r.held_start is not null)
             or exists (select 1 from attempts a
                         where a.run_id = e.run_id and a.attempt = e.attempt and a.started_at is not null))
 ), revealed as (

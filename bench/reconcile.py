@@ -1,0 +1,185 @@
+"""The reconciler's one statement alone: PostgreSQL's CPU per outcome event, by batch size.
+
+``apply_outcomes`` (``scheduler/store/queries/reconcile.sql``) applies a whole batch of outcome
+events in one statement; the reconciler's batch is whatever its consumer brings in one poll (up to
+2,000 events), small when it keeps up and large when it catches up. This runs the statement on its
+own, from one connection whose backend's CPU is read from ``/proc`` (the local stack), for the
+batch sizes given, so that the fixed cost of a statement and the cost of each event can be told
+apart and a plan that grows with the batch shows at once:
+
+    python -m bench.reconcile --batches 10,100,500,2000
+
+The tables first hold ``--history`` succeeded runs (one in twenty with a retry in ``attempts``).
+For each batch size, ``--runs`` fresh runs (created by the scanner, then ``vacuum analyze``, as
+autovacuum leaves a busy table) each get a start and a success, in batches that hold the starts of
+half their runs and the successes of the half before, as a reconciler behind on a busy pipeline
+reads them. Figures go to ``results/latest.json`` under ``reconcile``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from rich.table import Table
+
+from bench.common import console, isolated_settings, record
+from bench.cost import process_cpu_seconds
+from scheduler.store.reconcile import OutcomeEvent, apply_outcomes
+from scheduler.wiring import Wiring
+
+WORKERS = tuple(f"worker-{i}" for i in range(4))
+LEASE_WINDOW_S = 60.0
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part.replace("_", "")) for part in text.split(",") if part]
+
+
+def _batches(runs: list[UUID], size: int) -> list[list[OutcomeEvent]]:
+    """Starts of half a batch's runs with the successes of the half before, in event order."""
+    now = datetime.now(UTC)
+    worker = {run: WORKERS[i % len(WORKERS)] for i, run in enumerate(runs)}
+
+    def started(run: UUID) -> OutcomeEvent:
+        return OutcomeEvent(str(uuid.uuid4()), run, 1, "started", worker[run], now, None)
+
+    def succeeded(run: UUID) -> OutcomeEvent:
+        return OutcomeEvent(str(uuid.uuid4()), run, 1, "succeeded", worker[run], now, now)
+
+    half = max(1, size // 2)
+    events: list[OutcomeEvent] = []
+    for i in range(0, len(runs) + half, half):
+        events.extend(started(run) for run in runs[i : i + half])
+        events.extend(succeeded(run) for run in runs[max(0, i - half) : i])
+    return [events[i : i + size] for i in range(0, len(events), size)]
+
+
+def _history(conn: psycopg.Connection[Any], count: int) -> None:
+    """``count`` succeeded runs of the last 30 days, one in twenty with a retry on record, as a table
+    that has been in service holds them (the statement's lookups are by key, not by scan)."""
+    schedules = max(1, count // 1000)
+    conn.execute(
+        "insert into schedules (id, app, name, kind, cron, handler, state) "
+        "select bench_id(), 'bench', 'history-' || g, 'cron', 'H * * * *', 'builtin:noop', 'paused' "
+        "  from generate_series(1, %s) g",
+        (schedules,),
+    )
+    ids = [row["id"] for row in conn.execute("select id from schedules where state = 'paused'")]
+    conn.execute(
+        "insert into runs (id, schedule_id, app, scheduled_for, state, attempt, max_attempts, "
+        "                  dispatched_at, started_at, finished_at, worker, created_at, version) "
+        "select bench_id(t), (%(ids)s::uuid[])[1 + k %% %(n)s], 'bench', t, 'succeeded', 1, 3, t, t, t, "
+        "       'bench-history', t, 3 "
+        "  from generate_series(1, %(count)s) k, "
+        "       lateral (select now() - interval '30 days' + k * interval '1 ms') f(t)",
+        {"ids": ids, "n": len(ids), "count": count},
+    )
+    conn.execute(
+        "insert into attempts (run_id, attempt, kind, outcome, worker, started_at, finished_at, error) "
+        "select id, 1, 'retry', 'applied', worker, started_at, finished_at, 'Error: bench' "
+        "  from runs where state = 'succeeded' and random() < 0.05"
+    )
+    conn.commit()
+
+
+def _pending_runs(conn: psycopg.Connection[Any], wiring: Wiring, count: int) -> list[UUID]:
+    conn.execute(
+        "insert into schedules (id, app, name, kind, handler, next_fire_at) "
+        "select bench_id(), 'bench', 'noop-' || g, 'immediate', 'builtin:noop', now() "
+        "from generate_series(1, %s) g",
+        (count,),
+    )
+    conn.commit()
+    scanner = wiring.scanner()
+    while scanner.scan_once(conn).created:
+        pass
+    # The relay's work is not measured here; the runs stay pending, as the relay leaves them.
+    conn.execute("delete from outbox")
+    conn.commit()
+    conn.autocommit = True
+    try:
+        conn.execute("vacuum analyze")
+    finally:
+        conn.autocommit = False
+    runs = [row["id"] for row in conn.execute("select id from runs where state = 'pending' order by id")]
+    conn.commit()  # each batch below is a transaction of its own, as the reconciler's are
+    return runs
+
+
+def measure(batch_sizes: list[int], runs_per_size: int, history: int) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    with isolated_settings("reconcile") as settings:
+        wiring = Wiring(settings)
+        with wiring.database.connect() as conn:
+            conn.execute("insert into apps (name, partitions) values ('bench', 1)")
+            if history:
+                _history(conn, history)
+            runs = _pending_runs(conn, wiring, runs_per_size * len(batch_sizes))
+            backend = conn.info.backend_pid
+            for index, size in enumerate(batch_sizes):
+                batches = _batches(runs[index * runs_per_size : (index + 1) * runs_per_size], size)
+                events = sum(len(batch) for batch in batches)
+                cpu_before = process_cpu_seconds(backend, with_children=False)
+                wall_before = time.perf_counter()
+                applied = 0
+                for batch in batches:
+                    with conn.transaction():
+                        applied += apply_outcomes(conn, batch, LEASE_WINDOW_S).applied
+                cpu = process_cpu_seconds(backend, with_children=False) - cpu_before
+                wall = time.perf_counter() - wall_before
+                figures[str(size)] = {
+                    "events": events,
+                    "applied": applied,
+                    "statements": len(batches),
+                    "backend_cpu_us_per_event": round(cpu * 1e6 / events, 1),
+                    "backend_cpu_ms_per_statement": round(cpu * 1e3 / len(batches), 2),
+                    "wall_us_per_event": round(wall * 1e6 / events, 1),
+                }
+    return figures
+
+
+def show(figures: dict[str, Any]) -> None:
+    table = Table(title="apply_outcomes: PostgreSQL backend CPU by batch size")
+    columns = (
+        "batch",
+        "events",
+        "applied",
+        "statements",
+        "CPU µs/event",
+        "CPU ms/statement",
+        "wall µs/event",
+    )
+    for column in columns:
+        table.add_column(column, justify="right")
+    for size, row in figures.items():
+        table.add_row(
+            size,
+            f"{row['events']:,}",
+            f"{row['applied']:,}",
+            f"{row['statements']:,}",
+            f"{row['backend_cpu_us_per_event']:.1f}",
+            f"{row['backend_cpu_ms_per_statement']:.2f}",
+            f"{row['wall_us_per_event']:.1f}",
+        )
+    console().print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=_ints, default=[10, 100, 500, 2000], help="events per statement")
+    parser.add_argument("--runs", type=int, default=4000, help="runs per batch size (two events each)")
+    parser.add_argument("--history", type=int, default=1_000_000, help="succeeded runs already in the table")
+    args = parser.parse_args()
+    figures = measure(args.batches, args.runs, args.history)
+    show(figures)
+    print(f"written to {record('reconcile', figures)}")
+
+
+if __name__ == "__main__":
+    main()
