@@ -263,7 +263,7 @@ class CostProbe:
                 conn.execute("select 1 from pg_stat_statements limit 1")
             except psycopg.Error:
                 self._statements = False  # not preloaded: statements are not counted
-            self._postmaster = _local_postmaster(conn)
+            self._postmaster = local_postmaster(conn)
             # Every run starts right after a checkpoint, so each pays the full-page images of the
             # pages it first touches alike, instead of by where the last one happened to fall.
             # Without the right to (not a superuser, no pg_checkpoint) the figures carry that noise.
@@ -385,7 +385,7 @@ def _statement_figures(
     }
 
 
-def _local_postmaster(conn: psycopg.Connection[dict[str, Any]]) -> int | None:
+def local_postmaster(conn: psycopg.Connection[dict[str, Any]]) -> int | None:
     """The postmaster's pid when the server runs on this machine: the parent of this connection's
     backend (a server elsewhere has no such process here)."""
     row = conn.execute("select pg_backend_pid() as pid").fetchone()

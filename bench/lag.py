@@ -48,7 +48,13 @@ from bench.common import (
     running,
     warm_up,
 )
-from bench.cost import ComponentCpu, component_groups
+from bench.cost import (
+    ComponentCpu,
+    component_groups,
+    local_postmaster,
+    process_cpu_seconds,
+    server_cpu_seconds,
+)
 from scheduler.store import query
 from scheduler.wiring import Wiring
 
@@ -173,6 +179,11 @@ def run_lag(
             warm_up(conn, WARM_UP_JOBS)
             # From the window's insert to its last start: what the fires cost each process.
             cpu = ComponentCpu(component_groups(commands, [p.pid for p in procs]))
+            # PostgreSQL's too when it runs here: the server's processes, less this connection's own
+            # (the insert and the polling below are the benchmark's).
+            postmaster = local_postmaster(conn)
+            server_before = None if postmaster is None else server_cpu_seconds(postmaster)
+            own_before = process_cpu_seconds(conn.info.backend_pid, with_children=False)
             cpu.start()
             # Room for the bulk insert to commit before the first fire, more for bigger windows.
             lead_s = 2.0 + fires / 20_000
@@ -182,6 +193,12 @@ def run_lag(
                 conn, fires, timeout_s=lead_s + window_s + max(120, fires / 200), stall_s=stall_s
             )
             component_cpu = cpu.finish(fires)
+            server_after = None if postmaster is None else server_cpu_seconds(postmaster)
+            if server_before is not None and server_after is not None:
+                own = process_cpu_seconds(conn.info.backend_pid, with_children=False) - own_before
+                server = round((server_after - server_before - own) * 1000 / fires, 4)
+                component_cpu["postgresql"] = server
+                component_cpu["all"] = round(component_cpu["all"] + server, 4)
             # The measurement is over: fresh statistics keep the planner honest on the query below.
             conn.execute("analyze schedules, runs")
             # A fire that never started counts with the lag it had when the wait ended: a lower bound.
@@ -229,7 +246,7 @@ def run_lag(
         "idle_insert_s": idle_insert_s,
         "lease_query_ms": scan_query,
         "pg_options": pg_options,
-        # The components' and the broker's, not PostgreSQL's (bench.e2e's cost has the server's).
+        # The components', the broker's and PostgreSQL's (the server's, less the benchmark's connection).
         "cpu_ms_per_fire": component_cpu,
     }
 
