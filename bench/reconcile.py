@@ -13,7 +13,9 @@ The tables first hold ``--history`` succeeded runs (one in twenty with a retry i
 For each batch size, ``--runs`` fresh runs (created by the scanner, then ``vacuum analyze``, as
 autovacuum leaves a busy table) each get a start and a success, in batches that hold the starts of
 half their runs and the successes of the half before, as a reconciler behind on a busy pipeline
-reads them. Figures go to ``results/latest.json`` under ``reconcile``.
+reads them. A batch of up to ``PREPARED_PLAN_MAX_EVENTS`` runs the server's prepared plan, a
+larger one is planned for its size; the ``prepared`` column counts the statements that ran the
+former. Figures go to ``results/latest.json`` under ``reconcile``.
 """
 
 from __future__ import annotations
@@ -112,6 +114,16 @@ def _pending_runs(conn: psycopg.Connection[Any], wiring: Wiring, count: int) -> 
     return runs
 
 
+def _plans(conn: psycopg.Connection[Any]) -> int:
+    """How many times this connection's prepared apply_outcomes has run so far (0 before the first)."""
+    row = conn.execute(
+        "select coalesce(sum(generic_plans + custom_plans), 0)::int as n from pg_prepared_statements "
+        "where statement like '%with received as%'"
+    ).fetchone()
+    conn.commit()
+    return 0 if row is None else int(row["n"])
+
+
 def measure(batch_sizes: list[int], runs_per_size: int, history: int) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     with isolated_settings("reconcile") as settings:
@@ -122,6 +134,7 @@ def measure(batch_sizes: list[int], runs_per_size: int, history: int) -> dict[st
                 _history(conn, history)
             runs = _pending_runs(conn, wiring, runs_per_size * len(batch_sizes))
             backend = conn.info.backend_pid
+            seen_plans = _plans(conn)
             for index, size in enumerate(batch_sizes):
                 batches = _batches(runs[index * runs_per_size : (index + 1) * runs_per_size], size)
                 events = sum(len(batch) for batch in batches)
@@ -133,6 +146,7 @@ def measure(batch_sizes: list[int], runs_per_size: int, history: int) -> dict[st
                         applied += apply_outcomes(conn, batch, LEASE_WINDOW_S).applied
                 cpu = process_cpu_seconds(backend, with_children=False) - cpu_before
                 wall = time.perf_counter() - wall_before
+                plans = _plans(conn)
                 figures[str(size)] = {
                     "events": events,
                     "applied": applied,
@@ -140,7 +154,11 @@ def measure(batch_sizes: list[int], runs_per_size: int, history: int) -> dict[st
                     "backend_cpu_us_per_event": round(cpu * 1e6 / events, 1),
                     "backend_cpu_ms_per_statement": round(cpu * 1e3 / len(batches), 2),
                     "wall_us_per_event": round(wall * 1e6 / events, 1),
+                    # Statements run with the server's prepared plan; the others were planned for their
+                    # batch (see PREPARED_PLAN_MAX_EVENTS).
+                    "prepared": plans - seen_plans,
                 }
+                seen_plans = plans
     return figures
 
 
@@ -148,6 +166,7 @@ def show(figures: dict[str, Any]) -> None:
     table = Table(title="apply_outcomes: PostgreSQL backend CPU by batch size")
     columns = (
         "batch",
+        "prepared",
         "events",
         "applied",
         "statements",
@@ -160,6 +179,7 @@ def show(figures: dict[str, Any]) -> None:
     for size, row in figures.items():
         table.add_row(
             size,
+            f"{row['prepared']:,}",
             f"{row['events']:,}",
             f"{row['applied']:,}",
             f"{row['statements']:,}",

@@ -7,6 +7,7 @@ the database's ``now()``, never from a process clock.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import psycopg
@@ -31,7 +32,8 @@ def connect(
 CONNECTION_OPTIONS: dict[str, Any] = {
     "row_factory": dict_row,
     "application_name": "scheduler",
-    # No server-side prepared statements: a batch statement runs once per batch, so planning it
-    # costs little, while a cached generic plan built on "1 row" estimates can cost seconds a batch.
-    "prepare_threshold": None,
+    # No statement is prepared by repetition: a cached generic plan built on "1 row" estimates can
+    # cost seconds a large batch. Only a statement that asks (execute(..., prepare=True)) is, where a
+    # small batch's plan costs more than the batch: see store.reconcile.apply_outcomes.
+    "prepare_threshold": sys.maxsize,
 }

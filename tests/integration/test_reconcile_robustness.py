@@ -779,3 +779,54 @@ def test_a_start_announced_twice_in_one_batch_is_one_execution(settings: Setting
     first, again = event(run, "started", "w1", at), event(run, "started", "w1", at)
     assert apply(settings, first, again) == reconcile.Applied(applied=1, duplicate=1)
     assert history(settings, run) == [("started", "applied", "w1"), ("started", "duplicate", "w1")]
+
+
+def test_a_batch_classifies_alike_with_the_prepared_plan_and_with_one_planned_for_it(
+    settings: Settings,
+) -> None:
+    # A reconciler's connection runs small batches with the server's prepared (generic) plan, once
+    # five have been planned, and large ones with a plan of their own: the same events, the same answer.
+    size = reconcile.PREPARED_PLAN_MAX_EVENTS + 1
+    warm_up, small, large = (dispatched_runs(settings, n) for n in (6, size, size))
+    at, later = datetime.now(UTC), datetime.now(UTC) + timedelta(seconds=1)
+
+    def stages(run: Run) -> list[list[OutcomeEvent]]:
+        """A start; then its copy, a second execution's start and success, and a stale retry."""
+        first = event(run, "started", "w1", at)
+        return [[first], [first, event(run, "started", "w2", later), event(run, "succeeded", "w2", later),
+                          event(run, "retry", "w3", later, attempt=2)]]  # fmt: skip
+
+    def applied(conn: psycopg.Connection[Row], runs: list[Run], per_run: bool) -> reconcile.Applied:
+        total, planned = reconcile.Applied(), [stages(run) for run in runs]
+        for stage in (0, 1):
+            batches = [events[stage] for events in planned]
+            for batch in batches if per_run else [[e for b in batches for e in b]]:
+                total += reconcile.apply_outcomes(conn, batch, 30.0)
+                conn.commit()
+        return total
+
+    with connect(settings.database_url) as conn:
+        for run in warm_up:
+            reconcile.apply_outcomes(conn, [event(run, "started", "w1", at)], 30.0)
+            conn.commit()
+        one_by_one, all_at_once = applied(conn, small, per_run=True), applied(conn, large, per_run=False)
+        [plans] = conn.execute(
+            "select sum(generic_plans)::int as n from pg_prepared_statements "
+            "where statement like '%%with received as%%'"
+        ).fetchall()
+    # The small batches ran the server's prepared generic plan.
+    assert isinstance(plans["n"], int) and plans["n"] >= size
+    assert (
+        one_by_one
+        == all_at_once
+        == reconcile.Applied(applied=2 * size, stale=size, duplicate=size, reexecution=size, finished=size)
+    )
+    for run in small + large:
+        assert run_row(settings, run)["state"] == "succeeded"
+        assert sorted(history(settings, run)) == [
+            ("retry", "stale", "w3"),
+            ("started", "applied", "w1"),
+            ("started", "duplicate", "w1"),
+            ("started", "reexecution", "w2"),
+            ("succeeded", "applied", "w2"),
+        ]
