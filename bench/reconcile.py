@@ -15,7 +15,7 @@ autovacuum leaves a busy table) each get a start and a success, in batches that 
 half their runs and the successes of the half before, as a reconciler behind on a busy pipeline
 reads them. A batch of up to ``PREPARED_PLAN_MAX_EVENTS`` runs the server's prepared plan, a
 larger one is planned for its size; the ``prepared`` column counts the statements that ran the
-former. Figures go to ``results/latest.json`` under ``reconcile``.
+former's generic plan. Figures go to ``results/latest.json`` under ``reconcile``.
 """
 
 from __future__ import annotations
@@ -115,9 +115,10 @@ def _pending_runs(conn: psycopg.Connection[Any], wiring: Wiring, count: int) -> 
 
 
 def _plans(conn: psycopg.Connection[Any]) -> int:
-    """How many times this connection's prepared apply_outcomes has run so far (0 before the first)."""
+    """How many times this connection's prepared apply_outcomes ran its generic plan so far (the
+    server plans the first five executions of each prepared statement for their parameters)."""
     row = conn.execute(
-        "select coalesce(sum(generic_plans + custom_plans), 0)::int as n from pg_prepared_statements "
+        "select coalesce(sum(generic_plans), 0)::int as n from pg_prepared_statements "
         "where statement like '%with received as%'"
     ).fetchone()
     conn.commit()
@@ -154,8 +155,8 @@ def measure(batch_sizes: list[int], runs_per_size: int, history: int) -> dict[st
                     "backend_cpu_us_per_event": round(cpu * 1e6 / events, 1),
                     "backend_cpu_ms_per_statement": round(cpu * 1e3 / len(batches), 2),
                     "wall_us_per_event": round(wall * 1e6 / events, 1),
-                    # Statements run with the server's prepared plan; the others were planned for their
-                    # batch (see PREPARED_PLAN_MAX_EVENTS).
+                    # Statements run with the server's prepared generic plan; the others were planned
+                    # for their batch (see PREPARED_PLAN_MAX_EVENTS).
                     "prepared": plans - seen_plans,
                 }
                 seen_plans = plans

@@ -33,7 +33,8 @@ CONNECTION_OPTIONS: dict[str, Any] = {
     "row_factory": dict_row,
     "application_name": "scheduler",
     # No statement is prepared by repetition: a cached generic plan built on "1 row" estimates can
-    # cost seconds a large batch. Only a statement that asks (execute(..., prepare=True)) is, where a
-    # small batch's plan costs more than the batch: see store.reconcile.apply_outcomes.
+    # cost seconds a large batch. Only a statement that asks (execute(..., prepare=True), and
+    # executemany, which none of ours uses) is, where a small batch's plan costs more than the
+    # batch: see store.reconcile.apply_outcomes.
     "prepare_threshold": sys.maxsize,
 }
