@@ -241,7 +241,10 @@ def queue_dead_letters(conn: psycopg.Connection[Row], letters: Sequence[tuple[UU
 
 
 def releasable_buffered_runs(conn: psycopg.Connection[Row]) -> list[Row]:
-    return conn.execute(query("release_buffered_runs")).fetchall()
+    # Prepared: the buffer release runs this after every batch that ends a run, and planning it
+    # (0.47 ms) cost eight times its usual run over an index of no rows. It takes no parameters,
+    # so its one plan is the one it would get each time.
+    return conn.execute(query("release_buffered_runs"), prepare=True).fetchall()
 
 
 def dispatch_buffered_runs(conn: psycopg.Connection[Row], runs: Sequence[NewRun]) -> None:
