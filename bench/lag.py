@@ -48,13 +48,7 @@ from bench.common import (
     running,
     warm_up,
 )
-from bench.cost import (
-    ComponentCpu,
-    component_groups,
-    local_postmaster,
-    process_cpu_seconds,
-    server_cpu_seconds,
-)
+from bench.cost import ComponentCpu, CostProbe, component_groups
 from scheduler.store import query
 from scheduler.wiring import Wiring
 
@@ -179,11 +173,10 @@ def run_lag(
             warm_up(conn, WARM_UP_JOBS)
             # From the window's insert to its last start: what the fires cost each process.
             cpu = ComponentCpu(component_groups(commands, [p.pid for p in procs]))
-            # PostgreSQL's too when it runs here: the server's processes, less this connection's own
-            # (the insert and the polling below are the benchmark's).
-            postmaster = local_postmaster(conn)
-            server_before = None if postmaster is None else server_cpu_seconds(postmaster)
-            own_before = process_cpu_seconds(conn.info.backend_pid, with_children=False)
+            # PostgreSQL's too when it runs here, less this connection's (the insert and the polling
+            # below are the benchmark's).
+            probe = CostProbe(settings.database_url)
+            probe.start()
             cpu.start()
             # Room for the bulk insert to commit before the first fire, more for bigger windows.
             lead_s = 2.0 + fires / 20_000
@@ -193,10 +186,8 @@ def run_lag(
                 conn, fires, timeout_s=lead_s + window_s + max(120, fires / 200), stall_s=stall_s
             )
             component_cpu = cpu.finish(fires)
-            server_after = None if postmaster is None else server_cpu_seconds(postmaster)
-            if server_before is not None and server_after is not None:
-                own = process_cpu_seconds(conn.info.backend_pid, with_children=False) - own_before
-                server = round((server_after - server_before - own) * 1000 / fires, 4)
+            server = probe.finish(fires, settle_s=0, watcher=conn.info.backend_pid).get("pg_cpu_ms_per_job")
+            if server is not None:
                 component_cpu["postgresql"] = server
                 component_cpu["all"] = round(component_cpu["all"] + server, 4)
             # The measurement is over: fresh statistics keep the planner honest on the query below.

@@ -30,8 +30,9 @@ from uuid import UUID
 import psycopg
 from rich.table import Table
 
-from bench.common import console, isolated_settings, record
+from bench.common import console, create_bench_app, isolated_settings, record
 from bench.cost import process_cpu_seconds
+from bench.scale import load_history
 from scheduler.store.reconcile import OutcomeEvent, apply_outcomes
 from scheduler.wiring import Wiring
 
@@ -62,26 +63,10 @@ def _batches(runs: list[UUID], size: int) -> list[list[OutcomeEvent]]:
     return [events[i : i + size] for i in range(0, len(events), size)]
 
 
-def _history(conn: psycopg.Connection[Any], count: int) -> None:
-    """``count`` succeeded runs of the last 30 days, one in twenty with a retry on record, as a table
-    that has been in service holds them (the statement's lookups are by key, not by scan)."""
-    schedules = max(1, count // 1000)
-    conn.execute(
-        "insert into schedules (id, app, name, kind, cron, handler, state) "
-        "select bench_id(), 'bench', 'history-' || g, 'cron', 'H * * * *', 'builtin:noop', 'paused' "
-        "  from generate_series(1, %s) g",
-        (schedules,),
-    )
-    ids = [row["id"] for row in conn.execute("select id from schedules where state = 'paused'")]
-    conn.execute(
-        "insert into runs (id, schedule_id, app, scheduled_for, state, attempt, max_attempts, "
-        "                  dispatched_at, started_at, finished_at, worker, created_at, version) "
-        "select bench_id(t), (%(ids)s::uuid[])[1 + k %% %(n)s], 'bench', t, 'succeeded', 1, 3, t, t, t, "
-        "       'bench-history', t, 3 "
-        "  from generate_series(1, %(count)s) k, "
-        "       lateral (select now() - interval '30 days' + k * interval '1 ms') f(t)",
-        {"ids": ids, "n": len(ids), "count": count},
-    )
+def _history(conn: psycopg.Connection[Any], admin: psycopg.Connection[Any], count: int) -> None:
+    """``count`` succeeded runs over the last 30 days (``bench.scale``'s long history), one in twenty
+    with a retry on record, as a table that has been in service holds them."""
+    load_history(conn, admin, count)
     conn.execute(
         "insert into attempts (run_id, attempt, kind, outcome, worker, started_at, finished_at, error) "
         "select id, 1, 'retry', 'applied', worker, started_at, finished_at, 'Error: bench' "
@@ -90,7 +75,9 @@ def _history(conn: psycopg.Connection[Any], count: int) -> None:
     conn.commit()
 
 
-def _pending_runs(conn: psycopg.Connection[Any], wiring: Wiring, count: int) -> list[UUID]:
+def _pending_runs(
+    conn: psycopg.Connection[Any], admin: psycopg.Connection[Any], wiring: Wiring, count: int
+) -> list[UUID]:
     conn.execute(
         "insert into schedules (id, app, name, kind, handler, next_fire_at) "
         "select bench_id(), 'bench', 'noop-' || g, 'immediate', 'builtin:noop', now() "
@@ -104,11 +91,7 @@ def _pending_runs(conn: psycopg.Connection[Any], wiring: Wiring, count: int) -> 
     # The relay's work is not measured here; the runs stay pending, as the relay leaves them.
     conn.execute("delete from outbox")
     conn.commit()
-    conn.autocommit = True
-    try:
-        conn.execute("vacuum analyze")
-    finally:
-        conn.autocommit = False
+    admin.execute("vacuum analyze")
     runs = [row["id"] for row in conn.execute("select id from runs where state = 'pending' order by id")]
     conn.commit()  # each batch below is a transaction of its own, as the reconciler's are
     return runs
@@ -129,11 +112,11 @@ def measure(batch_sizes: list[int], runs_per_size: int, history: int) -> dict[st
     figures: dict[str, Any] = {}
     with isolated_settings("reconcile") as settings:
         wiring = Wiring(settings)
-        with wiring.database.connect() as conn:
-            conn.execute("insert into apps (name, partitions) values ('bench', 1)")
+        create_bench_app(settings, 1)
+        with wiring.database.connect() as conn, wiring.database.connect(autocommit=True) as admin:
             if history:
-                _history(conn, history)
-            runs = _pending_runs(conn, wiring, runs_per_size * len(batch_sizes))
+                _history(conn, admin, history)
+            runs = _pending_runs(conn, admin, wiring, runs_per_size * len(batch_sizes))
             backend = conn.info.backend_pid
             seen_plans = _plans(conn)
             for index, size in enumerate(batch_sizes):

@@ -7,15 +7,18 @@ the database's ``now()``, never from a process clock.
 
 from __future__ import annotations
 
+import logging
 import sys
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg.rows import dict_row
 
 from scheduler.store.sql import query
 
-__all__ = ["CONNECTION_OPTIONS", "connect", "query"]
+__all__ = ["CONNECTION_OPTIONS", "connect", "execute_prepared", "query"]
+
+log = logging.getLogger(__name__)
 
 
 def connect(
@@ -38,3 +41,24 @@ CONNECTION_OPTIONS: dict[str, Any] = {
     # batch: see store.reconcile.apply_outcomes.
     "prepare_threshold": sys.maxsize,
 }
+
+# Whether the server keeps this process's prepared statements; a pooler in transaction mode (or an
+# older PgBouncer) does not, and then the process plans every statement, as it did before.
+_prepared = {"kept": True}
+
+
+def execute_prepared(
+    conn: psycopg.Connection[Any], sql: LiteralString, params: Any = None, *, prepare: bool = True
+) -> psycopg.Cursor[Any]:
+    """``conn.execute`` as a server-side prepared statement when ``prepare`` is true and the server
+    keeps them. A prepared statement the server does not know (26000) or already has under that
+    name (42P05) means another server connection answered: preparing stops for the process, and the
+    error is raised as an ``OperationalError``, which the components retry on a new connection."""
+    try:
+        return conn.execute(sql, params, prepare=prepare and _prepared["kept"])
+    except (psycopg.errors.InvalidSqlStatementName, psycopg.errors.DuplicatePreparedStatement) as exc:
+        if not prepare:
+            raise
+        _prepared["kept"] = False
+        log.warning("prepared statements are not kept by the server (a pooler?): planning every statement")
+        raise psycopg.OperationalError(f"prepared statement lost ({exc.sqlstate})") from exc

@@ -13,6 +13,7 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
+from scheduler.store import execute_prepared
 from scheduler.store.scan import Message, NewRun
 from scheduler.store.sql import query
 
@@ -94,7 +95,8 @@ def apply_outcomes(
     heartbeat. The events' text must be storable already (see :mod:`scheduler.domain.storable`)."""
     if not events:
         return Applied()
-    row = conn.execute(
+    row = execute_prepared(
+        conn,
         query("apply_outcomes"),
         {
             "event_ids": [e.event_id for e in events],
@@ -244,7 +246,7 @@ def releasable_buffered_runs(conn: psycopg.Connection[Row]) -> list[Row]:
     # Prepared: the buffer release runs this after every batch that ends a run, and planning it
     # (0.47 ms) cost eight times its usual run over an index of no rows. It takes no parameters,
     # so its one plan is the one it would get each time.
-    return conn.execute(query("release_buffered_runs"), prepare=True).fetchall()
+    return execute_prepared(conn, query("release_buffered_runs")).fetchall()
 
 
 def dispatch_buffered_runs(conn: psycopg.Connection[Row], runs: Sequence[NewRun]) -> None:

@@ -41,6 +41,7 @@ from scheduler.reconcile.reconciler import Reconciler
 from scheduler.runtime.service import Service
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
+from scheduler.store import _prepared as store_prepared
 from scheduler.store import connect, reconcile
 from scheduler.store import runs as runs_store
 from scheduler.store.reconcile import OutcomeEvent
@@ -875,3 +876,30 @@ def test_the_prepared_plan_never_loops_over_the_batch_twice(settings: Settings) 
             [row] = conn.execute(f"explain (format json) execute {statement['name']}({nulls})").fetchall()
             [plan] = cast(list[dict[str, Any]], row["QUERY PLAN"])
             assert _loops_over_the_batch(plan["Plan"]) == [], statement["name"]
+
+
+def test_a_server_that_loses_prepared_statements_is_planned_for_from_then_on(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pooler in transaction mode hands each transaction another server connection, which never
+    # prepared the statement: the batch is retried, unprepared, instead of failing the reconciler.
+    monkeypatch.setitem(store_prepared, "kept", True)
+    first, second = dispatched_runs(settings, 2)
+    at = datetime.now(UTC)
+    with connect(settings.database_url) as conn:
+        assert apply(settings, event(first, "started", "w1", at)) == reconcile.Applied(applied=1)
+        reconcile.apply_outcomes(conn, [event(first, "heartbeat", "w1", at)], 30.0)
+        conn.commit()
+        conn.pgconn.exec_(b"deallocate all")  # what another server connection looks like
+        with pytest.raises(psycopg.OperationalError, match="prepared statement lost"), conn.transaction():
+            reconcile.apply_outcomes(conn, [event(second, "started", "w1", at)], 30.0)
+    assert store_prepared["kept"] is False
+    # Retried on a new connection, as the service does after an OperationalError: planned, applied.
+    with connect(settings.database_url) as conn:
+        assert reconcile.apply_outcomes(conn, [event(second, "started", "w1", at)], 30.0) == (
+            reconcile.Applied(applied=1)
+        )
+        conn.commit()
+        [row] = conn.execute("select count(*)::int as n from pg_prepared_statements").fetchall()
+    assert row["n"] == 0
+    assert run_row(settings, second)["state"] == "running"
