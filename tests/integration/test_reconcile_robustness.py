@@ -115,7 +115,7 @@ def retry(run: Run, error: str = "boom", **fields: Any) -> JobRetry:
         app=APP,
         attempt=run.attempt,
         worker=fields.pop("worker", "w"),
-        started_at=now,
+        started_at=fields.pop("started_at", now),
         finished_at=now,
         error=error,
         error_class=fields.pop("error_class", "Boom"),
@@ -387,6 +387,7 @@ def test_a_second_start_of_an_attempt_is_a_counted_reexecution_and_retries_use_t
     twice, backoff, legacy, late = dispatched_runs(settings, 4)
     first_start = result(twice, "started", worker="w1")
     second_start = result(twice, "started", worker="w2")
+    late_start = result(late, "started", worker="w1")
     worker_clock_far_off = datetime(2001, 1, 1, tzinfo=UTC)
     legacy_not_before = datetime.now(UTC) + timedelta(hours=2)
     publish(
@@ -397,13 +398,18 @@ def test_a_second_start_of_an_attempt_is_a_counted_reexecution_and_retries_use_t
             first_start,  # the same event redelivered: a duplicate, not an execution
             retry(backoff, backoff_ms=90_000, not_before=worker_clock_far_off),
             retry(legacy, not_before=legacy_not_before),  # an older worker: no backoff_ms
-            result(late, "started", worker="w1"),
-            retry(late),
+            late_start,
+            # The same execution's end. It is read from another topic than its start, so either
+            # may come first: both name the execution (its worker, its start), which is one.
+            retry(late, worker="w1", started_at=late_start.started_at),
         ],
     )
     reexecutions_before = counter(metrics.EVENTS, "reexecution")
     with running(Wiring(settings).reconciler_service()):
         wait_for(lambda: reconciled(settings) == 4, 60, "the first events applied")
+        # Every run touched is not every event applied: `late`'s retry may still be unread, and
+        # read in one batch with its success below, that success would reveal an execution.
+        wait_for(group_at_the_end(settings), 30, "the offsets committed past the first events")
         publish(
             settings,
             [
