@@ -80,6 +80,15 @@ def _error(kind: type[_E], prefix: str, err: KafkaError) -> _E:
     return kind(f"{prefix}{err.str()}", code=err.name(), retriable=err.retriable())
 
 
+def _led(topic: Any) -> bool:
+    """Whether a topic's metadata shows every partition with a leader and no error."""
+    return (
+        topic.error is None
+        and bool(topic.partitions)
+        and all(p.error is None and p.leader >= 0 for p in topic.partitions.values())
+    )
+
+
 def _from_exception(kind: type[_E], prefix: str, exc: KafkaException) -> _E:
     err = exc.args[0] if exc.args else None
     if isinstance(err, KafkaError):
@@ -657,12 +666,15 @@ class TopicAdmin:
         return created
 
     def _wait_visible(self, names: Sequence[str], timeout_s: float) -> None:
+        # A topic is listed before its partitions have leaders; until they do, producing to it or
+        # reading its offsets fails (NOT_LEADER_FOR_PARTITION), so "created" means "led".
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if set(names) <= self.topics(timeout_s):
+            listed = self._metadata(timeout_s).topics
+            if all(n in listed and _led(listed[n]) for n in names):
                 return
             time.sleep(0.05)
-        raise KafkaUnavailable(f"topics {sorted(names)} not visible after {timeout_s:.0f} s")
+        raise KafkaUnavailable(f"topics {sorted(names)} have no leaders after {timeout_s:.0f} s")
 
     def topics(self, timeout_s: float = 10.0) -> set[str]:
         return {name for name in self._metadata(timeout_s).topics if not name.startswith("__")}
