@@ -47,11 +47,11 @@ from scheduler.worker.worker import Worker, WorkerTopics
 KAFKA_PROBE_TIMEOUT_S = 0.8
 # Each request costs the broker the same CPU however few messages it carries: at 1,000 fires/s
 # the broker answered a fetch of the reconciler for every few outcome events (538 fetches a
-# second) and a produce request of each worker every 5 ms (230 a second each), and that was more
-# than half a core (bench/README, "Kafka's requests"). The reconciler only needs its
+# second) and a produce request of each worker every 5 ms (230 a second each), and that was
+# about half a core (bench/README.md, "Kafka's requests"). The reconciler only needs its
 # events within a few tenths of a second, so its fetch waits for a batch's worth of bytes or
 # 100 ms; a worker's producer waits 10 ms, a fifth of the 50 ms that a held job's start is
-# announced ahead of its instant (ANNOUNCE_AHEAD), so starts are still acknowledged in time.
+# announced ahead of its instant (ANNOUNCE_AHEAD), leaving 40 of them for Kafka's answer.
 RECONCILER_FETCH = {"fetch.min.bytes": 256 * 1024, "fetch.wait.max.ms": 100}
 WORKER_LINGER_MS = 10
 R = TypeVar("R", bound=Reconciler)

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer as _Consumer
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka import Producer as _Producer
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, NewTopic, TopicMetadata  # type: ignore[attr-defined]
 from prometheus_client import Gauge
 
 from scheduler.kafka.connection import KafkaConnection
@@ -78,15 +78,6 @@ _E = TypeVar("_E", bound=TransportError)
 
 def _error(kind: type[_E], prefix: str, err: KafkaError) -> _E:
     return kind(f"{prefix}{err.str()}", code=err.name(), retriable=err.retriable())
-
-
-def _led(topic: Any) -> bool:
-    """Whether a topic's metadata shows every partition with a leader and no error."""
-    return (
-        topic.error is None
-        and bool(topic.partitions)
-        and all(p.error is None and p.leader >= 0 for p in topic.partitions.values())
-    )
 
 
 def _from_exception(kind: type[_E], prefix: str, exc: KafkaException) -> _E:
@@ -213,8 +204,10 @@ def consumer_config(
         "isolation.level": "read_committed",
         "partition.assignment.strategy": "cooperative-sticky",
         # How long the broker holds a fetch that finds nothing (librdkafka's default); a message
-        # arriving answers it at once, so this only paces a quiet consumer's requests: 2 a second
+        # arriving answers it at once, so this paces a quiet consumer's requests: 2 a second
         # rather than 20 at 50 ms, each costing the broker CPU (bench/README.md, Kafka's requests).
+        # The cost: librdkafka keeps one fetch in flight per broker, so a partition assigned or
+        # resumed meanwhile is first fetched when that one returns, up to 500 ms later.
         "fetch.wait.max.ms": 500,
         "session.timeout.ms": 10_000,
         "heartbeat.interval.ms": 1_000,
@@ -608,6 +601,25 @@ class ConsumerSlot:
             self._consumer = None
 
 
+def not_led(listed: Mapping[str, TopicMetadata], names: Iterable[str]) -> list[str]:
+    """Of ``names``, why each topic not ready yet is not: missing from the metadata ``listed``, or
+    a partition without a leader (or with an error). Empty when every one is ready."""
+    pending = []
+    for name in names:
+        topic = listed.get(name)
+        if topic is None:
+            pending.append(f"topic {name} is not listed")
+        elif topic.error is not None:
+            pending.append(f"topic {name} is listed with an error ({topic.error.str()})")
+        elif not topic.partitions:
+            pending.append(f"topic {name} has no partitions")
+        else:
+            unled = sorted(p.id for p in topic.partitions.values() if p.error is not None or p.leader < 0)
+            if unled:
+                pending.append(f"topic {name} has no leader for partitions {unled}")
+    return pending
+
+
 class TopicAdmin:
     """Topics, and the metadata round trip that tells whether the cluster answers."""
 
@@ -643,7 +655,9 @@ class TopicAdmin:
         config: Mapping[str, str] | None = None,
         timeout_s: float = 30.0,
     ) -> list[str]:
-        """Create the topics that do not exist yet; returns the ones created now."""
+        """Create the topics that do not exist yet; returns the ones created now. Returns once
+        each of them is listed with a leader for every partition (raises KafkaUnavailable if that
+        takes longer than ``timeout_s``)."""
         existing = self.topics(timeout_s)
         wanted = [n for n in names if n not in existing]
         if not wanted:
@@ -665,19 +679,22 @@ class TopicAdmin:
                 # Another process created it between our look and our create: that is what we wanted.
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise _from_exception(TransportError, f"creating topic {name} failed: ", exc) from None
-        self._wait_visible(wanted, timeout_s)
+        self._wait_led(wanted, timeout_s)
         return created
 
-    def _wait_visible(self, names: Sequence[str], timeout_s: float) -> None:
-        # A topic is listed before its partitions have leaders; until they do, producing to it or
-        # reading its offsets fails (NOT_LEADER_FOR_PARTITION), so "created" means "led".
+    def _wait_led(self, names: Sequence[str], timeout_s: float) -> None:
+        # A topic is listed before its partitions have leaders, and until they do every produce to
+        # it or read of its offsets fails (NOT_LEADER_FOR_PARTITION). Waiting for them makes that
+        # unlikely, not impossible: a broker may be named leader a moment before it serves the
+        # partition, so callers still retry.
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            listed = self._metadata(timeout_s).topics
-            if all(n in listed and _led(listed[n]) for n in names):
+        while True:
+            pending = not_led(self._metadata(timeout_s).topics, names)
+            if not pending:
                 return
+            if time.monotonic() >= deadline:
+                raise KafkaUnavailable(f"after {timeout_s:.0f} s, {'; '.join(pending)}")
             time.sleep(0.05)
-        raise KafkaUnavailable(f"topics {sorted(names)} have no leaders after {timeout_s:.0f} s")
 
     def topics(self, timeout_s: float = 10.0) -> set[str]:
         return {name for name in self._metadata(timeout_s).topics if not name.startswith("__")}

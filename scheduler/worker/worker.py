@@ -176,7 +176,7 @@ MAX_HELD_BYTES = 64 * 1024 * 1024
 # The longest hold: the greatest SCHEDULER_LOOKAHEAD_S allowed (60 s) and a margin for clocks.
 MAX_HOLD = timedelta(seconds=65)
 # A held job's start event is produced this long before its instant, so that Kafka has
-# acknowledged it (the producer's linger and a round trip, a few ms; tens under load) by the time
+# acknowledged it (the producer's 10 ms linger and a round trip; tens of ms under load) by the time
 # the handler is due: the handler runs at its instant rather than that much after it. The event
 # says the attempt starts at the instant. Only into a slot that is free and that no waiting job
 # wants (see _hold): the job keeps that slot, idle, from the announcement on.

@@ -413,7 +413,7 @@ def test_no_job_runs_while_kafka_refuses_its_start_and_all_run_once_after(
         def all_succeeded() -> bool:
             try:
                 return set(read_outcomes(settings).succeeded) == {j.run_id for j in jobs}
-            except KafkaException:  # topics this new may not have their leaders yet
+            except KafkaException:  # a broker may refuse topics this new for a moment
                 return False
 
         wait_for(all_succeeded, 90, "every outcome")
