@@ -602,8 +602,8 @@ class ConsumerSlot:
 
 
 def not_led(listed: Mapping[str, TopicMetadata], names: Iterable[str]) -> list[str]:
-    """Of ``names``, why each topic not ready yet is not: missing from the metadata ``listed``, or
-    a partition without a leader (or with an error). Empty when every one is ready."""
+    """Why each of the topics ``names`` is not ready by the metadata ``listed``: not listed, listed
+    with an error, or with partitions that have no leader (or an error). Empty when all are ready."""
     pending = []
     for name in names:
         topic = listed.get(name)
