@@ -687,14 +687,17 @@ class TopicAdmin:
         # it or read of its offsets fails (NOT_LEADER_FOR_PARTITION). Waiting for them makes that
         # unlikely, not impossible: a broker may be named leader a moment before it serves the
         # partition, so callers still retry.
+        # Each metadata request gets only the time left, so a slow broker cannot stretch the wait
+        # past timeout_s (the relay passes a short one to keep its claim).
         deadline = time.monotonic() + timeout_s
         while True:
-            pending = not_led(self._metadata(timeout_s).topics, names)
+            left = deadline - time.monotonic()
+            pending = not_led(self._metadata(max(left, 0.1)).topics, names)
             if not pending:
                 return
-            if time.monotonic() >= deadline:
+            if left <= 0:
                 raise KafkaUnavailable(f"after {timeout_s:.0f} s, {'; '.join(pending)}")
-            time.sleep(0.05)
+            time.sleep(min(0.05, left))
 
     def topics(self, timeout_s: float = 10.0) -> set[str]:
         return {name for name in self._metadata(timeout_s).topics if not name.startswith("__")}
