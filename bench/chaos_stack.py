@@ -26,11 +26,13 @@ from scheduler.devstack.process import is_alive
 
 # Below Linux's ephemeral range (32768-60999), so a client socket does not take a port meanwhile.
 _PORTS_FROM, _PORTS_TO = 20_000, 32_000
+# Every port this process handed out: a caller may pick several before any is bound (three API
+# processes started together), and each check alone would find the same port still free.
+_handed_out: set[int] = set()
 
 
 def _port_free(port: int) -> bool:
     with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("0.0.0.0", port))
         except OSError:
@@ -39,14 +41,20 @@ def _port_free(port: int) -> bool:
 
 
 def free_port_range(count: int, avoid: set[int] | None = None) -> int:
-    """The first of ``count`` consecutive ports free now (and not in ``avoid``)."""
-    taken = avoid or set()
+    """The first of ``count`` consecutive ports free now, not in ``avoid`` and not handed out
+    before by this process."""
+    taken = _handed_out | (avoid or set())
     for _ in range(1000):
         base = random.randrange(_PORTS_FROM, _PORTS_TO - count)
         span = range(base, base + count)
         if not taken.intersection(span) and all(_port_free(p) for p in span):
+            _handed_out.update(span)
             return base
     raise RuntimeError(f"no {count} consecutive free ports in {_PORTS_FROM}-{_PORTS_TO}")
+
+
+def free_port() -> int:
+    return free_port_range(1)
 
 
 class ChaosStack:

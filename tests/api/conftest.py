@@ -17,13 +17,13 @@ import httpx
 import psycopg
 import pytest
 
+from bench.chaos_stack import free_port
 from scheduler.config import DEFAULT_RATE_LIMITS, Settings, load_settings
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.schedule import service
 from scheduler.store import connect
 from tests.api.client import SECRET, GrpcCaller, HttpCaller
 from tests.conftest import StackInfo, fresh_database, stack_env
-from tests.e2e.health import free_port
 from tests.support import Component, wait_for
 
 APPS = ("alpha", "beta")

@@ -32,10 +32,10 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from google.protobuf import json_format
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
+from bench.chaos_stack import free_port
 from scheduler.api.service import METHODS
 from tests.api.client import ADMIN, SECRET, USER, VIEWER, GrpcCaller, HttpCaller, Outcome, _grpc_error, token
 from tests.api.conftest import ApiProcess, ApiStack, _serving
-from tests.e2e.health import free_port
 from tests.support import SCHEDULER, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -15,9 +15,9 @@ import grpc
 import httpx
 import pytest
 
+from bench.chaos_stack import free_port
 from tests.api.client import GrpcCaller, HttpCaller, Outcome, token
 from tests.api.conftest import ApiProcess, ApiStack
-from tests.e2e.health import free_port
 from tests.support import SCHEDULER, wait_for
 
 Caller = HttpCaller | GrpcCaller

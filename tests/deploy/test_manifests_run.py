@@ -28,7 +28,6 @@ import functools
 import json
 import os
 import shlex
-import socket
 import subprocess
 import threading
 import time
@@ -45,6 +44,7 @@ import psycopg
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.chaos_stack import free_port
 from scheduler.kafka.transport import TopicAdmin
 from tests.api.client import ADMIN, token
 from tests.conftest import StackInfo
@@ -94,12 +94,6 @@ def pod_address() -> str:
         if "inet" in fields:
             return fields[fields.index("inet") + 1].split("/")[0]
     return "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def podman(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,4 @@
-"""What the operability tests share: free port ranges, a component's endpoints over plain HTTP, the
+"""What the operability tests share: a component's endpoints over plain HTTP, the
 metric families a ``/metrics`` page declares, the CLI as a user types it, and ``scheduler run all``
 as a supervised process tree of the test's own."""
 
@@ -8,10 +8,8 @@ import contextlib
 import http.client
 import json
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -25,32 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import SCHEDULER, wait_for
 
-# Below Linux's ephemeral range (32768-60999), so a client socket does not take a port meanwhile.
-_PORTS_FROM, _PORTS_TO = 20_000, 32_000
 # Plain HTTP to 127.0.0.1, whatever proxy the environment names.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_range(count: int) -> int:
-    """The first of ``count`` consecutive ports that are free now."""
-    for _ in range(500):
-        base = random.randrange(_PORTS_FROM, _PORTS_TO - count)
-        if all(_port_free(base + offset) for offset in range(count)):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports in {_PORTS_FROM}-{_PORTS_TO}")
-
-
-def free_port() -> int:
-    return free_port_range(1)
 
 
 @dataclass(frozen=True)

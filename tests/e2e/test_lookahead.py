@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from bench.chaos_stack import free_port
 from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import JobMessage, JobResult
@@ -26,7 +27,7 @@ from scheduler.kafka.transport import TopicAdmin
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, schedules
-from tests.e2e.health import free_port, get, sample_values
+from tests.e2e.health import get, sample_values
 from tests.support import SCHEDULER, Component, attempts_history, components, read_topic, wait_for
 
 pytestmark = pytest.mark.e2e

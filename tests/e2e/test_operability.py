@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from bench.chaos_stack import free_port, free_port_range
 from scheduler import __version__
 from scheduler.devstack.postgres import LocalPostgres
 from scheduler.kafka.transport import TopicAdmin
@@ -31,8 +32,6 @@ from tests.e2e.health import (
     cli,
     cli_json,
     declared_metrics,
-    free_port,
-    free_port_range,
     get,
     sample_values,
     status,

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.health import cli, cli_json, free_port, get, wait_for_statuses
+from bench.chaos_stack import free_port
+from tests.e2e.health import cli, cli_json, get, wait_for_statuses
 from tests.support import Component, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -5,13 +5,13 @@ under a running relay."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.chaos_stack import free_port
 from scheduler.config import Settings, load_settings
 from scheduler.devstack.kafka import LocalKafka
 from scheduler.kafka.avro import AvroCodec
@@ -23,12 +23,6 @@ from tests.e2e.test_fire_on_time import PUBLISHED
 from tests.support import Component, read_topic, wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from bench.chaos_stack import free_port
 from scheduler.config import Settings
-from tests.e2e.health import cli, cli_json, free_port, wait_for_statuses
+from tests.e2e.health import cli, cli_json, wait_for_statuses
 from tests.otlp_receiver import ReceivedSpan, Receiver, otlp_receiver
 from tests.support import Component, components, wait_for
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from bench.chaos_stack import free_port
 from scheduler.devstack.process import is_alive
 
 pytestmark = pytest.mark.integration
@@ -23,12 +24,6 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     return subprocess.run(
         [SCHEDULER, *args], env=env, capture_output=True, text=True, check=False, timeout=300
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
