@@ -30,14 +30,6 @@ log = logging.getLogger("scheduler.process")
 EXIT_MARGIN_S = 5.0
 # How soon the main thread notices a signal (see run_component's handler).
 SIGNAL_POLL_S = 0.1
-# The cycle collector's youngest generation is collected after this many more container objects
-# were allocated than freed (Python's default is 700). The components make next to no cycles (their
-# objects go by reference counting), so a young collection seldom finds garbage, but it walks every
-# object a batch holds meanwhile, and each collection stops every thread of the process. At 700 an
-# ingestor spent a sixth of its CPU collecting on a bulk create, and a worker at 500 fires/s
-# collected 16 times a second, for up to 16 ms each, which a fire due meanwhile waited out
-# (bench/README.md, "Late starts come in episodes").
-YOUNG_COLLECTION_AFTER = 50_000
 
 
 def build_info(registry: CollectorRegistry, component: str) -> None:
@@ -95,7 +87,6 @@ def run_component(
     # a start-up object that becomes cyclic garbage later is never freed, at most once each.
     gc.collect()
     gc.freeze()
-    gc.set_threshold(YOUNG_COLLECTION_AFTER, *gc.get_threshold()[1:])
     threads = [threading.Thread(target=guarded, args=(s,), name=s.name, daemon=True) for s in services]
     for thread in threads:
         thread.start()
