@@ -569,7 +569,7 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
         cli(env, "init")
         cli(env, "apps", "create", APP, "--partitions", str(options.partitions))
         names = [*PIPELINE, *worker_names(options)]
-        base = free_port_range(len(names), set(stack.ports.values()))
+        base = free_port_range(len(names))
         argv = [sys.executable, "-m", "scheduler", "run", "all", "--app", APP]
         argv += ["--workers", str(options.workers), "--concurrency", str(options.concurrency)]
         sup = Supervised([*argv, "--metrics-port", str(base)], env, logs)

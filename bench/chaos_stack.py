@@ -40,14 +40,12 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def free_port_range(count: int, avoid: set[int] | None = None) -> int:
-    """The first of ``count`` consecutive ports free now, not in ``avoid`` and not handed out
-    before by this process."""
-    taken = _handed_out | (avoid or set())
+def free_port_range(count: int) -> int:
+    """The first of ``count`` consecutive ports free now and not handed out before by this process."""
     for _ in range(1000):
         base = random.randrange(_PORTS_FROM, _PORTS_TO - count)
         span = range(base, base + count)
-        if not taken.intersection(span) and all(_port_free(p) for p in span):
+        if not _handed_out.intersection(span) and all(_port_free(p) for p in span):
             _handed_out.update(span)
             return base
     raise RuntimeError(f"no {count} consecutive free ports in {_PORTS_FROM}-{_PORTS_TO}")
@@ -64,9 +62,7 @@ class ChaosStack:
         self.dir = Path(tempfile.mkdtemp(prefix="scheduler-chaos-"))
         # PostgreSQL runs as nobody when we are root: it must be able to reach its folder.
         self.dir.chmod(0o755)
-        pg_port = free_port_range(1)
-        kafka_port = free_port_range(1, {pg_port})
-        controller_port = free_port_range(1, {pg_port, kafka_port})
+        pg_port, kafka_port, controller_port = free_port(), free_port(), free_port()
         self.postgres = LocalPostgres(self.dir, pg_port)
         self.kafka = LocalKafka(self.dir, kafka_port, controller_port)
         self.ports = {"pg": pg_port, "kafka": kafka_port, "controller": controller_port}
