@@ -83,6 +83,9 @@ def build_server(api: SchedulerApi, executor: Executor) -> tuple[grpc.aio.Server
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # gRPC binds with SO_REUSEPORT by default: a second API given the same port would start
+            # and take half the connections. A port is one process's, as the HTTP port is.
+            ("grpc.so_reuseport", 0),
         ]
     )
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
