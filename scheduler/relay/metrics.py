@@ -40,7 +40,7 @@ QUARANTINED = Counter(
 HELD = Counter(
     "scheduler_relay_held_total",
     "Outbox rows handed back because their topic does not exist and cannot be created, by cause",
-    ["cause"],  # no_app, core_topic, create_failed
+    ["cause"],  # no_app, core_topic, create_failed, not_ready
     registry=REGISTRY,
 )
 HELD_TOPICS = Gauge(

@@ -46,7 +46,14 @@ from opentelemetry.trace import Span, SpanKind
 from scheduler.config import Settings
 from scheduler.kafka.topics import ensure_sized_topics
 from scheduler.kafka.tracing import HEADER
-from scheduler.kafka.transport import DeliveryError, OutgoingMessage, Producer, TopicAdmin, TransportError
+from scheduler.kafka.transport import (
+    DeliveryError,
+    KafkaUnavailable,
+    OutgoingMessage,
+    Producer,
+    TopicAdmin,
+    TransportError,
+)
 from scheduler.relay import metrics
 from scheduler.runtime.service import Check, Service
 from scheduler.store import outbox
@@ -108,7 +115,7 @@ def _cause(error: DeliveryError) -> str:
 class _Hold:
     """Why the rows of a topic that does not exist wait: a bounded ``cause`` and a line for operators."""
 
-    cause: str  # no_app, core_topic, create_failed
+    cause: str  # no_app, core_topic, create_failed, not_ready
     reason: str
 
 
@@ -377,6 +384,11 @@ class Relay(Service):
         for topic, count in sorted(partitions.items()):
             try:
                 ensure_sized_topics(self.admin, [topic], count, timeout_s)
+            except KafkaUnavailable as exc:
+                # Created (or being created) but without a leader yet, or Kafka did not answer: the
+                # next batch looks again, and finds it ready or missing.
+                holds[topic] = _Hold("not_ready", f"it did not exist and is not ready yet: {exc}")
+                continue
             except TransportError as exc:
                 holds[topic] = _Hold("create_failed", f"it does not exist and creating it failed: {exc}")
                 continue
