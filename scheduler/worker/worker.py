@@ -1076,12 +1076,6 @@ class Worker(Service):
         self._enter(fetched)
         try:
             result = await self._run_handler(delivery, job, started)
-        except HandlerError as exc:
-            if isinstance(exc, HandlerNotFound):
-                metrics.REFUSED_HANDLERS.labels(self.app).inc()
-            return self._failed(delivery, job, started, str(exc), exc.error_class, exc.retryable)
-        except _TimedOut as exc:
-            return self._failed(delivery, job, started, str(exc), "Timeout", True)
         except asyncio.CancelledError:
             if _cancel_requested():
                 raise
@@ -1090,12 +1084,27 @@ class Worker(Service):
                 delivery, job, started, "the handler's work was cancelled", "CancelledError", True
             )
         except Exception as exc:
-            # Stored as "<class>: <error>", so the class is not repeated in the error itself.
-            return self._failed(
-                delivery, job, started, str(exc) or type(exc).__name__, type(exc).__name__, True
-            )
+            try:
+                return self._failed_by(delivery, job, started, exc)
+            finally:
+                # Its traceback holds the handler's frames (the job's context and payload) and the
+                # task that holds the exception: a cycle only the cycle collector would free, late
+                # for a run of failing jobs. Nothing reads the traceback once the outcome is built.
+                _drop_tracebacks(exc)
         self._succeeded(delivery, job, started, result)
         return "succeeded", None
+
+    def _failed_by(
+        self, delivery: Delivery, job: JobMessage, started: datetime, exc: Exception
+    ) -> tuple[str, tuple[str, str]]:
+        if isinstance(exc, HandlerError):
+            if isinstance(exc, HandlerNotFound):
+                metrics.REFUSED_HANDLERS.labels(self.app).inc()
+            return self._failed(delivery, job, started, str(exc), exc.error_class, exc.retryable)
+        if isinstance(exc, _TimedOut):
+            return self._failed(delivery, job, started, str(exc), "Timeout", True)
+        # Stored as "<class>: <error>", so the class is not repeated in the error itself.
+        return self._failed(delivery, job, started, str(exc) or type(exc).__name__, type(exc).__name__, True)
 
     async def _run_handler(self, delivery: Delivery, job: JobMessage, started: datetime) -> Any:
         handler = self.handlers.resolve(job.handler)
@@ -1560,6 +1569,19 @@ def _cancel_requested() -> bool:
     raising CancelledError of its own accord."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+def _drop_tracebacks(exc: BaseException) -> None:
+    """Drop the tracebacks of ``exc`` and of the exceptions chained to it."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.__traceback__ = None
+        pending += [current.__cause__, current.__context__]
 
 
 async def _guarded(handler: Handler, context: JobContext) -> Any:

@@ -8,6 +8,7 @@ independent client: no PostgreSQL component runs, so what is seen is the worker'
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -35,7 +36,7 @@ from scheduler.kafka.messages import JobDeadLetter, JobMessage, JobResult, JobRe
 from scheduler.kafka.transport import Consumer, TopicAdmin, consumer_config
 from scheduler.runtime.service import Check
 from scheduler.wiring import Wiring
-from scheduler.worker.handlers import HandlerRegistry
+from scheduler.worker.handlers import HandlerRegistry, JobContext
 from scheduler.worker.metrics import REGISTRY
 from scheduler.worker.worker import LOOP_STALL_S, Worker, WorkerTopics
 from tests.support import Component, read_records, wait_for
@@ -614,3 +615,31 @@ def test_an_async_handler_blocking_the_job_loop_makes_the_worker_not_ready_until
     finally:
         stop.set()
         thread.join(30)
+
+
+def test_a_failed_job_is_freed_at_once_not_left_to_the_cycle_collector(topics: Settings) -> None:
+    """A failure's traceback must not tie the job's context (and its payload) into a reference cycle:
+    such cycles wait for the collector, and a run of failures with big payloads would pile up there."""
+    failing = [job("builtin:fail", {"pad": "x" * 1000}) for _ in range(10)]
+    failing += [job(f"{FIXTURES}:fail_async", {"pad": "y" * 1000}) for _ in range(10)]
+    failing += [job(f"{FIXTURES}:refuse", {"pad": "z" * 1000}) for _ in range(10)]
+    worker = in_process_worker(topics, "freeing-worker", concurrency=4, grace_s=5)
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,))
+    gc.collect()
+    gc.disable()
+    try:
+        thread.start()
+        publish(topics, failing)
+        wanted = {j.run_id for j in failing}
+        wait_for(lambda: wanted <= set(read_outcomes(topics).dead), 60, "every job's dead letter")
+        # Only a cycle keeps a finished job's context alive once its outcome is out.
+        wait_for(lambda: not _contexts_of(wanted), 10, "the failed jobs' contexts to be freed")
+    finally:
+        gc.enable()
+        stop.set()
+        thread.join(30)
+
+
+def _contexts_of(run_ids: set[uuid.UUID]) -> list[JobContext]:
+    return [o for o in gc.get_objects() if isinstance(o, JobContext) and o.run_id in run_ids]

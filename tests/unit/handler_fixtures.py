@@ -139,3 +139,8 @@ def returns_coroutine(ctx: JobContext) -> Any:
 async def blocks_the_loop(ctx: JobContext) -> None:
     """An async handler that blocks its event loop for ``payload["seconds"]`` (a bug to survive)."""
     time.sleep(float(ctx.payload["seconds"]))
+
+
+async def fail_async(ctx: JobContext) -> None:
+    await asyncio.sleep(0)
+    raise ValueError("failed on purpose")
