@@ -114,28 +114,41 @@ class LeaseSweeper(Service):
         return (self.database.check(), self.kafka_check)
 
     def step(self) -> bool:
-        more = self._kafka_settled() and self.sweep(self.session.conn).swept >= BATCH
+        more = self._sweep_once_settled()
         # The history's retention judges nothing by Kafka: it runs whether Kafka answers or not.
         return self.retention.step() or more
 
-    def _kafka_settled(self) -> bool:
-        """Whether Kafka has answered without a break for longer than a lease window (and a grace):
-        only then can a lease that passed mean a silent worker rather than one cut off from Kafka,
-        whose heartbeats are still queued in its producer."""
+    def _sweep_once_settled(self) -> bool:
+        """One sweep when Kafka has settled; otherwise leases that passed are held (and said to
+        be), and with none passed there is nothing held to speak of. Whether a batch is left."""
+        unsettled = self._kafka_unsettled()
+        if unsettled is None:
+            return self.sweep(self.session.conn).swept >= BATCH
+        conn = self.session.conn
+        with conn.transaction():
+            due = store.expired_leases_due(conn).due
+        if due:
+            self._held(unsettled)
+        else:
+            self._not_held("none has passed")
+        return False
+
+    def _kafka_unsettled(self) -> str | None:
+        """Why Kafka has not settled, or None once it has answered without a break for longer than
+        a lease window (and a grace): only then can a lease that passed mean a silent worker rather
+        than one cut off from Kafka, whose heartbeats are still queued in its producer."""
         now = time.monotonic()
         try:
             self.kafka_check.probe()
         except Exception as exc:
             self._kafka_answering_since = None
-            self._held(f"Kafka does not answer ({exc})")
-            return False
+            return f"Kafka does not answer ({exc})"
         if self._kafka_answering_since is None:
             self._kafka_answering_since = now
         answering_s = now - self._kafka_answering_since
         if answering_s < self.settle_s:
-            self._held(f"Kafka has answered for {answering_s:.0f} s only; workers' heartbeats may be queued")
-            return False
-        return True
+            return f"Kafka has answered for {answering_s:.0f} s only; workers' heartbeats may be queued"
+        return None
 
     def idle(self, stop: threading.Event) -> None:
         stop.wait(SWEEP_EVERY_S)
@@ -156,7 +169,7 @@ class LeaseSweeper(Service):
                 due = store.expired_leases_due(conn, now)
             if not due.due:
                 self._barrier = None
-                self._not_held()
+                self._not_held("none has passed")
                 return Sweep()
             try:
                 barrier = _Barrier(due.now, self.positions.ends())
@@ -192,9 +205,9 @@ class LeaseSweeper(Service):
             self._held_logged = now
             self.log.warning("holding expired leases for %.0f s: %s", held_s, why)
 
-    def _not_held(self) -> None:
+    def _not_held(self, why: str = "the reconciler has read the outcome topics") -> None:
         if self._held_logged >= 0:
-            self.log.info("expired leases no longer held: the reconciler has read the outcome topics")
+            self.log.info("expired leases no longer held: %s", why)
         self._held_since = None
         self._held_logged = -HELD_LOG_EVERY_S
         metrics.SWEEP_HELD.set(0)

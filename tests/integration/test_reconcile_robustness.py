@@ -8,6 +8,7 @@ outcome topics; and a buffered fire inserted while the run before it ends.
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -912,3 +913,37 @@ def test_a_server_that_loses_prepared_statements_is_planned_for_from_then_on(
         [row] = conn.execute("select count(*)::int as n from pg_prepared_statements").fetchall()
     assert row["n"] == 0
     assert run_row(settings, second)["state"] == "running"
+
+
+def test_a_sweeper_waiting_for_kafka_to_settle_holds_nothing_until_a_lease_has_passed(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("scheduler.reconcile.lease_sweeper.time.monotonic", lambda: clock[0])
+    [started] = dispatched_runs(settings, 1)
+    sweeper = Wiring(settings).lease_sweeper()
+    try:
+        # Just started: Kafka has not answered for a lease window yet, but no lease has passed.
+        with caplog.at_level(logging.INFO, logger="scheduler.lease-sweeper"):
+            for _ in range(4):
+                sweeper.step()
+                clock[0] += 3.0
+        assert metrics.SWEEP_HELD._value.get() == 0
+        assert "holding expired leases" not in caplog.text
+
+        with connect(settings.database_url) as conn:
+            conn.execute(
+                "update runs set state = 'running', started_at = now() - interval '2 minutes', "
+                "lease_expires_at = now() - interval '1 minute' where id = %s",
+                (started.id,),
+            )
+            conn.commit()
+        with caplog.at_level(logging.WARNING, logger="scheduler.lease-sweeper"):
+            for _ in range(3):
+                sweeper.step()
+                clock[0] += 3.0
+        assert metrics.SWEEP_HELD._value.get() == 6.0
+        assert "holding expired leases for 6 s: Kafka has answered for" in caplog.text
+        assert run_row(settings, started)["state"] == "running", "not swept before Kafka settled"
+    finally:
+        sweeper.close()

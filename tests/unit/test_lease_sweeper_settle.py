@@ -44,16 +44,18 @@ def test_sweeps_wait_for_kafka_to_have_answered_longer_than_a_lease_window(
         lease_window_s=30,
     )
     assert sweeper.settle_s == 30 + lease_sweeper.KAFKA_SETTLE_GRACE_S
-    assert not sweeper._kafka_settled()  # just started: Kafka has answered for 0 s
+    assert sweeper._kafka_unsettled() == (  # just started
+        "Kafka has answered for 0 s only; workers' heartbeats may be queued"
+    )
     clock.now += sweeper.settle_s + 1
-    assert sweeper._kafka_settled()
+    assert sweeper._kafka_unsettled() is None
     kafka_up = False
     clock.now += 1
-    assert not sweeper._kafka_settled()
+    assert sweeper._kafka_unsettled() is not None
     kafka_up = True
     clock.now += 1
-    assert not sweeper._kafka_settled()
+    assert sweeper._kafka_unsettled() is not None
     clock.now += sweeper.settle_s - 2
-    assert not sweeper._kafka_settled()
+    assert sweeper._kafka_unsettled() is not None
     clock.now += 3
-    assert sweeper._kafka_settled()
+    assert sweeper._kafka_unsettled() is None
