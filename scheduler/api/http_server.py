@@ -26,7 +26,7 @@ from google.protobuf.message import Message
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from scheduler.api.errors import ApiError, Code, invalid
-from scheduler.api.messages import as_dict
+from scheduler.api.messages import MAX_PAGE, as_dict
 from scheduler.api.openapi import document
 from scheduler.api.routes import ROUTES, Route
 from scheduler.api.service import METHODS, SchedulerApi
@@ -146,6 +146,8 @@ def _request_message(route: Route, received: _Received) -> Message:
     data |= received.path
     for name, text in received.query.items():
         data[name] = _query_value(fields[name], text)
+    if data.get("limit") == 0:  # in the request message, 0 would mean "not given": the default
+        raise invalid(f"limit must be 1 to {MAX_PAGE}, got 0 (leave it out for the default)", field="limit")
     key = received.idempotency_key
     if key is not None and "idempotency_key" in fields:
         if data.get("idempotency_key", key) != key:

@@ -189,7 +189,11 @@ def instant_of(text: str) -> datetime:
     return moment
 
 
-def page_limit(limit: int, default: int = 50, maximum: int = 500) -> int:
+MAX_PAGE = 500
+
+
+def page_limit(limit: int, default: int = 50, maximum: int = MAX_PAGE) -> int:
+    # 0 is proto3's "not given" (gRPC cannot tell them apart); over HTTP a 0 given is refused.
     if limit == 0:
         return default
     if not 1 <= limit <= maximum:

@@ -12,6 +12,7 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from scheduler import __version__
 from scheduler.api.errors import HTTP_STATUS
+from scheduler.api.messages import MAX_PAGE
 from scheduler.api.routes import ROUTES, Route
 from scheduler.api.service import METHODS
 
@@ -104,12 +105,10 @@ def message_schema(
 
 def _parameter(route: Route, message: Descriptor, name: str, where: str, components: dict[str, Any]) -> Any:
     field = message.fields_by_name[name]
-    return {
-        "name": name,
-        "in": where,
-        "required": where == "path",
-        "schema": _field_schema(field, components, response=False),
-    }
+    schema = _field_schema(field, components, response=False)
+    if name == "limit":
+        schema = schema | {"minimum": 1, "maximum": MAX_PAGE}
+    return {"name": name, "in": where, "required": where == "path", "schema": schema}
 
 
 def _operation(route: Route, components: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from scheduler.api.openapi import document
 from tests.api.client import GrpcCaller, HttpCaller, token
 from tests.api.conftest import ApiStack
 
@@ -99,3 +100,23 @@ def test_what_the_api_does_not_give_is_refused(
     outcome = caller.call("ListRuns", request_json, ROOT)
     assert outcome.code == "INVALID_ARGUMENT", outcome
     assert field in str(outcome.body), outcome
+
+
+@pytest.mark.parametrize("method", ["ListRuns", "ListSchedules", "ListAuditEntries", "ListDeadLetters"])
+def test_a_limit_of_zero_in_the_query_is_refused_not_taken_for_the_default(
+    http: HttpCaller, method: str
+) -> None:
+    # gRPC cannot tell 0 from a limit left out (proto3); a query that says limit=0 can, and means it.
+    request = {"app": "alpha", "limit": 0} if method != "ListRuns" else {"limit": 0}
+    outcome = http.call(method, request, ROOT)
+    assert outcome.code == "INVALID_ARGUMENT", outcome
+    assert "limit must be 1 to 500" in str(outcome.body), outcome
+    parameter = next(
+        p
+        for route in document()["paths"].values()
+        for operation in route.values()
+        if operation.get("operationId") == method
+        for p in operation.get("parameters", [])
+        if p["name"] == "limit"
+    )
+    assert (parameter["schema"]["minimum"], parameter["schema"]["maximum"]) == (1, 500)
