@@ -6,7 +6,7 @@ twice and then succeeds, one that always fails and is dead-lettered, and an HTTP
 endpoint it serves itself on 127.0.0.1), starts every component as a process, the API included
 (with a secret made for the demo when none is configured, and a token for the demo app printed
 with the API's URL), and shows runs as they complete. Ctrl-C (or ``--duration``) stops everything
-it started.
+it started, and cancels its schedules still active.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import replace
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import click
+import psycopg
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
@@ -126,8 +128,7 @@ def demo(duration: float | None, workers: int) -> None:
 
     with database(wiring) as conn:
         service.create_app(conn, wiring.admin, settings, APP, 3, actor())
-        for old in schedule_store.list_schedules(conn, app=APP, state="active"):
-            service.cancel(conn, old["id"], actor())  # a fresh screen on every `make run`
+        _cancel_demo_schedules(conn)  # a fresh screen on every `make run`, after a crash too
         now = schedule_store.db_now(conn)
         specs = {
             "every-5s-tokyo": ScheduleSpec(
@@ -176,4 +177,21 @@ def demo(duration: float | None, workers: int) -> None:
 
         code = Supervisor(children, metrics_port=settings.metrics_port, tick=tick).run()
     server.shutdown()
+    # Left active, its crons would go on firing under any later `scheduler run all`, and the HTTP
+    # one would be dead-lettered every 15 s: its endpoint and allow-list were this process's. What
+    # a user created in the app meanwhile is theirs, and stays.
+    with database(wiring) as conn:
+        ended = _cancel_demo_schedules(conn, specs)
+    click.echo(f"demo: its {ended} active schedules cancelled (their runs stay listed)")
     raise SystemExit(code)
+
+
+def _cancel_demo_schedules(
+    conn: psycopg.Connection[dict[str, Any]], names: Collection[str] | None = None
+) -> int:
+    """Cancel the demo app's active schedules (only those named ``names``, when given)."""
+    active = schedule_store.list_schedules(conn, app=APP, state="active")
+    ended = [s for s in active if names is None or s["name"] in names]
+    for schedule in ended:
+        service.cancel(conn, schedule["id"], actor())
+    return len(ended)

@@ -39,8 +39,24 @@ def test_the_demo_runs_every_schedule_kind_and_stops_cleanly(
         lambda: _get(f"{url.group(1)}/v1/schedules?app=demo", token.group(1)), 60, "the demo's API to answer"
     )
     assert {s["name"] for s in listed["schedules"]} >= {"every-5s-tokyo", "delayed-10s", "http-local"}
-    _, stderr = demo.communicate(timeout=120)
+    # A schedule the user made in the demo's app is theirs: the demo's stop leaves it as it is.
+    mine = httpx.post(
+        f"{url.group(1)}/v1/schedules",
+        json={"app": "demo", "name": "mine", "cron_expression": "0 3 * * *", "handler": "builtin:noop"},
+        headers={"Authorization": f"Bearer {token.group(1)}"},
+        timeout=10,
+        trust_env=False,
+    )
+    assert mine.status_code == 200, mine.text
+    stdout, stderr = demo.communicate(timeout=120)
     assert demo.returncode == 0, stderr[-3000:]
+    # Its own crons do not go on firing under a later `scheduler run all` (whose HTTP jobs would be
+    # refused: the endpoint and the allow-list were the demo's).
+    assert "its 2 active schedules cancelled" in stdout, stdout[-2000:]
+    with connect(settings.database_url) as conn:
+        states = {r["name"]: r["state"] for r in conn.execute("select name, state from schedules")}
+    assert states["every-5s-tokyo"] == states["http-local"] == "cancelled"
+    assert states["mine"] == "active"
     with connect(settings.database_url) as conn:
         rows: list[dict[str, Any]] = conn.execute(
             "select s.name, r.state, r.attempt from runs r join schedules s on s.id = r.schedule_id"
