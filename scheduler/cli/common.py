@@ -15,11 +15,12 @@ from uuid import UUID
 import click
 import psycopg
 
-from scheduler.config import ConfigError, Settings, load_settings
+from scheduler.config import Settings, load_settings
 from scheduler.kafka.transport import KafkaUnavailable
 from scheduler.schedule.service import AppConflict, InvalidTransition, KeyConflict, ScheduleNotFound
 from scheduler.schedule.spec import InvalidSchedule
 from scheduler.store.schedules import VersionConflict
+from scheduler.telemetry.logs import check_environment as check_logging_environment
 from scheduler.wiring import Wiring
 
 
@@ -30,9 +31,11 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 def settings_or_exit() -> Settings:
     try:
-        return load_settings()
-    except ConfigError as exc:
+        settings = load_settings()
+        check_logging_environment()
+    except ValueError as exc:  # a ConfigError, or a logging variable's
         fail(str(exc), code=2)
+    return settings
 
 
 def wiring_or_exit() -> Wiring:

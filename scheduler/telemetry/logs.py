@@ -52,6 +52,7 @@ __all__ = [
     "JOB_OUTCOMES_ENV",
     "JOB_OUTCOMES_LOGGER",
     "LEVEL_ENV",
+    "check_environment",
     "configure_logging",
     "job_outcomes",
     "log_context",
@@ -110,6 +111,15 @@ def log_context(
         yield
     finally:
         _job_context.reset(token)
+
+
+def check_environment() -> None:
+    """Raise ``ValueError`` naming the variable when a logging variable holds a bad value: for the
+    commands that never configure logging, so that a typo is said rather than ignored."""
+    _format(_env(FORMAT_ENV, "auto"), FORMAT_ENV)
+    _level(_env(LEVEL_ENV, "INFO"), LEVEL_ENV)
+    _level(_env(JOB_OUTCOMES_ENV, "INFO"), JOB_OUTCOMES_ENV)
+    Redactor.from_env()
 
 
 def configure_logging(

@@ -361,3 +361,21 @@ def test_audit_list_shows_who_changed_what_and_a_description_round_trips(cli: Cl
     by_app = json.loads(cli("audit", "list", "--app", app, "--json").stdout)
     assert {e["entity_id"] for e in by_app} >= {schedule["id"], app}
     assert json.loads(cli("audit", "list", "--app", "no-such-app", "--json").stdout) == []
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SCHEDULER_LOG_LEVEL", "LOUD"),
+        ("SCHEDULER_LOG_FORMAT", "xml"),
+        ("SCHEDULER_REDACT_KEYS", "(unclosed"),
+    ],
+)
+@pytest.mark.parametrize("command", [("apps", "list"), ("schedules", "list"), ("runs", "list")])
+def test_a_bad_logging_variable_stops_every_command_with_one_line(
+    cli: Cli, app: str, variable: str, value: str, command: tuple[str, ...]
+) -> None:
+    done = Cli(cli.env | {variable: value})(*command)
+    assert done.returncode == 2, done
+    assert done.stderr.count("\n") == 1 and variable in done.stderr, done.stderr
+    assert done.stdout == ""
