@@ -19,7 +19,7 @@ from scheduler.config import Settings, load_settings
 from scheduler.kafka.transport import KafkaUnavailable
 from scheduler.schedule.service import AppConflict, InvalidTransition, KeyConflict, ScheduleNotFound
 from scheduler.schedule.spec import InvalidSchedule
-from scheduler.store.schedules import VersionConflict
+from scheduler.store.schedules import VersionConflict, get_app
 from scheduler.telemetry.logs import check_environment as check_logging_environment
 from scheduler.wiring import Wiring
 
@@ -27,6 +27,13 @@ from scheduler.wiring import Wiring
 def fail(message: str, code: int = 1) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     raise SystemExit(code)
+
+
+def known_app(conn: psycopg.Connection[dict[str, Any]], app: str | None) -> None:
+    """Refuse a filter on an app that does not exist (exit 2, as the API's NOT_FOUND): an empty
+    answer would read as an app with nothing in it, and a typo would go unseen."""
+    if app is not None and get_app(conn, app) is None:
+        fail(f"unknown app {app!r} (`scheduler apps list` shows the apps)", code=2)
 
 
 def settings_or_exit() -> Settings:

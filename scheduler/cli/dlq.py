@@ -10,7 +10,15 @@ from rich.console import Console
 from rich.progress import Progress, TextColumn
 from rich.table import Table
 
-from scheduler.cli.common import actor, database, echo_json, parse_instant, uuid_arg, wiring_or_exit
+from scheduler.cli.common import (
+    actor,
+    database,
+    echo_json,
+    known_app,
+    parse_instant,
+    uuid_arg,
+    wiring_or_exit,
+)
 from scheduler.reconcile.replay import Replayer, ReplayFilter
 from scheduler.store import runs as store
 
@@ -32,6 +40,7 @@ def list_(
 ) -> None:
     """List dead runs, newest first."""
     with database(wiring_or_exit()) as conn:
+        known_app(conn, app)
         rows = store.list_dead(
             conn,
             app=app,
@@ -87,6 +96,7 @@ def replay(
     )
     replayer = Replayer(wiring.settings, wiring.dispatcher)
     with database(wiring) as conn:
+        known_app(conn, app)
         candidates = replayer.candidates(conn, where, limit)
         if dry_run:
             if as_json:

@@ -8,7 +8,16 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from scheduler.cli.common import actor, database, echo_json, fail, parse_instant, uuid_arg, wiring_or_exit
+from scheduler.cli.common import (
+    actor,
+    database,
+    echo_json,
+    fail,
+    known_app,
+    parse_instant,
+    uuid_arg,
+    wiring_or_exit,
+)
 from scheduler.domain.run_state import RunState
 from scheduler.reconcile.replay import Replayer
 from scheduler.store import runs as store
@@ -31,6 +40,7 @@ def runs() -> None:
 def list_(schedule_id: UUID | None, app: str | None, state: str | None, limit: int, as_json: bool) -> None:
     """List runs, newest fire first."""
     with database(wiring_or_exit()) as conn:
+        known_app(conn, app)
         rows = store.list_runs(conn, schedule_id=schedule_id, app=app, state=state, limit=limit)
     if as_json:
         echo_json(rows)
@@ -83,6 +93,7 @@ def redispatch(before: str, app: str | None, limit: int, dry_run: bool, as_json:
     wiring = wiring_or_exit()
     replayer = Replayer(wiring.settings, wiring.dispatcher)
     with database(wiring) as conn:
+        known_app(conn, app)
         # A redispatched run is stamped with the time it is queued again: a cut-off later than now
         # would take the same runs again, batch after batch. The database's clock decides.
         with conn.transaction(force_rollback=True):  # each batch below commits on its own

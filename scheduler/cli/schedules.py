@@ -14,7 +14,16 @@ import psycopg
 from rich.console import Console
 from rich.table import Table
 
-from scheduler.cli.common import actor, database, echo_json, fail, parse_instant, uuid_arg, wiring_or_exit
+from scheduler.cli.common import (
+    actor,
+    database,
+    echo_json,
+    fail,
+    known_app,
+    parse_instant,
+    uuid_arg,
+    wiring_or_exit,
+)
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleState
 from scheduler.schedule import service
 from scheduler.schedule.spec import (
@@ -267,6 +276,7 @@ def _schedule_id(conn: psycopg.Connection[dict[str, Any]], schedule: str) -> UUI
 def list_(app: str | None, state: str | None, limit: int, as_json: bool) -> None:
     """List schedules."""
     with database(wiring_or_exit()) as conn:
+        known_app(conn, app)
         rows = store.list_schedules(conn, app, state, limit)
     if as_json:
         echo_json([shown(r) for r in rows])

@@ -379,3 +379,23 @@ def test_a_bad_logging_variable_stops_every_command_with_one_line(
     assert done.returncode == 2, done
     assert done.stderr.count("\n") == 1 and variable in done.stderr, done.stderr
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("schedules", "list"),
+        ("runs", "list"),
+        ("runs", "redispatch", "--dispatched-before", "2020-01-01T00:00:00Z", "--dry-run"),
+        ("dlq", "list"),
+        ("dlq", "replay", "--dry-run"),
+        ("dlq", "replay"),
+    ],
+)
+def test_a_filter_on_an_app_that_does_not_exist_is_refused_not_answered_empty(
+    cli: Cli, app: str, command: tuple[str, ...]
+) -> None:
+    done = cli(*command, "--app", "bilinng")
+    assert done.returncode == 2, done
+    assert done.stderr == "error: unknown app 'bilinng' (`scheduler apps list` shows the apps)\n"
+    assert cli(*command, "--app", app).returncode == 0
