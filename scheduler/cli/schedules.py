@@ -132,7 +132,7 @@ json_only = click.option("--json", "as_json", is_flag=True, help="Print JSON onl
 @schedules.command("create")
 @click.option("--app", required=True)
 @click.option("--now", "now_", is_flag=True, help="Fire once, now.")
-@click.option("--at", "at", help="Fire once at this ISO 8601 time.")
+@click.option("--at", "at", help="Fire once at this ISO 8601 time (without an offset: UTC).")
 @click.option("--cron", "cron", help="Fire on this cron expression (5 or 6 fields, seconds first).")
 @click.option(
     "--key",
@@ -187,7 +187,7 @@ def create(
 
 @schedules.command("update")
 @click.argument("schedule_id", type=uuid_arg)
-@click.option("--at", "at", help="Make it a one-shot at this ISO 8601 time.")
+@click.option("--at", "at", help="Make it a one-shot at this ISO 8601 time (without an offset: UTC).")
 @click.option("--cron", "cron", help="Make it a cron schedule on this expression.")
 @_spec_options(creating=False)
 @click.option("--expect-version", type=int, help="Fail unless the schedule is at this version.")
