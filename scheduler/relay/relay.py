@@ -32,6 +32,7 @@ having one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -196,19 +197,33 @@ class Relay(Service):
         return (self.database.check(), self.kafka_check)
 
     def step(self) -> bool:
-        report = self.relay_once()
-        conn = self.session.conn
-        if time.monotonic() - self._last_stats >= STATS_EVERY_S:
-            with conn.transaction():
-                stats = outbox.stats(conn)
-            metrics.OUTBOX_DEPTH.set(stats.depth)
-            metrics.OUTBOX_OLDEST_AGE.set(stats.oldest_age_s)
-            self._last_stats = time.monotonic()
+        try:
+            report = self.relay_once()
+        except Exception:
+            # Above all while Kafka takes nothing: the outbox then grows, and its gauges must say
+            # so (the oldest row's age is what the outbox alert watches). PostgreSQL's own failure
+            # is the one raised, not the look's.
+            with contextlib.suppress(psycopg.Error):
+                self._observe_outbox()
+            raise
+        self._observe_outbox()
         more = report.taken >= self.settings.relay_batch_size
         if not more:
+            conn = self.session.conn
             with conn.transaction():
                 self._next_available_s = outbox.next_available_in(conn)
         return more
+
+    def _observe_outbox(self) -> None:
+        """The outbox gauges, at most every :data:`STATS_EVERY_S`."""
+        if time.monotonic() - self._last_stats < STATS_EVERY_S:
+            return
+        conn = self.session.conn
+        with conn.transaction():
+            stats = outbox.stats(conn)
+        metrics.OUTBOX_DEPTH.set(stats.depth)
+        metrics.OUTBOX_OLDEST_AGE.set(stats.oldest_age_s)
+        self._last_stats = time.monotonic()
 
     def idle(self, stop: threading.Event) -> None:
         """Woken by the scanner's NOTIFY or when the first held-back row becomes due; never idle
