@@ -229,10 +229,20 @@ class Supervisor:
             delay = random.uniform(0, min(RESTART_MAX_S, RESTART_INITIAL_S * 2**child.failures))
             child.failures += 1
             child.restart_at = now + delay
-            log.error(
-                "%s (pid %d) died: %s; restarting in %.1f s",
-                child.spec.name,
-                child.proc.pid,
-                describe_exit(code),
-                delay,
-            )
+            if code == 0:
+                # Stopped cleanly by someone else's SIGTERM (or its own end): not a crash, though
+                # the pipeline needs it back all the same.
+                log.warning(
+                    "%s (pid %d) stopped on its own (exit status 0); restarting in %.1f s",
+                    child.spec.name,
+                    child.proc.pid,
+                    delay,
+                )
+            else:
+                log.error(
+                    "%s (pid %d) died: %s; restarting in %.1f s",
+                    child.spec.name,
+                    child.proc.pid,
+                    describe_exit(code),
+                    delay,
+                )

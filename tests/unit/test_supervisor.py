@@ -450,3 +450,17 @@ def test_component_argv() -> None:
         "--metrics-port",
         "9100",
     ]
+
+
+def test_a_child_stopped_cleanly_by_someone_else_is_restarted_without_an_error(supervise: Supervise) -> None:
+    run = supervise(["one", "two"])
+    pids = [row.pid for row in run.table()]
+    run.wait_ready(pids)
+
+    os.kill(pids[0], signal.SIGTERM)  # an operator's kill, not the supervisor's stop
+
+    run.wait_log(rf"one \(pid {pids[0]}\) stopped on its own \(exit status 0\); restarting in")
+    run.wait_log(r"restarted one \(pid (\d+)\)")
+    assert "died" not in run.log()
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.proc.wait(10) == 0
