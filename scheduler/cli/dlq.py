@@ -116,7 +116,10 @@ def replay(
         # Small chunks under --rate keep the pace even; without it, one transaction per 500 runs.
         chunk = max(1, min(500, int(rate / 4) if rate else 500))
         with Progress(
-            *Progress.get_default_columns(), TextColumn("{task.completed} runs"), transient=True
+            *Progress.get_default_columns(),
+            TextColumn("{task.completed} runs"),
+            transient=True,
+            console=Console(stderr=True),  # stdout keeps only the result line
         ) as bar:
             task = bar.add_task("replaying", total=len(candidates))
             while replayed < limit:
