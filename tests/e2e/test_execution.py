@@ -99,7 +99,7 @@ def test_failing_twice_succeeds_on_the_third_attempt_with_jittered_backoff(pipel
     )
     run = wait_for(lambda: terminal(pipeline, sid), 60, "the run to end")
     assert run is not None
-    assert (run["state"], run["attempt"]) == ("succeeded", 3)
+    assert (run["state"], run["attempt"], run["error"]) == ("succeeded", 3, None)
     history = [(a["attempt"], a["kind"], a["outcome"]) for a in attempts_of(pipeline, sid)]
     assert [h for h in history if h[1] != "started"] == [
         (1, "retry", "applied"), (2, "retry", "applied"), (3, "succeeded", "applied"),

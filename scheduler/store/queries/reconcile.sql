@@ -133,7 +133,10 @@ with received as (
            finished_at = case when d.kind in ('succeeded', 'dead') then d.finished_at end,
            worker = d.worker,
            result = case when d.kind = 'succeeded' then d.result else r.result end,
+           -- A success has no error (the failed attempts before it keep theirs in `attempts`);
+           -- a start or heartbeat keeps the last failure's, shown while the next attempt runs.
            error = case when d.kind in ('retry', 'dead') then d.error_class || ': ' || d.error
+                        when d.kind = 'succeeded' then null
                         else r.error end,
            -- The database's clock, never the worker's: the worker says how long to wait (older
            -- workers only say until when), at most the longest backoff a schedule can hold.
