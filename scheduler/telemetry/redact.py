@@ -12,6 +12,8 @@ writing, because those texts outlive the process and are read by people who do n
   text of the others.
 - :func:`describe_payload` says what a job payload is shaped like without saying what is in it, for
   a component that wants to mention a payload (payload values are never logged).
+- :func:`mask_payload_values` masks, in a handler's error text, the values of its job's payload
+  that the text quotes.
 
 A key is sensitive when one of the patterns matches part of its name, case-insensitively: the
 defaults (:data:`DEFAULT_SENSITIVE_KEYS`) plus the comma-separated regular expressions of
@@ -252,6 +254,50 @@ def install(redactor: Redactor) -> None:
 def redact_text(text: str) -> str:
     """``text`` with URL credentials, query values, auth tokens and sensitive ``key=value`` masked."""
     return default_redactor().text(text)
+
+
+# Shorter payload values are left: masking every "a", "ok" or "42" would garble the text and hide
+# nothing worth hiding. The count bounds the work a payload of many values costs a failure.
+MIN_MASKED_CHARS: Final = 4
+_MAX_MASKED_VALUES: Final = 1000
+
+
+def mask_payload_values(text: str, payload: str) -> str:
+    """``text`` with each string or number of the JSON ``payload`` that it quotes (one of at least
+    :data:`MIN_MASKED_CHARS` characters) masked: a handler's error may quote its job's payload
+    (``f"card {card} declined"``), and that error is logged, stored and published.
+
+    >>> mask_payload_values("card 4111-1111 declined", '{"card": "4111-1111", "retries": 3}')
+    'card *** declined'
+    """
+    if not text:
+        return text
+    try:
+        decoded = json.loads(payload)
+    except (ValueError, RecursionError):
+        return text
+    quoted: set[str] = set()
+    pending: list[object] = [decoded]
+    seen = 0
+    while pending and seen < _MAX_MASKED_VALUES:
+        value = pending.pop()
+        if isinstance(value, dict):
+            pending.extend(value.values())
+            continue
+        if isinstance(value, list):
+            pending.extend(value)
+            continue
+        if isinstance(value, bool) or value is None:
+            continue
+        seen += 1
+        shown = value if isinstance(value, str) else json.dumps(value)
+        if len(shown) >= MIN_MASKED_CHARS and shown in text:
+            quoted.add(shown)
+    if not quoted:
+        return text
+    # Longest first: a value that contains another is masked whole.
+    pattern = "|".join(re.escape(value) for value in sorted(quoted, key=len, reverse=True))
+    return re.sub(pattern, MASK, text)
 
 
 def redact_mapping(value: Mapping[K, object]) -> dict[K, object]:

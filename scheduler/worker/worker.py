@@ -102,7 +102,7 @@ from scheduler.kafka.transport import (
 )
 from scheduler.runtime.service import Check, Service
 from scheduler.telemetry.logs import job_outcomes, log_context
-from scheduler.telemetry.redact import redact_text
+from scheduler.telemetry.redact import mask_payload_values, redact_text
 from scheduler.telemetry.tracing import (
     JOB_EXECUTION,
     job_attributes,
@@ -1374,8 +1374,9 @@ class Worker(Service):
         """Publish a failed attempt's outcome; returns its status and (error class, error)."""
         finished = datetime.now(UTC)
         # Stored in PostgreSQL and shown to operators: secrets in a handler's error text are masked,
-        # and a text of any size or content fits in the outcome message.
-        error = capped_text(redact_text(error))
+        # as are the job's payload values it quotes, and a text of any size or content fits in the
+        # outcome message.
+        error = capped_text(redact_text(mask_payload_values(error, job.payload)))
         error_class = capped_text(error_class, MAX_ERROR_CLASS_CHARS)
         event_id = new_event_id()
         try:

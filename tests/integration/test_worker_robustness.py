@@ -643,3 +643,19 @@ def test_a_failed_job_is_freed_at_once_not_left_to_the_cycle_collector(topics: S
 
 def _contexts_of(run_ids: set[uuid.UUID]) -> list[JobContext]:
     return [o for o in gc.get_objects() if isinstance(o, JobContext) and o.run_id in run_ids]
+
+
+def test_payload_values_a_handler_error_quotes_are_masked_in_its_outcome_and_log(
+    topics: Settings, start_worker: Any
+) -> None:
+    card = "4111-1111-1111-1111"
+    quoting = job(f"{FIXTURES}:quotes_payload", {"card": card, "amount": 12345})
+    publish(topics, [quoting])
+    worker = start_worker()
+    until([worker], lambda: quoting.run_id in read_outcomes(topics).dead, 60, "its dead letter")
+    letter = read_outcomes(topics).dead[quoting.run_id]
+    assert (letter.error_class, letter.error) == ("ValueError", "card *** declined for *** (try 3 of 3)")
+    assert worker.stop() == 0
+    logged = worker.output()
+    assert "card *** declined" in logged
+    assert card not in logged and "12345" not in logged

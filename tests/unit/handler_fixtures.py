@@ -144,3 +144,8 @@ async def blocks_the_loop(ctx: JobContext) -> None:
 async def fail_async(ctx: JobContext) -> None:
     await asyncio.sleep(0)
     raise ValueError("failed on purpose")
+
+
+def quotes_payload(ctx: JobContext) -> None:
+    """A handler whose error quotes its payload, as careless ones do."""
+    raise ValueError(f"card {ctx.payload['card']} declined for {ctx.payload['amount']} (try 3 of 3)")

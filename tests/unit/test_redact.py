@@ -12,6 +12,7 @@ from scheduler.telemetry.redact import (
     MASK,
     Redactor,
     describe_payload,
+    mask_payload_values,
     redact_mapping,
     redact_text,
 )
@@ -191,3 +192,26 @@ def test_a_payload_with_many_keys_names_only_the_first() -> None:
     assert described.startswith("dict with 25 keys [k00, k01,")
     assert "+15 more" in described
     assert "k24" not in described
+
+
+@pytest.mark.parametrize(
+    ("text", "payload", "masked"),
+    [
+        ("card 4111-1111 declined", '{"card": "4111-1111"}', "card *** declined"),
+        ("nested 4111-1111 and 12345.5", '{"a": [{"b": "4111-1111"}], "n": 12345.5}', "nested *** and ***"),
+        ("longest first: abcdef", '{"x": "abcd", "y": "abcdef"}', "longest first: ***"),
+        (
+            "short values stay: ok 42 abc",
+            '{"a": "ok", "b": 42, "c": "abc", "d": true}',
+            "short values stay: ok 42 abc",
+        ),
+        ("a plain string payload: secret stuff", '"secret stuff"', "a plain string payload: ***"),
+        ("regex characters are literal: a.b*c", '{"p": "a.b*c"}', "regex characters are literal: ***"),
+        ("not JSON: nothing to mask", "{not json", "not JSON: nothing to mask"),
+        ("", '{"a": "abcd"}', ""),
+    ],
+)
+def test_a_handler_error_quoting_its_payload_has_those_values_masked(
+    text: str, payload: str, masked: str
+) -> None:
+    assert mask_payload_values(text, payload) == masked
