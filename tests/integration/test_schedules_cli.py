@@ -8,7 +8,9 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from psycopg.pq import TransactionStatus
 
+from scheduler.cli.common import known_app
 from scheduler.config import Settings
 from scheduler.domain.cron import CronSchedule
 from scheduler.kafka.transport import TopicAdmin
@@ -399,3 +401,10 @@ def test_a_filter_on_an_app_that_does_not_exist_is_refused_not_answered_empty(
     assert done.returncode == 2, done
     assert done.stderr == "error: unknown app 'bilinng' (`scheduler apps list` shows the apps)\n"
     assert cli(*command, "--app", app).returncode == 0
+
+
+def test_checking_an_app_leaves_no_transaction_open(settings: Settings, app: str) -> None:
+    # Else a replay's or redispatch's chunks would nest in it as savepoints and commit only at the end.
+    with Wiring(settings).database.connect() as conn:
+        known_app(conn, app)
+        assert conn.info.transaction_status == TransactionStatus.IDLE
