@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Final, TypeVar
 
 MASK: Final = "***"
@@ -257,47 +257,81 @@ def redact_text(text: str) -> str:
 
 
 # Shorter payload values are left: masking every "a", "ok" or "42" would garble the text and hide
-# nothing worth hiding. The count bounds the work a payload of many values costs a failure.
+# nothing worth hiding.
 MIN_MASKED_CHARS: Final = 4
-_MAX_MASKED_VALUES: Final = 1000
+# Each value searched for costs a scan of the text: this bounds what one failure may cost (a value
+# is only searched for when the text holds its first characters, so a real payload rarely nears it).
+MAX_SEARCHED_VALUES: Final = 20_000
 
 
 def mask_payload_values(text: str, payload: str) -> str:
     """``text`` with each string or number of the JSON ``payload`` that it quotes (one of at least
     :data:`MIN_MASKED_CHARS` characters) masked: a handler's error may quote its job's payload
-    (``f"card {card} declined"``), and that error is logged, stored and published.
+    (``f"card {card} declined"``), and that error is logged, stored and published. A number is
+    masked only where no digit adjoins it (``1000`` is not masked inside ``10000``). Overlapping
+    quotes are masked as one. The cost is linear in ``text`` and the payload, so the caller bounds
+    ``text`` first.
 
     >>> mask_payload_values("card 4111-1111 declined", '{"card": "4111-1111", "retries": 3}')
     'card *** declined'
     """
-    if not text:
+    if len(text) < MIN_MASKED_CHARS:
         return text
     try:
         decoded = json.loads(payload)
     except (ValueError, RecursionError):
         return text
-    quoted: set[str] = set()
-    pending: list[object] = [decoded]
-    seen = 0
-    while pending and seen < _MAX_MASKED_VALUES:
+    # Only a value whose first characters the text holds can be in it: one set lookup each.
+    starts = {text[i : i + MIN_MASKED_CHARS] for i in range(len(text) - MIN_MASKED_CHARS + 1)}
+    spans: list[tuple[int, int]] = []
+    searched: set[str] = set()
+    for value, number in _quotable_values(decoded, len(text)):
+        if value[:MIN_MASKED_CHARS] not in starts or value in searched:
+            continue
+        if len(searched) >= MAX_SEARCHED_VALUES:
+            break
+        searched.add(value)
+        at = text.find(value)
+        while at >= 0:
+            end = at + len(value)
+            if not number or not (_digit_at(text, at - 1) or _digit_at(text, end)):
+                spans.append((at, end))
+            at = text.find(value, at + 1)
+    if not spans:
+        return text
+    pieces: list[str] = []
+    kept_from = 0  # the text before this is written (or masked) already
+    for start, end in sorted(spans):
+        if start >= kept_from:
+            pieces += [text[kept_from:start], MASK]
+        elif end <= kept_from:
+            continue  # inside a span masked already
+        kept_from = max(kept_from, end)
+    pieces.append(text[kept_from:])
+    return "".join(pieces)
+
+
+def _quotable_values(decoded: object, longest: int) -> Iterator[tuple[str, bool]]:
+    """The payload's strings and numbers as they would be quoted, with whether each is a number;
+    only those of :data:`MIN_MASKED_CHARS` to ``longest`` characters."""
+    pending = [decoded]
+    while pending:
         value = pending.pop()
         if isinstance(value, dict):
             pending.extend(value.values())
-            continue
-        if isinstance(value, list):
+        elif isinstance(value, list):
             pending.extend(value)
-            continue
-        if isinstance(value, bool) or value is None:
-            continue
-        seen += 1
-        shown = value if isinstance(value, str) else json.dumps(value)
-        if len(shown) >= MIN_MASKED_CHARS and shown in text:
-            quoted.add(shown)
-    if not quoted:
-        return text
-    # Longest first: a value that contains another is masked whole.
-    pattern = "|".join(re.escape(value) for value in sorted(quoted, key=len, reverse=True))
-    return re.sub(pattern, MASK, text)
+        elif isinstance(value, str):
+            if MIN_MASKED_CHARS <= len(value) <= longest:
+                yield value, False
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            shown = repr(value)  # as JSON and Python write it (NaN and Infinity aside: words)
+            if MIN_MASKED_CHARS <= len(shown) <= longest and shown[-1].isdigit():
+                yield shown, True
+
+
+def _digit_at(text: str, index: int) -> bool:
+    return 0 <= index < len(text) and text[index].isdigit()
 
 
 def redact_mapping(value: Mapping[K, object]) -> dict[K, object]:

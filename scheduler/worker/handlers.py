@@ -32,6 +32,8 @@ from scheduler.telemetry.redact import describe_payload
 
 # Long sleeps tell the scheduler they are alive this often, well inside any sensible lease.
 HEARTBEAT_INTERVAL_S = 5.0
+# The handlers this package ships are named with it (``builtin:noop``).
+BUILTIN_PREFIX = "builtin:"
 
 # ``package.module:attribute`` where the attribute may itself be dotted (``module:Class.method``).
 _PYTHON_REF_RE = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
@@ -256,7 +258,7 @@ class HandlerRegistry:
     def _register(self, entry: str, origin: str) -> None:
         if entry in self._entries:
             return
-        if not _ENTRY_RE.match(entry) or entry.startswith("builtin:"):
+        if not _ENTRY_RE.match(entry) or entry.startswith(BUILTIN_PREFIX):
             raise InvalidRegistration(
                 f"handler registration {entry!r} ({origin}): "
                 "expected package.module or package.module:function"
@@ -304,8 +306,8 @@ class HandlerRegistry:
         )
 
     def _load(self, ref: str) -> Handler:
-        if ref.startswith("builtin:"):
-            name = ref.removeprefix("builtin:")
+        if ref.startswith(BUILTIN_PREFIX):
+            name = ref.removeprefix(BUILTIN_PREFIX)
             if name == "http":
                 # Imported here, not at the top: httpx costs a noticeable import time that workers
                 # running only Python or the other builtins should not pay.

@@ -208,6 +208,22 @@ def test_a_payload_with_many_keys_names_only_the_first() -> None:
         ("a plain string payload: secret stuff", '"secret stuff"', "a plain string payload: ***"),
         ("regex characters are literal: a.b*c", '{"p": "a.b*c"}', "regex characters are literal: ***"),
         ("not JSON: nothing to mask", "{not json", "not JSON: nothing to mask"),
+        (
+            "overlapping quotes: abcdSECRETTAIL",
+            '{"a": "abcd", "b": "bcdSECRETTAIL"}',
+            "overlapping quotes: ***",
+        ),
+        (
+            "overlapping the other way: SECRETabcXYZW",
+            '{"a": "SECRETabc", "b": "abcXYZW"}',
+            "overlapping the other way: ***",
+        ),
+        ("numbers stand alone: 10000 ms, 1000 ms", '{"n": 1000}', "numbers stand alone: 10000 ms, *** ms"),
+        (
+            "many short values first: 4111-1111",
+            json.dumps({"ids": list(range(5000)), "card": "4111-1111"}),
+            "many short values first: ***",
+        ),
         ("", '{"a": "abcd"}', ""),
     ],
 )
