@@ -146,8 +146,9 @@ def _request_message(route: Route, received: _Received) -> Message:
     data |= received.path
     for name, text in received.query.items():
         data[name] = _query_value(fields[name], text)
-    if data.get("limit") == 0:  # in the request message, 0 would mean "not given": the default
-        raise invalid(f"limit must be 1 to {MAX_PAGE}, got 0 (leave it out for the default)", field="limit")
+        if name == "limit" and data[name] == 0:  # in the message, 0 would mean "not given": the default
+            shown = f"limit must be 1 to {MAX_PAGE}, got 0 (leave it out for the default)"
+            raise invalid(shown, field="limit")
     key = received.idempotency_key
     if key is not None and "idempotency_key" in fields:
         if data.get("idempotency_key", key) != key:

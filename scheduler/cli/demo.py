@@ -128,7 +128,6 @@ def demo(duration: float | None, workers: int) -> None:
 
     with database(wiring) as conn:
         service.create_app(conn, wiring.admin, settings, APP, 3, actor())
-        _cancel_demo_schedules(conn)  # a fresh screen on every `make run`, after a crash too
         now = schedule_store.db_now(conn)
         specs = {
             "every-5s-tokyo": ScheduleSpec(
@@ -150,6 +149,7 @@ def demo(duration: float | None, workers: int) -> None:
                 app=APP, kind="cron", cron="*/15 * * * * *", handler="builtin:http", payload={"url": endpoint}
             ),
         }  # fmt: skip
+        _cancel_demo_schedules(conn, specs)  # a fresh screen on every `make run`, after a crash too
         for name, spec in specs.items():
             service.create_schedule(conn, replace(spec, name=name), actor())
 
@@ -186,12 +186,10 @@ def demo(duration: float | None, workers: int) -> None:
     raise SystemExit(code)
 
 
-def _cancel_demo_schedules(
-    conn: psycopg.Connection[dict[str, Any]], names: Collection[str] | None = None
-) -> int:
-    """Cancel the demo app's active schedules (only those named ``names``, when given)."""
+def _cancel_demo_schedules(conn: psycopg.Connection[dict[str, Any]], names: Collection[str]) -> int:
+    """Cancel the demo app's active schedules named ``names`` (the demo's own, not a user's)."""
     active = schedule_store.list_schedules(conn, app=APP, state="active")
-    ended = [s for s in active if names is None or s["name"] in names]
+    ended = [s for s in active if s["name"] in names]
     for schedule in ended:
         service.cancel(conn, schedule["id"], actor())
     return len(ended)

@@ -122,10 +122,12 @@ class Redactor:
         extra = [p.strip() for p in env.get(REDACT_KEYS_ENV, "").split(",") if p.strip()]
         for pattern in extra:
             try:
-                re.compile(pattern)
+                # As it is used: inside a group of an alternation, where flags such as (?i) cannot be.
+                re.compile(f"(?:{pattern})|x")
             except re.error as exc:
                 raise ValueError(
-                    f"{REDACT_KEYS_ENV}: {pattern!r} is not a regular expression ({exc})"
+                    f"{REDACT_KEYS_ENV}: {pattern!r} is not a regular expression that can be combined "
+                    f"with others ({exc}); matching ignores case already"
                 ) from None
         return cls(extra)
 

@@ -120,3 +120,9 @@ def test_a_limit_of_zero_in_the_query_is_refused_not_taken_for_the_default(
         if p["name"] == "limit"
     )
     assert (parameter["schema"]["minimum"], parameter["schema"]["maximum"]) == (1, 500)
+
+
+def test_a_limit_of_zero_in_a_replay_body_is_the_default_as_over_grpc(http: HttpCaller) -> None:
+    # Only the query's limit is one the caller typed; a body's 0 is what proto3 JSON writes for none.
+    outcome = http.call("ReplayDeadLetters", {"app": "alpha", "limit": 0}, ROOT)
+    assert outcome.code == "OK", outcome

@@ -251,6 +251,7 @@ def test_configuring_again_replaces_the_handler() -> None:
         ("SCHEDULER_LOG_LEVEL", "loud"),
         ("SCHEDULER_LOG_JOB_OUTCOMES", "verbose\nplease"),
         ("SCHEDULER_REDACT_KEYS", "ok,(unclosed"),
+        ("SCHEDULER_REDACT_KEYS", "(?i)token"),  # compiles alone, not inside the combined pattern
     ],
 )
 def test_a_bad_environment_value_is_one_line_naming_the_variable_and_changes_nothing(
