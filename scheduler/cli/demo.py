@@ -188,7 +188,7 @@ def demo(duration: float | None, workers: int) -> None:
 
 def _cancel_demo_schedules(conn: psycopg.Connection[dict[str, Any]], names: Collection[str]) -> int:
     """Cancel the demo app's active schedules named ``names`` (the demo's own, not a user's)."""
-    active = schedule_store.list_schedules(conn, app=APP, state="active")
+    active = schedule_store.list_schedules(conn, app=APP, state="active", limit=100_000)
     ended = [s for s in active if s["name"] in names]
     for schedule in ended:
         service.cancel(conn, schedule["id"], actor())

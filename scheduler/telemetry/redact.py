@@ -129,7 +129,10 @@ class Redactor:
                     f"{REDACT_KEYS_ENV}: {pattern!r} is not a regular expression that can be combined "
                     f"with others ({exc}); matching ignores case already"
                 ) from None
-        return cls(extra)
+        try:
+            return cls(extra)
+        except re.error as exc:  # each compiles, the alternation of them not (a group name twice)
+            raise ValueError(f"{REDACT_KEYS_ENV}: its patterns do not combine into one ({exc})") from None
 
     def is_sensitive(self, key: object) -> bool:
         """Whether a key named ``key`` holds a value to mask."""
@@ -261,18 +264,15 @@ def redact_text(text: str) -> str:
 # Shorter payload values are left: masking every "a", "ok" or "42" would garble the text and hide
 # nothing worth hiding.
 MIN_MASKED_CHARS: Final = 4
-# Each value searched for costs a scan of the text: this bounds what one failure may cost (a value
-# is only searched for when the text holds its first characters, so a real payload rarely nears it).
-MAX_SEARCHED_VALUES: Final = 20_000
 
 
 def mask_payload_values(text: str, payload: str) -> str:
     """``text`` with each string or number of the JSON ``payload`` that it quotes (one of at least
     :data:`MIN_MASKED_CHARS` characters) masked: a handler's error may quote its job's payload
     (``f"card {card} declined"``), and that error is logged, stored and published. A number is
-    masked only where no digit adjoins it (``1000`` is not masked inside ``10000``). Overlapping
-    quotes are masked as one. The cost is linear in ``text`` and the payload, so the caller bounds
-    ``text`` first.
+    masked only where no digit adjoins it (``1000`` is not masked inside ``10000``); overlapping
+    quotes are masked as one. Each value the text holds the first and last characters of costs a
+    search of the text, so the caller bounds ``text``.
 
     >>> mask_payload_values("card 4111-1111 declined", '{"card": "4111-1111", "retries": 3}')
     'card *** declined'
@@ -283,22 +283,25 @@ def mask_payload_values(text: str, payload: str) -> str:
         decoded = json.loads(payload)
     except (ValueError, RecursionError):
         return text
-    # Only a value whose first characters the text holds can be in it: one set lookup each.
-    starts = {text[i : i + MIN_MASKED_CHARS] for i in range(len(text) - MIN_MASKED_CHARS + 1)}
+    # Only a value whose first and last characters the text holds can be in it: two set lookups
+    # leave out almost every value before any search.
+    grams = {text[i : i + MIN_MASKED_CHARS] for i in range(len(text) - MIN_MASKED_CHARS + 1)}
     spans: list[tuple[int, int]] = []
     searched: set[str] = set()
     for value, number in _quotable_values(decoded, len(text)):
-        if value[:MIN_MASKED_CHARS] not in starts or value in searched:
+        if value[:MIN_MASKED_CHARS] not in grams or value[-MIN_MASKED_CHARS:] not in grams:
             continue
-        if len(searched) >= MAX_SEARCHED_VALUES:
-            break
+        if value in searched:
+            continue
         searched.add(value)
         at = text.find(value)
         while at >= 0:
             end = at + len(value)
             if not number or not (_digit_at(text, at - 1) or _digit_at(text, end)):
                 spans.append((at, end))
-            at = text.find(value, at + 1)
+            # Past this quote, not one character on: the spans of one value stay fewer than
+            # len(text) / len(value), however repetitive the text.
+            at = text.find(value, end)
     if not spans:
         return text
     pieces: list[str] = []

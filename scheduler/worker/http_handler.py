@@ -453,5 +453,7 @@ def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
 
 
 def _shown(url: httpx.URL) -> str:
-    # Error messages end up in run records and dead letters: never with the URL's password.
-    return str(url.copy_with(userinfo=b"")) if url.userinfo else str(url)
+    # Error messages end up in logs, run records and dead letters: the origin says which endpoint
+    # failed; the path and query are the payload's, and may hold a secret (a webhook's token).
+    rest = "/…" if url.raw_path not in (b"", b"/") else ""
+    return f"{url.scheme}://{url.netloc.decode('ascii')}{rest}"  # netloc: host and port, no userinfo

@@ -167,10 +167,11 @@ COMPACT_ERROR_CHARS = 1024
 COMPACT_HISTORY_ERROR_CHARS = 256
 COMPACT_ORIGINAL_BYTES = 64 * 1024
 MAX_ERROR_CLASS_CHARS = 200
-# A handler's error is searched for its payload's values only as far as it can be kept, plus room
-# for a value of up to 256 characters that the cap would cut (masked whole): the search costs no
-# more for a 5 MB error than for an 8 KB one.
-SCANNED_ERROR_CHARS = MAX_ERROR_CHARS + 256
+# A handler's error is redacted and searched for its payload's values only as far as it can be
+# kept, plus a margin: a value of up to that many characters cut where the search ends leaves no
+# start behind, since the margin is dropped. The work is the same for a 5 MB error as for 8 KB.
+ERROR_MARGIN_CHARS = 256
+SCANNED_ERROR_CHARS = MAX_ERROR_CHARS + ERROR_MARGIN_CHARS
 
 # Attempts this worker started, remembered so that a second copy of one is not run again.
 REMEMBERED_ATTEMPTS = 100_000
@@ -1384,16 +1385,7 @@ class Worker(Service):
     ) -> tuple[str, tuple[str, str]]:
         """Publish a failed attempt's outcome; returns its status and (error class, error)."""
         finished = datetime.now(UTC)
-        # Stored in PostgreSQL and shown to operators: secrets in a handler's error text are masked,
-        # and a text of any size or content fits in the outcome message.
-        if len(error) > SCANNED_ERROR_CHARS:
-            cut = len(error) - SCANNED_ERROR_CHARS
-            error = f"{error[:SCANNED_ERROR_CHARS]} [truncated {cut} characters]"
-        if not job.handler.startswith(BUILTIN_PREFIX):
-            # An operator's handler may quote its payload in its error; the builtins never do
-            # (they say which URL or field failed, redacted, which is what an operator needs).
-            error = mask_payload_values(error, job.payload)
-        error = capped_text(redact_text(error))
+        error = _published_error(error, job)
         error_class = capped_text(error_class, MAX_ERROR_CLASS_CHARS)
         event_id = new_event_id()
         try:
@@ -1587,6 +1579,21 @@ def _cancel_requested() -> bool:
     raising CancelledError of its own accord."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+def _published_error(error: str, job: JobMessage) -> str:
+    """A failed attempt's error as it is stored in PostgreSQL, published and shown to operators:
+    secrets redacted, the job's payload values it quotes masked, and of any size or content."""
+    text = redact_text(error[:SCANNED_ERROR_CHARS])
+    if not job.handler.startswith(BUILTIN_PREFIX):
+        # An operator's handler may quote its payload in its error; the builtins never do (they
+        # name the field or the origin that failed, which is what an operator needs).
+        text = mask_payload_values(text, job.payload)
+    if len(error) <= SCANNED_ERROR_CHARS:
+        return capped_text(text)
+    marker = f" [truncated: the error had {len(error)} characters]"
+    kept = max(0, min(len(text) - ERROR_MARGIN_CHARS, MAX_ERROR_CHARS - len(marker)))
+    return capped_text(text[:kept] + marker)
 
 
 def _drop_tracebacks(exc: BaseException) -> None:
