@@ -199,10 +199,11 @@ class Relay(Service):
     def step(self) -> bool:
         try:
             report = self.relay_once()
+        except psycopg.Error:
+            raise  # PostgreSQL failed: no look at the outbox, nor a reconnect, before the retry
         except Exception:
-            # Above all while Kafka takes nothing: the outbox then grows, and its gauges must say
-            # so (the oldest row's age is what the outbox alert watches). PostgreSQL's own failure
-            # is the one raised, not the look's.
+            # Kafka took nothing: the outbox grows, and its gauges must say so (the oldest row's
+            # age is what the outbox alert watches). The batch's own failure is the one raised.
             with contextlib.suppress(psycopg.Error):
                 self._observe_outbox()
             raise
