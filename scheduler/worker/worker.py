@@ -1587,7 +1587,9 @@ def _published_error(error: str, job: JobMessage) -> str:
     text = redact_text(error[:SCANNED_ERROR_CHARS])
     if not job.handler.startswith(BUILTIN_PREFIX):
         # An operator's handler may quote its payload in its error; the builtins never do (they
-        # name the field or the origin that failed, which is what an operator needs).
+        # name the field or the origin that failed, which is what an operator needs). The payload
+        # is parsed again rather than taken from the handler's context: the handler may have
+        # changed or emptied what it was given, and its error may quote what it removed.
         text = mask_payload_values(text, job.payload)
     if len(error) <= SCANNED_ERROR_CHARS:
         return capped_text(text)

@@ -149,3 +149,9 @@ async def fail_async(ctx: JobContext) -> None:
 def quotes_payload(ctx: JobContext) -> None:
     """A handler whose error quotes its payload, as careless ones do."""
     raise ValueError(f"card {ctx.payload['card']} declined for {ctx.payload['amount']} (try 3 of 3)")
+
+
+def pops_and_quotes_payload(ctx: JobContext) -> None:
+    """A handler that takes its values out of the payload it was given, then quotes them."""
+    card, amount = ctx.payload.pop("card"), ctx.payload.pop("amount")
+    raise ValueError(f"card {card} declined for {amount} (try 3 of 3)")
