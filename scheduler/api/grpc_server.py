@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from functools import partial
 from typing import Any
 
 import grpc
@@ -21,13 +22,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
-from scheduler.api.errors import ApiError, Code
+from scheduler.api.auth import MAX_TOKEN_BYTES
+from scheduler.api.errors import ApiError, invalid
+from scheduler.api.messages import MAX_BATCH_REQUEST_BYTES, max_request_bytes, too_large
 from scheduler.api.service import METHODS, SchedulerApi
 from scheduler.v1 import scheduler_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["SchedulerService"].full_name
 ERROR_DOMAIN = "scheduler.v1"
-MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+# The token and whatever else a client sends in its headers.
+MAX_METADATA_BYTES = MAX_TOKEN_BYTES + 16 * 1024
 
 
 def status_of(error: ApiError) -> grpc.Status:
@@ -43,34 +47,39 @@ def status_of(error: ApiError) -> grpc.Status:
     return converted
 
 
-def _deserializer(message_type: type[Message]) -> Callable[[bytes], Message | None]:
-    """Bytes that are no request of this type become None, answered INVALID_ARGUMENT (grpcio would
-    answer INTERNAL to a deserializer that raises)."""
-
-    def parse(data: bytes) -> Message | None:
-        try:
-            return message_type.FromString(data)
-        except (DecodeError, ValueError):
-            return None
-
-    return parse
+def _parser(message_type: type[Message], data: bytes) -> Message:
+    """The request in ``data``, parsed only once its caller is authenticated (on the executor, as
+    HTTP parses its body): bytes that are no such request are INVALID_ARGUMENT, and so is a field
+    this API does not know, at any depth, as HTTP refuses an unknown JSON field (a field a client
+    adds is never silently dropped, nor part of an idempotency key's request)."""
+    try:
+        message = message_type.FromString(data)
+    except (DecodeError, ValueError, RecursionError):
+        raise invalid(f"the request is not a {message_type.__name__}") from None
+    size = message.ByteSize()
+    message.DiscardUnknownFields()
+    if message.ByteSize() != size:
+        raise invalid(f"the request has fields a {message_type.__name__} does not have")
+    return message
 
 
 def _unary(
     api: SchedulerApi, executor: Executor, name: str
-) -> Callable[[Message | None, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message]]:
-    async def call(request: Message | None, context: grpc.aio.ServicerContext[Any, Any]) -> Message:
+) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message]]:
+    message_type = METHODS[name].request
+    limit = max_request_bytes(name)
+
+    async def call(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Message:
         try:
-            if request is None:
-                raise ApiError(
-                    Code.INVALID_ARGUMENT, f"the request is not a {METHODS[name].request.__name__}"
-                )
+            if len(request) > limit:
+                raise too_large(limit)
             authorization = next(
                 (str(value) for key, value in context.invocation_metadata() or () if key == "authorization"),
                 None,
             )
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(executor, api.call, name, authorization, request)
+            parse = partial(_parser, message_type, request)
+            return await loop.run_in_executor(executor, api.call, name, authorization, parse)
         except ApiError as error:
             await context.abort_with_status(status_of(error))
             raise  # abort_with_status raises; this line only satisfies the type checker
@@ -81,8 +90,12 @@ def _unary(
 def build_server(api: SchedulerApi, executor: Executor) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     server = grpc.aio.server(
         options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_BATCH_REQUEST_BYTES),
+            ("grpc.max_send_message_length", MAX_BATCH_REQUEST_BYTES),
+            # gRPC's default (8 KiB, refused at random up to 16 KiB) would refuse a token the API
+            # takes (up to MAX_TOKEN_BYTES, as over HTTP) with RESOURCE_EXHAUSTED, not UNAUTHENTICATED.
+            ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+            ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
             # gRPC binds with SO_REUSEPORT by default: a second API given the same port would start
             # and take half the connections. A port is one process's, as the HTTP port is.
             ("grpc.so_reuseport", 0),
@@ -91,10 +104,11 @@ def build_server(api: SchedulerApi, executor: Executor) -> tuple[grpc.aio.Server
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         name: grpc.unary_unary_rpc_method_handler(
             _unary(api, executor, name),
-            request_deserializer=_deserializer(method.request),
+            # No deserializer: the bytes are parsed on the executor, once the caller is authenticated,
+            # never on the event loop both transports share.
             response_serializer=lambda message: message.SerializeToString(),
         )
-        for name, method in METHODS.items()
+        for name in METHODS
     }
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, handlers)])
     checker = health.aio.HealthServicer()

@@ -26,14 +26,11 @@ from google.protobuf.message import Message
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from scheduler.api.errors import ApiError, Code, invalid
-from scheduler.api.messages import MAX_PAGE, as_dict
+from scheduler.api.messages import MAX_PAGE, as_dict, max_request_bytes, too_large
 from scheduler.api.openapi import document
 from scheduler.api.routes import ROUTES, Route
 from scheduler.api.service import METHODS, SchedulerApi
 
-# A schedule's payload may be 1 MiB, and JSON escaping can double it; a batch holds up to 1,000.
-MAX_REQUEST_BYTES = 4 * 1024 * 1024
-MAX_BATCH_REQUEST_BYTES = 32 * 1024 * 1024
 _PARSE_FIELD_RE = re.compile(r"Failed to parse (\w+) field")
 _NO_FIELD_RE = re.compile(r'has no field named "([^"]{0,80})')
 
@@ -101,26 +98,22 @@ class _Received:
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    too_large = ApiError(
-        Code.PAYLOAD_TOO_LARGE, f"the request is larger than {limit} bytes", {"limit_bytes": limit}
-    )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
+        raise too_large(limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():  # counted as it comes: a chunked body declares no length
         size += len(chunk)
         if size > limit:
-            raise too_large
+            raise too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)
 
 
 async def _receive(route: Route, request: Request) -> _Received:
-    limit = MAX_BATCH_REQUEST_BYTES if route.method == "CreateSchedules" else MAX_REQUEST_BYTES
     return _Received(
-        body=await _read_body(request, limit) if route.body else b"",
+        body=await _read_body(request, max_request_bytes(route.method)) if route.body else b"",
         path={name: request.path_params[name] for name in route.path_fields},
         query={name: request.query_params[name] for name in route.query if name in request.query_params},
         idempotency_key=request.headers.get("idempotency-key"),

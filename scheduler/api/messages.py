@@ -35,6 +35,19 @@ EXACT_INTEGER = 2**53
 # Any string of a request beyond what any field takes (names 200, handlers 300, descriptions
 # 2,000): refused before it reaches validation or a statement.
 MAX_STRING_LENGTH = 4096
+# A schedule's payload may be 1 MiB, and JSON escaping can double it; a batch holds up to 1,000.
+# The same limits on both transports: HTTP counts the body, gRPC the serialized message.
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+MAX_BATCH_REQUEST_BYTES = 32 * 1024 * 1024
+
+
+def max_request_bytes(method: str) -> int:
+    return MAX_BATCH_REQUEST_BYTES if method == "CreateSchedules" else MAX_REQUEST_BYTES
+
+
+def too_large(limit: int) -> ApiError:
+    message = f"the request is larger than {limit} bytes"
+    return ApiError(Code.PAYLOAD_TOO_LARGE, message, {"limit_bytes": limit})
 
 
 # --- values ---------------------------------------------------------------------------------------

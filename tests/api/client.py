@@ -122,7 +122,7 @@ class GrpcCaller:
         try:
             response = getattr(self.stub, method)(message, metadata=metadata, timeout=30)
         except grpc.RpcError as error:
-            return _grpc_error(error)
+            return grpc_error(error)
         return Outcome(
             "OK",
             json_format.MessageToDict(
@@ -135,7 +135,7 @@ class GrpcCaller:
         self.channel.close()
 
 
-def _grpc_error(error: grpc.RpcError) -> Outcome:
+def grpc_error(error: grpc.RpcError) -> Outcome:
     status = rpc_status.from_call(error)
     reason, details = "", {}
     if status is not None:
