@@ -7,7 +7,8 @@ are refused before any signature is checked. ``exp`` and ``sub`` are required; `
 
 Roles: ``SCHEDULER_ADMIN`` may do everything, ``SCHEDULER_USER`` may read, trigger, create and change
 schedules (not cancel them, nor replay dead letters), ``SCHEDULER_VIEWER`` may only read. Apps: the
-token's apps claim lists the apps it may see (``*``: all); an admin's token without one sees all.
+token's apps claim lists the apps it may see (``*``: all); an admin's token that has no apps
+claim at all sees all (one with the claim null sees none).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ JWKS_URL_TIMEOUT_S = 5
 # (a flood of made-up key ids costs the identity provider one fetch per period).
 JWKS_URL_REFETCH_S = 5
 MAX_TOKEN_BYTES = 16 * 1024
+# A subject or issuer is who rate limits and idempotency keys count, whole: a longer one is refused,
+# never cut (two subjects alike in their first characters would be one principal). Kubernetes
+# service accounts' subjects are at most 339 characters.
+MAX_IDENTITY_BYTES = 512
 ALL_APPS = "*"
 
 
@@ -89,13 +94,18 @@ def _unauthenticated(reason: str) -> ApiError:
     return ApiError(Code.UNAUTHENTICATED, reason)
 
 
+# A claim the token does not have, told apart from one it has with the value null.
+_ABSENT: Any = object()
+
+
 def _claim(claims: dict[str, Any], path: str) -> Any:
-    """A claim by dotted path (``realm_access.roles``), as identity providers nest them."""
+    """A claim by dotted path (``realm_access.roles``), as identity providers nest them;
+    :data:`_ABSENT` if the token has no such claim."""
     value: Any = claims
     for part in path.split("."):
-        if not isinstance(value, dict):
-            return None
-        value = value.get(part)
+        if not isinstance(value, dict) or part not in value:
+            return _ABSENT
+        value = value[part]
     return value
 
 
@@ -203,7 +213,7 @@ class Authenticator:
         except jwt.ExpiredSignatureError:
             raise _unauthenticated("the token has expired") from None
         except jwt.ImmatureSignatureError:
-            raise _unauthenticated("the token is not valid yet (nbf)") from None
+            raise _unauthenticated("the token is not valid yet (its nbf or iat is in the future)") from None
         except jwt.InvalidAudienceError:
             raise _unauthenticated("the token is for another audience") from None
         except jwt.InvalidIssuerError:
@@ -215,8 +225,19 @@ class Authenticator:
         except jwt.InvalidTokenError as exc:
             # Signature, format, algorithm: PyJWT's messages name the check, never the token.
             raise _unauthenticated(f"the token is not valid ({type(exc).__name__})") from None
+        for name in ("exp", "nbf", "iat"):
+            # PyJWT reads "9999999999" as a number; RFC 7519 has only numbers (NumericDate).
+            value = claims.get(name)
+            if name in claims and (isinstance(value, bool) or not isinstance(value, int | float)):
+                shown = f"the token's {name!r} claim must be a number (seconds since the epoch)"
+                raise _unauthenticated(shown)
         if not isinstance(claims.get("sub"), str) or not claims["sub"]:
             raise _unauthenticated("the token's 'sub' claim must be a non-empty string")
+        for name in ("sub", "iss"):
+            value = claims.get(name)
+            if isinstance(value, str) and len(value.encode("utf-8", "surrogatepass")) > MAX_IDENTITY_BYTES:
+                shown = f"the token's {name!r} claim is longer than {MAX_IDENTITY_BYTES} bytes"
+                raise _unauthenticated(shown)
         return claims
 
     def _principal(self, claims: dict[str, Any]) -> Principal:
@@ -224,11 +245,14 @@ class Authenticator:
         roles = frozenset(Role(name) for name in _names(_claim(claims, s.roles_claim)) if name in set(Role))
         apps_claim = _claim(claims, s.apps_claim)
         apps = _names(apps_claim)
-        every_app = ALL_APPS in apps or (apps_claim is None and Role.ADMIN in roles)
+        # Only an admin's token that has no apps claim at all sees every app: one that has the
+        # claim with null, or anything that is no list of names, sees none (an identity provider's
+        # "no apps" must not read as "all apps").
+        every_app = ALL_APPS in apps or (apps_claim is _ABSENT and Role.ADMIN in roles)
         scope = None if every_app else frozenset(apps)
         issuer = claims.get("iss")
         return Principal(
-            subject=str(claims["sub"])[:200],
+            subject=claims["sub"],
             issuer=issuer if isinstance(issuer, str) else None,
             roles=roles,
             apps=scope,

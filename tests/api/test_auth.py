@@ -34,7 +34,7 @@ from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
 from bench.chaos_stack import free_port
 from scheduler.api.service import METHODS
-from tests.api.client import ADMIN, SECRET, USER, VIEWER, GrpcCaller, HttpCaller, Outcome, _grpc_error, token
+from tests.api.client import ADMIN, SECRET, USER, VIEWER, GrpcCaller, HttpCaller, Outcome, grpc_error, token
 from tests.api.conftest import ApiProcess, ApiStack, _serving
 from tests.support import SCHEDULER, wait_for
 
@@ -73,7 +73,7 @@ def call_raw(caller: Caller, method: str, request: dict[str, Any], authorization
     try:
         getattr(caller.stub, method)(message, metadata=metadata, timeout=30)
     except grpc.RpcError as error:
-        return _grpc_error(error)
+        return grpc_error(error)
     return Outcome("OK", grpc_status=grpc.StatusCode.OK)
 
 
@@ -135,6 +135,10 @@ REFUSED_TOKENS: dict[str, Callable[[], str]] = {
     "no-exp": lambda: _without("exp"),
     "other-secret": lambda: token(secret="another-secret-that-is-also-32-bytes-long"),
     "tampered-claims": lambda: _tampered(),
+    "exp-as-a-string": lambda: token(exp=str(int(time.time()) + 600)),
+    "iat-as-a-string": lambda: token(iat=str(int(time.time()))),
+    "sub-over-512-bytes": lambda: token(subject="é" * 257),
+    "iss-over-512-bytes": lambda: token(iss="https://" + "i" * 510),
 }
 
 
@@ -142,6 +146,24 @@ def _tampered() -> str:
     """A viewer's real token with its payload swapped for an admin's: the signature no longer fits."""
     header, _, signature = token(roles=(VIEWER,)).split(".")
     return f"{header}.{b64url(json.dumps(claims()).encode())}.{signature}"
+
+
+def test_subjects_alike_in_their_first_hundreds_of_characters_are_two_principals(
+    caller: Caller, sent: list[str]
+) -> None:
+    """A subject is counted whole (it was once cut at 200 characters, and two such callers shared
+    idempotency keys, rate buckets and audit actor); a Kubernetes service account's is accepted."""
+    request = {"app": "alpha", "name": f"twin-{uuid.uuid4().hex[:8]}", "handler": "builtin:noop"}
+    key = {"Idempotency-Key": f"twin-{uuid.uuid4().hex}"}
+    prefix = "system:serviceaccount:" + "n" * 63 + ":" + "s" * 240
+    alice, mallory = token(subject=prefix + "-alice"), token(subject=prefix + "-mallory")
+    sent += [alice, mallory]
+    first = caller.call("CreateSchedule", {**request, "idempotency_key": key["Idempotency-Key"]}, alice)
+    second = caller.call("CreateSchedule", {**request, "idempotency_key": key["Idempotency-Key"]}, mallory)
+    assert first.ok and second.ok, (first, second)
+    assert first.body["id"] != second.body["id"]
+    audit = caller.call("ListAuditEntries", {"entity_id": second.body["id"]}, mallory)
+    assert [entry["actor"] for entry in audit.body["entries"]] == [f"api:{prefix}-mallory"], audit
 
 
 def test_no_token_is_refused(extra_apis: dict[str, Api], caller: Caller) -> None:

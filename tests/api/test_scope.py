@@ -9,15 +9,17 @@ PostgreSQL shows that none of the refused calls changed anything.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import jwt
 import pytest
 
-from tests.api.client import ADMIN, USER, GrpcCaller, HttpCaller, Outcome, token
+from tests.api.client import ADMIN, SECRET, USER, GrpcCaller, HttpCaller, Outcome, token
 from tests.api.conftest import ApiStack
 
 pytestmark = pytest.mark.e2e
@@ -260,3 +262,18 @@ def test_a_token_for_every_app_sees_both(caller: Caller, objects: Objects, api_s
     with api_stack.connect() as conn:
         state = conn.execute("select state from runs where id = %s", (objects.beta_dead_run,)).fetchone()
     assert state == {"state": "dead"}, "a dry run changes nothing"
+
+
+@pytest.mark.parametrize("apps", [None, [], "", {"alpha": True}], ids=["null", "empty", "blank", "object"])
+def test_an_admin_whose_apps_claim_names_no_app_sees_none(
+    caller: Caller, objects: Objects, apps: Any
+) -> None:
+    """Only an admin token that has no apps claim sees every app; an identity provider's null or
+    empty claim for "no apps" must not read as "all apps"."""
+    bearer = jwt.encode(
+        {"sub": "nobody", "exp": int(time.time()) + 600, "roles": [ADMIN], "apps": apps}, SECRET, "HS256"
+    )
+    schedules = caller.call("ListSchedules", {"limit": 500}, bearer)
+    assert schedules.ok and schedules.body["schedules"] == [], schedules
+    assert caller.call("GetSchedule", {"id": objects.alpha_schedule}, bearer).code == "NOT_FOUND"
+    assert caller.call("ListRuns", {"app": "alpha"}, bearer).code == "NOT_FOUND"
