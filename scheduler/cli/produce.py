@@ -54,7 +54,9 @@ class _RateColumn(ProgressColumn):
         return Text("" if speed is None else f"{speed:,.0f} lines/s", style="progress.data.speed")
 
 
-def _lines(stream: IO[str]) -> Iterator[tuple[int, str]]:
+def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    """The non-blank lines as bytes: each is decoded on its own, so one that is not UTF-8 is one
+    bad line, not the end of the run."""
     for number, line in enumerate(stream, start=1):
         if line.strip():
             yield number, line
@@ -116,11 +118,16 @@ def produce(path: Path | None, as_json: bool) -> None:
     except RegistryUnavailable as exc:
         fail(str(exc))
     started = time.monotonic()
-    stream = path.open(encoding="utf-8") if path is not None else sys.stdin
+    stream = path.open("rb") if path is not None else sys.stdin.buffer
     try:
         with progress:
             tally = _Tally(progress, progress.add_task("producing", total=total), err)
-            for number, line in _lines(stream):
+            for number, raw in _lines(stream):
+                try:
+                    line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a BOM is no command
+                except UnicodeDecodeError as exc:
+                    tally.bad_line(number, f"not UTF-8 (byte {exc.start + 1} of the line)")
+                    continue
                 try:
                     document = json.loads(line)
                 except json.JSONDecodeError as exc:

@@ -234,6 +234,46 @@ def test_produce_reports_each_bad_line_and_exits_non_zero(
     )
 
 
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_a_line_that_is_not_utf8_is_one_bad_line_and_the_others_are_produced(
+    stack: Settings, settings_env: dict[str, str], tmp_path: Path, source: str
+) -> None:
+    def create(key: str) -> bytes:
+        return json.dumps(
+            {"schedule_key": key, "app": APP, "operation": "create", "spec": {"handler": "builtin:noop"}}
+        ).encode()
+
+    # A byte-order mark before the first line (as editors on Windows write) is no bad line.
+    data = b"\n".join(
+        [b"\xef\xbb\xbf" + create("first"), create("bad-\xff").replace(b"\\u00ff", b"\xff"), create("third")]
+    )
+    assert b"\xff" in data.splitlines()[1]
+    if source == "file":
+        (tmp_path / "commands.jsonl").write_bytes(data + b"\n")
+        args, stdin = ["--file", str(tmp_path / "commands.jsonl")], None
+    else:
+        args, stdin = [], data + b"\n"
+    done = subprocess.run(
+        [SCHEDULER, "produce", "--json", *args],
+        env=settings_env,
+        input=stdin,
+        capture_output=True,
+        timeout=300,
+    )
+    stderr = done.stderr.decode()
+    assert done.returncode == 1, stderr
+    assert "Traceback" not in stderr
+    assert [line for line in stderr.splitlines() if line.startswith("line ")] == [
+        "line 2: not UTF-8 (byte 23 of the line)"
+    ]
+    assert (json.loads(done.stdout)["produced"], json.loads(done.stdout)["failed"]) == (2, 1)
+    produced = [
+        CODEC.decode(ScheduleCommand, value).schedule_key
+        for _, value, _ in read_topic(stack.kafka_bootstrap, stack.schedules_topic)
+    ]
+    assert sorted(produced) == ["first", "third"]
+
+
 def test_run_all_takes_a_produced_command_to_a_finished_run(
     stack: Settings, settings_env: dict[str, str], tmp_path: Path
 ) -> None:
