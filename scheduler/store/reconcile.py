@@ -40,7 +40,7 @@ class OutcomeEvent:
     result: Any = None
     not_before: datetime | None = None
     backoff_ms: int | None = None
-    app: str | None = None  # for a quarantine row, should the event be refused
+    app: str | None = None  # the sender's: an event of another app than its run's is stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +111,7 @@ def apply_outcomes(
             "results": [None if e.result is None else Jsonb(e.result) for e in events],
             "not_before": [e.not_before for e in events],
             "backoff_ms": [e.backoff_ms for e in events],
+            "apps": [e.app for e in events],
             **batch_ranks(events),
             "lease_window_s": lease_window_s,
         },

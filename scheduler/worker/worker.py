@@ -562,6 +562,11 @@ class Worker(Service):
         except Exception as exc:  # whatever the bytes make the decoder raise, they are poison
             reason = str(exc) if isinstance(exc, MessageDecodeError) else f"{type(exc).__name__}: {exc}"
             return _Fetched(delivery, None, reason, "waiting", datetime.now(UTC))
+        if job.app != self.app:
+            # Not run: this app's handlers are not the other app's, and its outcome would end the
+            # other app's run. Dead-lettered as this app's, which the reconciler keeps from that run.
+            reason = f"a job of app {job.app[:100]!r} on the topic of app {self.app!r}: not run"
+            return _Fetched(delivery, None, reason, "waiting", datetime.now(UTC))
         now = datetime.now(UTC)
         start_at = job.scheduled_for
         if start_at > now + MAX_HOLD:

@@ -98,7 +98,7 @@ def result(run: Run, status: str = "succeeded", worker: str = "w", **fields: Any
         status=status,  # type: ignore[arg-type]
         run_id=run.id,
         schedule_id=run.schedule_id,
-        app=APP,
+        app=fields.pop("app", APP),
         attempt=fields.pop("attempt", run.attempt),
         worker=worker,
         started_at=fields.pop("started_at", now),
@@ -475,6 +475,36 @@ def test_a_plain_job_is_held_by_its_run_and_copies_of_its_events_are_counted_dup
     ]
     assert counter(metrics.EVENTS, "duplicate") == duplicates_before + 2
     assert run_row(settings, copied)["reconciled_at"] is not None
+
+
+def test_events_sent_by_another_apps_worker_never_change_a_run(settings: Settings) -> None:
+    """Junk on one app's job topic naming another app's run (in its headers), or a forged job, makes
+    that app's worker send an outcome about a run not its app's: recorded as stale, never applied."""
+    victim, fenced = dispatched_runs(settings, 2)
+    stale_before = counter(metrics.EVENTS, "stale")
+    now = datetime.now(UTC)
+    letter = JobDeadLetter(
+        event_id=uuid.uuid4(), cause="undecodable", app="other", run_id=victim.id, schedule_id=None,
+        attempt=1, worker="w-other", started_at=None, finished_at=now, error="unknown framing",
+        error_class="UndecodableMessage", attempts=(), original_bytes=b"junk", source=None,
+    )  # fmt: skip
+    codec = AvroCodec()
+    publish(
+        settings,
+        [
+            OutgoingMessage(settings.dlq_topic, codec.encode(letter), victim.id.bytes),
+            result(fenced, "started", worker="w-other", app="other"),
+            # The run's own app's outcome, after them, is applied.
+            result(fenced, worker="w1", app=APP),
+        ],
+    )
+    with running(Wiring(settings).reconciler_service()):
+        wait_for(lambda: run_row(settings, fenced)["state"] == "succeeded", 60, "the own app's success")
+        wait_for(lambda: counter(metrics.EVENTS, "stale") >= stale_before + 2, 60, "both counted stale")
+    assert run_row(settings, victim)["state"] == "dispatched"
+    assert history(settings, victim) == [("dead", "stale", "w-other")]
+    assert ("started", "stale", "w-other") in history(settings, fenced)
+    assert run_row(settings, fenced)["worker"] == "w1"
 
 
 def test_a_start_gives_the_run_a_lease_of_the_window_from_the_database_clock(settings: Settings) -> None:

@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -523,6 +523,32 @@ def test_an_undecodable_job_with_its_run_headers_is_dead_lettered_for_that_run(
     assert letter.original_bytes == garbage and letter.worker is not None and letter.error
     assert letter.source is not None and (letter.source.partition, letter.source.offset) == (0, 0)
     assert set(by_run) == {run_id, None}
+    assert worker.stop() == 0, worker.output()[-3000:]
+
+
+def test_a_job_of_another_app_on_this_apps_topic_is_not_run_and_its_letter_is_this_apps(
+    topics: Settings, start_worker: Any
+) -> None:
+    """This app's handlers are not the other app's, and an outcome sent as the other app's would
+    end its run: the job is dead-lettered as this app's (which the reconciler keeps from that run)."""
+    foreign = replace(job("builtin:noop"), app="other")
+    own = job("builtin:noop")
+    producer = RawProducer({"bootstrap.servers": topics.kafka_bootstrap})
+    headers: list[tuple[str, str | bytes | None]] = [
+        ("scheduler-run-id", str(foreign.run_id).encode()),
+        ("scheduler-attempt", b"1"),
+    ]
+    producer.produce(topics.jobs_topic(APP), CODEC.encode(foreign), partition=0, headers=headers)
+    assert producer.flush(30) == 0
+    publish(topics, [own], partition=0)
+    worker = start_worker()
+    until([worker], lambda: own.run_id in read_outcomes(topics).succeeded, 60, "the own app's job")
+    until([worker], lambda: foreign.run_id in read_outcomes(topics).dead, 60, "the foreign job's letter")
+    outcomes = read_outcomes(topics)
+    letter = outcomes.dead[foreign.run_id]
+    assert (letter.app, letter.cause, letter.error_class) == (APP, "undecodable", "UndecodableMessage")
+    assert letter.error == f"a job of app 'other' on the topic of app {APP!r}: not run"
+    assert foreign.run_id not in outcomes.started and foreign.run_id not in outcomes.succeeded
     assert worker.stop() == 0, worker.output()[-3000:]
 
 

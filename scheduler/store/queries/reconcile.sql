@@ -22,10 +22,22 @@ with received as (
                   %(workers)b::text[], %(started_at)b::timestamptz[], %(finished_at)b::timestamptz[],
                   %(errors)b::text[], %(error_classes)b::text[], %(results)b::jsonb[],
                   %(not_before)b::timestamptz[], %(backoff_ms)b::bigint[], %(first_copies)b::bool[],
-                  %(exec_ranks)b::int[], %(copy_ranks)b::int[])
+                  %(exec_ranks)b::int[], %(copy_ranks)b::int[], %(apps)b::text[])
            with ordinality
            as e(event_id, run_id, attempt, kind, worker, started_at, finished_at, error, error_class,
-                result, not_before, backoff_ms, first_copy, exec_rank, copy_rank, ord)
+                result, not_before, backoff_ms, first_copy, exec_rank, copy_rank, app, ord)
+), run as (
+    -- Locked in id order, as every statement that waits for run locks does: no deadlocks.
+    -- held_start: the start the row holds for its current attempt, while no row of `attempts`
+    -- does: a run started (running, or ended by a success or a cancel). A run waiting for an attempt
+    -- has none, whatever started_at still says of the one before; one that ended otherwise has its
+    -- start in its end's row.
+    select r.id, r.attempt, r.state, r.worker, r.finished_at, r.app,
+           case when r.state in ('running', 'succeeded', 'cancelled') then r.started_at end as held_start
+      from runs r
+     where r.id = any(array(select distinct run_id from received))
+     order by r.id
+       for update of r
 ), event as (
     -- Each event once; a copy of it later in the same batch is a duplicate. Of one attempt's events
     -- of a kind in the batch, exec_rank numbers the executions by their first event, and copy_rank
@@ -33,19 +45,14 @@ with received as (
     -- answer to the first was lost). The reconciler numbers them (store.reconcile.batch_ranks):
     -- three sorts of the batch here were a fifth of this statement's time, and PostgreSQL is
     -- the one part that does not scale out.
-    select e.* from received e where e.first_copy
-), run as (
-    -- Locked in id order, as every statement that waits for run locks does: no deadlocks.
-    -- held_start: the start the row holds for its current attempt, while no row of `attempts`
-    -- does: a run started (running, or ended by a success or a cancel). A run waiting for an attempt
-    -- has none, whatever started_at still says of the one before; one that ended otherwise has its
-    -- start in its end's row.
-    select r.id, r.attempt, r.state, r.worker, r.finished_at,
-           case when r.state in ('running', 'succeeded', 'cancelled') then r.started_at end as held_start
-      from runs r
-     where r.id = any(array(select distinct run_id from event))
-     order by r.id
-       for update of r
+    -- An event of another app than its run's (a worker of one app sent it, about a run of another:
+    -- junk on its topic naming that run, or a forged job) is stale: an app's workers never end,
+    -- start or retry another app's runs.
+    select e.* from received e
+     where e.first_copy
+       and (e.app is null
+            or ((e.run_id, e.app) in (select r.id, r.app from run r)) is true
+            or (e.run_id in (select r.id from run r)) is not true)
 ), seen as (
     -- A recorded event, found by the run's key: an event is about one run, which has a few rows.
     select e.event_id
@@ -157,7 +164,8 @@ with received as (
     returning r.id, r.state, r.app
 ), classified as (
     select e.*,
-           case when e.event_id in (select event_id from seen) or e.ord not in (select ord from event)
+           case when e.first_copy and e.ord not in (select ord from event) then 'stale'
+                when e.event_id in (select event_id from seen) or e.ord not in (select ord from event)
                 then 'duplicate'
                 when e.event_id in (select event_id from restarted) then 'reexecution'
                 when e.event_id in (select event_id from accepted) then 'applied'
