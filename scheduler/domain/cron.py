@@ -20,6 +20,7 @@ import functools
 import hashlib
 import re
 import uuid
+import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -210,9 +211,18 @@ def _parse_cached(text: str, hash_seed: str | None) -> CronExpression:
     return CronExpression._parse(text, hash_seed)
 
 
+@functools.cache
+def _iana_names() -> frozenset[str]:
+    # ZoneInfo also opens any file under the zone directories: `right/*` (leap seconds counted, so
+    # its summer time is wrong from 2027 on), `posix/*`, `posixrules`, and `localtime` (this
+    # machine's zone, another on the next machine). Only the IANA database's names mean the same
+    # on every host a schedule is read on.
+    return frozenset(zoneinfo.available_timezones()) - {"localtime"}
+
+
 def time_zone(name: str) -> ZoneInfo:
     """The IANA zone called ``name``, or :class:`UnknownTimeZone`."""
-    if not name or name != name.strip():
+    if not name or name != name.strip() or name not in _iana_names():
         raise UnknownTimeZone(name)
     try:
         return ZoneInfo(name)
