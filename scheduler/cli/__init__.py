@@ -10,10 +10,13 @@ alone: each component configures tracing under its own name, and the first confi
 
 from __future__ import annotations
 
+from typing import Any, NoReturn
+
 import click
 
 from scheduler.cli.apps import apps
 from scheduler.cli.audit import audit
+from scheduler.cli.common import fail
 from scheduler.cli.cron import cron
 from scheduler.cli.demo import demo
 from scheduler.cli.dev import dev
@@ -28,7 +31,32 @@ from scheduler.cli.schedules import schedules
 from scheduler.telemetry.tracing import configure_tracing, shutdown_tracing
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Scheduler(click.Group):
+    """The root group: a usage error anywhere below it (an unknown option, a bad value, a missing
+    argument, a command's own check) is one line on stderr and exit 2, as every other bad input,
+    rather than click's usage block."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as error:
+            _one_line(error, info_name or self.name or "scheduler")
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as error:
+            _one_line(error, ctx.command_path)
+
+
+def _one_line(error: click.UsageError, command_path: str) -> NoReturn:
+    where = error.ctx.command_path if error.ctx is not None else command_path
+    fail(f"{error.format_message()} (see `{where} --help`)", code=2)
+
+
+@click.group(cls=_Scheduler, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kafka-pg-scheduler")
 @click.pass_context
 def main(ctx: click.Context) -> None:

@@ -86,14 +86,23 @@ def actor() -> str:
     return f"cli:{getpass.getuser()}@{socket.gethostname()}"
 
 
-def parse_instant(text: str, what: str) -> datetime:
-    """An ISO 8601 instant; `Z` accepted, a naive time taken as UTC."""
+def parse_instant(text: str, what: str, zone: str = "UTC") -> datetime:
+    """An ISO 8601 instant; `Z` accepted, a naive time taken as UTC, but refused for a schedule in
+    another ``zone`` (whose reader would take 02:30 for 02:30 there)."""
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
+    except ValueError as exc:
+        # Python names what is wrong with a well-formed time (a 30 February, a 60th second).
+        why = "" if str(exc).startswith("Invalid isoformat") else f": {exc}"
         raise click.BadParameter(
-            f"{text!r} is not an ISO 8601 time (e.g. 2027-01-01T09:00:00Z)", param_hint=what
+            f"{text!r} is not a valid ISO 8601 time{why} (e.g. 2027-01-01T09:00:00Z)", param_hint=what
         ) from None
+    if moment.tzinfo is None and zone not in ("UTC", "Etc/UTC"):
+        raise click.BadParameter(
+            f"{text!r} has no offset, and the schedule's zone is {zone}: give one "
+            f"(e.g. {text}-05:00, or {text}Z for UTC)",
+            param_hint=what,
+        )
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 

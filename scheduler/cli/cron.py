@@ -14,16 +14,7 @@ import click
 
 from scheduler.cli.common import fail
 from scheduler.domain.cron import CronSchedule, InvalidCronExpression, UnknownTimeZone
-
-
-class _OneLineErrors(click.Command):
-    """Option errors too ("--count 0") end in one line on stderr rather than click's usage block."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as error:
-            fail(error.format_message(), code=2)
+from scheduler.schedule.spec import EARLIEST, LATEST
 
 
 @click.group()
@@ -31,7 +22,7 @@ def cron() -> None:
     """Cron expressions: preview fire times."""
 
 
-@cron.command("next", cls=_OneLineErrors)
+@cron.command("next")
 @click.argument("expression", metavar="EXPR")
 @click.option("--tz", "tz", default="UTC", show_default=True, help="IANA time zone, e.g. Europe/Berlin.")
 @click.option(
@@ -69,4 +60,7 @@ def _parse_after(text: str) -> datetime:
     except ValueError:
         fail(f"--after {text!r} is not an ISO 8601 time such as 2027-03-28T00:00:00Z", code=2)
     # A time without an offset is read as UTC, not as this machine's local time.
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    if not EARLIEST <= moment < LATEST:
+        fail(f"--after must be between 1970 and 9000, as a schedule's times are; got {text!r}", code=2)
+    return moment

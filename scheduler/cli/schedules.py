@@ -107,8 +107,8 @@ def _spec_options(creating: bool) -> Callable[[F], F]:
         ),
         option("--misfire", value=str(MisfirePolicy.FIRE_ONCE), type=click.Choice(MISFIRE_POLICIES)),
         option("--overlap", value=str(OverlapPolicy.ALLOW), type=click.Choice(OVERLAP_POLICIES)),
-        click.option("--start", "start", help="Cron: not before this ISO 8601 time."),
-        click.option("--end", "end", help="Cron: not after this ISO 8601 time."),
+        click.option("--start", "start", help="Cron: not before this ISO 8601 time (see --at for offsets)."),
+        click.option("--end", "end", help="Cron: not after this ISO 8601 time (see --at for offsets)."),
     ]
 
     def decorate(command: F) -> F:
@@ -132,7 +132,9 @@ json_only = click.option("--json", "as_json", is_flag=True, help="Print JSON onl
 @schedules.command("create")
 @click.option("--app", required=True)
 @click.option("--now", "now_", is_flag=True, help="Fire once, now.")
-@click.option("--at", "at", help="Fire once at this ISO 8601 time (without an offset: UTC).")
+@click.option(
+    "--at", "at", help="Fire once at this ISO 8601 time (without an offset: UTC, refused with another --tz)."
+)
 @click.option("--cron", "cron", help="Fire on this cron expression (5 or 6 fields, seconds first).")
 @click.option(
     "--key",
@@ -168,9 +170,9 @@ def create(
         kind=kind,
         cron=cron,
         tz=options["tz"],
-        run_at=parse_instant(at, "--at") if at is not None else None,
-        start_at=parse_instant(start, "--start") if start else None,
-        end_at=parse_instant(end, "--end") if end else None,
+        run_at=parse_instant(at, "--at", options["tz"]) if at is not None else None,
+        start_at=parse_instant(start, "--start", options["tz"]) if start else None,
+        end_at=parse_instant(end, "--end", options["tz"]) if end else None,
         handler=options["handler"],
         payload=_payload(payload),
         max_attempts=options["max_attempts"],
@@ -187,7 +189,11 @@ def create(
 
 @schedules.command("update")
 @click.argument("schedule_id", type=uuid_arg)
-@click.option("--at", "at", help="Make it a one-shot at this ISO 8601 time (without an offset: UTC).")
+@click.option(
+    "--at",
+    "at",
+    help="Make it a one-shot at this ISO 8601 time (without an offset: UTC, if the schedule's zone is).",
+)
 @click.option("--cron", "cron", help="Make it a cron schedule on this expression.")
 @_spec_options(creating=False)
 @click.option("--expect-version", type=int, help="Fail unless the schedule is at this version.")
@@ -219,6 +225,7 @@ def update(
         if row is None:
             fail(f"no schedule {schedule_id}")
         spec = stored_spec(row)
+        zone = options["tz"] or spec.tz
         changes: dict[str, Any] = {
             "name": options["name"],
             "description": options["description"],
@@ -232,14 +239,17 @@ def update(
             "jitter_ms": _ms(jitter),
             "misfire_policy": options["misfire"],
             "overlap_policy": options["overlap"],
-            "start_at": parse_instant(start, "--start") if start else None,
-            "end_at": parse_instant(end, "--end") if end else None,
+            "start_at": parse_instant(start, "--start", zone) if start else None,
+            "end_at": parse_instant(end, "--end", zone) if end else None,
         }
+        given = {k: v for k, v in changes.items() if v is not None}
+        # A change of kind clears what the old kind had (a one-shot has no cron, a cron no run_at):
+        # these Nones are values, not options left out.
         if cron is not None:
-            changes |= {"kind": ScheduleKind.CRON, "cron": cron, "run_at": None}
+            given |= {"kind": ScheduleKind.CRON, "cron": cron, "run_at": None}
         elif at is not None:
-            changes |= {"kind": ScheduleKind.DELAYED, "cron": None, "run_at": parse_instant(at, "--at")}
-        spec = dataclasses.replace(spec, **{k: v for k, v in changes.items() if v is not None})
+            given |= {"kind": ScheduleKind.DELAYED, "cron": None, "run_at": parse_instant(at, "--at", zone)}
+        spec = dataclasses.replace(spec, **given)
         echo_json(shown(service.update_schedule(conn, schedule_id, spec, actor(), expect_version)))
 
 

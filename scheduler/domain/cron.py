@@ -279,6 +279,14 @@ class CronSchedule:
             raise NoFireTime(
                 f"{self.expression.text!r} does not fire within 50 years after {after}"
             ) from None
+        except (OverflowError, ValueError) as exc:
+            # The next fire would be past the year 9999 (or the start before the year 1), where
+            # Python's dates end (dateutil says so with a ValueError): there is none.
+            if isinstance(exc, ValueError) and "out of range" not in str(exc):
+                raise
+            raise NoFireTime(
+                f"{self.expression.text!r} has no fire time after {after} before the year 10000"
+            ) from None
 
     def _next_fixed_time(self, clock: _WallClock, after: datetime) -> datetime:
         # Vixie's rules: every matching wall time fires once, at its first occurrence; one that a

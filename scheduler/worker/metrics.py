@@ -62,7 +62,8 @@ CONSUMER_LAG = Gauge(
 )
 UNDECODABLE = Counter(
     "scheduler_worker_undecodable_total",
-    "Job messages that could not be decoded, or of another app than the worker's (dead-lettered with their bytes, never run)",
+    "Job messages that could not be decoded, or of another app than the worker's "
+    "(dead-lettered with their bytes, never run)",
     ["app"],
     registry=REGISTRY,
 )

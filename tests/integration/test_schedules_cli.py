@@ -133,14 +133,37 @@ def test_immediate_and_delayed_schedules(cli: Cli, app: str) -> None:
             ["--app", "billing", "--now", "--at", "2030-01-01T00:00:00Z", "--handler", "builtin:noop"],
             "exactly one of",
         ),
-        (["--app", "billing", "--at", "yesterday", "--handler", "builtin:noop"], "not an ISO 8601 time"),
+        (["--app", "billing", "--at", "yesterday", "--handler", "builtin:noop"], "not a valid ISO 8601 time"),
+        (
+            ["--app", "billing", "--at", "2027-02-29T00:00:00Z", "--handler", "builtin:noop"],
+            "day is out of range for month",
+        ),
+        (
+            ["--app", "billing", "--now", "--handler", "builtin:noop", "--misfire", "bogus"],
+            "'bogus' is not one",
+        ),
+        (["--app", "billing", "--now", "--handler", "builtin:noop", "--no-such-option"], "No such option"),
+        # 02:30 where? Read as UTC, a reader of the schedule would take it for 02:30 in New York.
+        (
+            [
+                "--app",
+                "billing",
+                "--at",
+                "2027-03-14T02:30:00",
+                "--tz",
+                "America/New_York",
+                "--handler",
+                "x:y",
+            ],
+            "has no offset, and the schedule's zone is America/New_York",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(cli: Cli, app: str, args: list[str], message: str) -> None:
     done = cli("schedules", "create", *args)
     assert done.returncode == 2, done
     assert message in done.stderr
-    assert done.stderr.strip().count("\n") == 0 or done.stderr.startswith("Usage:"), done.stderr
+    assert done.stderr.startswith("error: ") and done.stderr.strip().count("\n") == 0, done.stderr
     assert cli.json("schedules", "list", "--json") == [], "nothing was stored"
 
 
@@ -408,3 +431,33 @@ def test_checking_an_app_leaves_no_transaction_open(settings: Settings, app: str
     with Wiring(settings).database.connect() as conn:
         known_app(conn, app)
         assert conn.info.transaction_status == TransactionStatus.IDLE
+
+
+def test_update_changes_a_schedules_kind_both_ways(cli: Cli, app: str) -> None:
+    """--at makes a cron schedule a one-shot, --cron a one-shot a cron schedule, with nothing left of
+    the old kind (no cron on a one-shot, no run_at on a cron schedule)."""
+    created = cli.json(
+        "schedules", "create", "--app", app, "--cron", "0 9 * * *", "--handler", "builtin:noop"
+    )
+    one_shot = cli.json("schedules", "update", created["id"], "--at", "2027-07-01T00:00:00Z")
+    assert (one_shot["kind"], one_shot["cron"]) == ("delayed", None)
+    assert parse(one_shot["run_at"]) == parse("2027-07-01T00:00:00+00:00")
+    assert parse(one_shot["next_fire_at"]) == parse("2027-07-01T00:00:00+00:00")
+    again = cli.json("schedules", "update", created["id"], "--cron", "30 2 * * *")
+    assert (again["kind"], again["cron"], again["run_at"]) == ("cron", "30 2 * * *", None)
+    assert parse(again["next_fire_at"]).time().isoformat() == "02:30:00"
+
+
+def test_a_time_without_an_offset_is_utc_only_for_a_schedule_in_utc(cli: Cli, app: str) -> None:
+    in_utc = cli.json(
+        "schedules", "create", "--app", app, "--at", "2027-03-14T02:30:00", "--handler", "builtin:noop"
+    )
+    assert parse(in_utc["run_at"]) == parse("2027-03-14T02:30:00+00:00")
+    zoned = cli.json(
+        "schedules", "create", "--app", app, "--cron", "30 2 * * *", "--tz", "America/New_York",
+        "--handler", "builtin:noop",
+    )  # fmt: skip
+    refused = cli("schedules", "update", zoned["id"], "--end", "2027-12-31T00:00:00")
+    assert refused.returncode == 2 and "zone is America/New_York" in refused.stderr, refused.stderr
+    ended = cli.json("schedules", "update", zoned["id"], "--end", "2027-12-31T00:00:00-05:00")
+    assert parse(ended["end_at"]) == parse("2027-12-31T05:00:00+00:00")

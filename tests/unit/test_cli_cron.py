@@ -88,6 +88,10 @@ def test_six_fields_and_h_with_a_schedule_id() -> None:
         (("* * * * *", "--count", "0"), "--count"),
         (("H * * * *",), "'H' needs a schedule id"),
         ((), "Missing argument 'EXPR'"),
+        # Where Python's dates end: one line, not a traceback.
+        (("0 0 29 2 *", "--after", "9999-01-01T00:00:00Z"), "--after must be between 1970 and 9000"),
+        (("0 0 * * *", "--tz", "America/New_York", "--after", "0001-01-01T00:00:00Z"), "between 1970"),
+        (("* * * * *", "--tz", "right/America/New_York"), "unknown time zone 'right/America/New_York'"),
     ],
 )
 def test_bad_input_is_one_line_on_stderr_and_exit_code_2(args: tuple[str, ...], message: str) -> None:

@@ -229,3 +229,9 @@ def test_next_fire_after_is_strictly_after_and_utc_aware() -> None:
 def test_naive_datetimes_are_refused() -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
         next_fire_after("* * * * *", "UTC", datetime(2027, 1, 1))
+
+
+def test_no_fire_time_past_the_year_9999_ends_the_fire_times() -> None:
+    late = datetime(9999, 12, 30, tzinfo=UTC)
+    assert list(fire_times("0 0 31 12 *", "UTC", late)) == [datetime(9999, 12, 31, tzinfo=UTC)]
+    assert list(fire_times("0 0 29 2 *", "Pacific/Kiritimati", late)) == []
