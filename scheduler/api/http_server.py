@@ -33,6 +33,7 @@ from scheduler.api.service import METHODS, SchedulerApi
 
 _PARSE_FIELD_RE = re.compile(r"Failed to parse (\w+) field")
 _NO_FIELD_RE = re.compile(r'has no field named "([^"]{0,80})')
+_INTEGER_RE = re.compile(r"-?[0-9]{1,12}")
 
 
 def error_response(error: ApiError) -> JSONResponse:
@@ -76,10 +77,10 @@ def parse_message(data: dict[str, Any], message_type: type[Message]) -> Message:
 def _query_value(field: Any, text: str) -> Any:
     """A query parameter's text as the JSON value of ``field`` (a FieldDescriptor)."""
     if field.type == FieldDescriptor.TYPE_INT32:
-        try:
-            return int(text)
-        except ValueError:
-            raise invalid(f"query parameter {field.name!r} must be an integer", field=field.name) from None
+        # Digits only: Python's int() also reads "5_0", " 5 ", "+5" and other scripts' digits.
+        if not _INTEGER_RE.fullmatch(text):
+            raise invalid(f"query parameter {field.name!r} must be an integer", field=field.name)
+        return int(text)
     if field.type == FieldDescriptor.TYPE_BOOL:
         if text.lower() not in ("true", "false", "1", "0"):
             raise invalid(f"query parameter {field.name!r} must be true or false", field=field.name)
@@ -95,6 +96,9 @@ class _Received:
     path: dict[str, str]
     query: dict[str, str]
     idempotency_key: str | None
+    unexpected_query: tuple[str, ...] = ()
+    """Query parameters the route does not take, or given more than once: refused, never dropped
+    (a misspelt ``limt`` would otherwise answer a full page, a filter left out everything)."""
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -112,11 +116,16 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 async def _receive(route: Route, request: Request) -> _Received:
+    names = [name for name, _ in request.query_params.multi_items()]
     return _Received(
-        body=await _read_body(request, max_request_bytes(route.method)) if route.body else b"",
+        # Read for every route: a body sent to one that takes none (a DELETE's version) is refused.
+        body=await _read_body(request, max_request_bytes(route.method)),
         path={name: request.path_params[name] for name in route.path_fields},
         query={name: request.query_params[name] for name in route.query if name in request.query_params},
         idempotency_key=request.headers.get("idempotency-key"),
+        unexpected_query=tuple(
+            dict.fromkeys(name for name in names if name not in route.query or names.count(name) > 1)
+        ),
     )
 
 
@@ -125,6 +134,15 @@ def _request_message(route: Route, received: _Received) -> Message:
     method = METHODS[route.method]
     fields = method.request.DESCRIPTOR.fields_by_name
     data: dict[str, Any] = {}
+    if received.unexpected_query:
+        name = received.unexpected_query[0][:80]
+        if name in route.query:
+            raise invalid(f"query parameter {name!r} is given more than once", field=name)
+        takes = f"it takes {', '.join(route.query)}" if route.query else "it takes none"
+        raise invalid(f"{route.verb} {route.path} has no query parameter {name!r} ({takes})", field=name)
+    if received.body.strip() and not route.body:
+        where = f"; {', '.join(route.query)} go in the query" if route.query else ""
+        raise invalid(f"{route.verb} {route.path} takes no body{where}")
     if received.body.strip():
         try:
             data = json.loads(received.body)

@@ -117,3 +117,32 @@ def test_a_large_body_without_a_token_is_refused_unparsed_and_a_trailing_slash_i
         slash = client.get("/v1/schedules/", headers={"Host": "evil.example"})
         assert slash.status_code == 404 and "location" not in slash.headers
         assert slash.json()["error"]["code"] == "NOT_FOUND"
+
+
+def test_a_query_parameter_or_body_a_route_does_not_take_is_refused_not_dropped(http: HttpCaller) -> None:
+    """A misspelt ``limt`` would answer a full page, a second ``app`` one of the two, and a DELETE's
+    version in a body would cancel without the check it asked for."""
+    bearer = token(subject="strict")
+    auth = {"Authorization": f"Bearer {bearer}"}
+    created = http.call("CreateSchedule", CREATE | {"name": "strict"}, bearer)
+    assert created.ok, created
+    schedule = created.body["id"]
+    for query, field in (
+        ("limt=1&app=alpha", "limt"),
+        ("app=alpha&app=beta", "app"),
+        ("limit=5_0", "limit"),
+        ("limit=%205%20", "limit"),
+        ("limit=%2B5", "limit"),
+    ):
+        answer = http.client.get(f"/v1/schedules?{query}", headers=auth)
+        assert answer.status_code == 400, (query, answer.text)
+        error = answer.json()["error"]
+        assert (error["code"], error["details"].get("field")) == ("INVALID_ARGUMENT", field), (query, error)
+    assert http.client.get("/v1/dlq?cursor=x", headers=auth).status_code == 400
+    with_body = http.client.request(
+        "DELETE", f"/v1/schedules/{schedule}", json={"version": 999}, headers=auth
+    )
+    assert with_body.status_code == 400 and "takes no body" in with_body.json()["error"]["message"]
+    assert http.call("GetSchedule", {"id": schedule}, bearer).body["state"] == "active"
+    # Without a token the answer is about the token, whatever the query.
+    assert http.client.get("/v1/schedules?limt=1").status_code == 401
