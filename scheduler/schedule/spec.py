@@ -29,10 +29,11 @@ APP_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,47}")
 BUILTIN_MODULE = "builtin"
 BUILTINS = ("noop", "sleep", "fail", "http")
 MODULE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-# A Python callable (package.module:function), or one of the builtins: `builtin` is not an
-# importable module, so only its own names count. Matched whole (fullmatch).
+# A Python callable (package.module:function, or package.module:Class.method, as workers resolve
+# them), or one of the builtins: `builtin` is not an importable module, so only its own names
+# count. Matched whole (fullmatch).
 HANDLER_RE = re.compile(
-    rf"(?!{BUILTIN_MODULE}:){MODULE_RE.pattern}:[A-Za-z_]\w*|{BUILTIN_MODULE}:({'|'.join(BUILTINS)})"
+    rf"(?!{BUILTIN_MODULE}:){MODULE_RE.pattern}:{MODULE_RE.pattern}|{BUILTIN_MODULE}:({'|'.join(BUILTINS)})"
 )
 MAX_PAYLOAD_BYTES = 1024 * 1024
 # Deep enough for any document people write; shallow enough that every reader of the payload stays
@@ -183,7 +184,7 @@ def validate_handler_refs(refs: Sequence[str]) -> list[str]:
         if len(ref) > MAX_HANDLER_LENGTH or not well_formed:
             raise InvalidSchedule(
                 f"handler {ref!r} must be builtin, builtin:noop|sleep|fail|http, package.module "
-                "(its public functions) or package.module:function"
+                "(its public functions) or package.module:function (or :Class.method)"
             )
         if ref not in declared:
             declared.append(ref)
@@ -194,7 +195,8 @@ def handler_declared(handler: str, declared: Sequence[str]) -> bool:
     """Whether ``handler`` (as a schedule names it) is among ``declared``: named exactly, or a
     public function of a declared module (as a worker registering that module would run it)."""
     module, _, function = handler.partition(":")
-    return handler in declared or (module in declared and not function.startswith("_"))
+    public = not any(name.startswith("_") for name in function.split("."))
+    return handler in declared or (module in declared and public)
 
 
 def check_declared_handler(handler: str, app: str, declared: Sequence[str] | None) -> None:
@@ -252,7 +254,8 @@ def validate_encoded(spec: ScheduleSpec) -> str:
         raise InvalidSchedule(f"kind {spec.kind!r} must be one of {', '.join(KINDS)}")
     if len(spec.handler) > MAX_HANDLER_LENGTH or not HANDLER_RE.fullmatch(spec.handler):
         raise InvalidSchedule(
-            f"handler {spec.handler!r} must be builtin:noop|sleep|fail|http or package.module:function"
+            f"handler {spec.handler!r} must be builtin:noop|sleep|fail|http or package.module:function "
+            "(or :Class.method)"
         )
     try:
         time_zone(spec.tz)

@@ -280,7 +280,10 @@ def test_an_app_that_declares_its_handlers_refuses_any_other(cli: Cli, settings:
 
     assert create("builtin:noop").returncode == 0
     assert create("payments.jobs:charge").returncode == 0, "a function of a declared module"
-    for handler in ("builtin:http", "sys:exit", "payments.jobs.sub:charge", "payments.jobs:_private"):
+    assert create("payments.jobs:Charges.run").returncode == 0, "a method of a class it defines"
+    for handler in (
+        "builtin:http", "sys:exit", "payments.jobs.sub:charge", "payments.jobs:_private", "payments.jobs:Charges._run"
+    ):  # fmt: skip
         done = create(handler)
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert f"handler '{handler}' is not declared by app 'payments'" in done.stderr
