@@ -506,12 +506,15 @@ def _last_day_rule(text: str, fields: list[str]) -> _LastDayRule | None:
     day_of_month = fields[_DAY_OF_MONTH]
     offset = _LAST_DAY_OFFSET_FIELD.match(day_of_month)
     weekday = _LAST_WORKDAY_FIELD.match(day_of_month)
-    if not offset and not weekday:
-        return None
-    if fields[_DAY_OF_WEEK] not in ("*", "?"):
+    # Quartz's day-of-month forms that name one day by its weekdays (nW, LW, L-n) take no
+    # day-of-week beside them, as in Quartz: croniter would fire on the nW days only, not on
+    # either field's days as Vixie's rule has it for every other pair.
+    if (offset or weekday or "w" in day_of_month.lower()) and fields[_DAY_OF_WEEK] not in ("*", "?"):
         raise InvalidCronExpression(
             text, f"day-of-month field {day_of_month!r} needs '*' or '?' in the day-of-week field"
         )
+    if not offset and not weekday:
+        return None
     if offset:
         days_before_last = int(offset[1])
         if days_before_last > 30:

@@ -186,6 +186,9 @@ class TestHashedFields:
         ("*/0 * * * *", "minute field '*/0' is not valid"),
         ("0 0 31 2 *", "it matches no date"),
         ("0 0 LW * MON", "needs '*' or '?' in the day-of-week field"),
+        # croniter would fire on the 1W days only, never on the Mondays Vixie's either-field rule adds.
+        ("0 0 1W * 1", "needs '*' or '?' in the day-of-week field"),
+        ("0 0 15w 2 SUN", "needs '*' or '?' in the day-of-week field"),
         ("R * * * *", "'R' (random) is not supported"),
         ("H(0-99) * * * *", "H(a-b) needs 0 <= a <= b <= 59"),
     ],
