@@ -119,6 +119,9 @@ def _check_identity(command: ScheduleCommand) -> None:
     for value, what in ((command.command_id, "command_id"), (command.schedule_key, "schedule_key")):
         if not 1 <= len(value) <= MAX_ID_LENGTH:
             raise InvalidSchedule(f"{what} must be 1 to {MAX_ID_LENGTH} characters, got {len(value)}")
+    # The audit log's actor of every change the command makes, shown by `audit list`.
+    if command.actor is not None and len(command.actor) > MAX_ID_LENGTH:
+        raise InvalidSchedule(f"actor must be at most {MAX_ID_LENGTH} characters, got {len(command.actor)}")
     texts = {"command_id": command.command_id, "schedule_key": command.schedule_key, "actor": command.actor}
     texts |= {"app": command.app}
     for what, text in texts.items():

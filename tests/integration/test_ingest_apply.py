@@ -328,6 +328,7 @@ def test_a_rejected_command_sent_again_later_is_judged_again(
         (command("x", "k", app="Not An App"), "invalid", "app name"),
         (command("x\x00y", "k"), "invalid", "command_id contains a NUL character"),
         (command("x", "k", actor="\x00"), "invalid", "actor contains a NUL character"),
+        (command("x", "k", actor="a" * 201), "invalid", "actor must be at most 200 characters, got 201"),
     ],
 )
 def test_every_kind_of_bad_message_is_rejected_with_a_clear_reason(
