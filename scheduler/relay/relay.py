@@ -232,6 +232,10 @@ class Relay(Service):
         wait = IDLE_WAKE_S
         if self._next_available_s is not None:
             wait = max(MIN_IDLE_S, min(wait, self._next_available_s))
+        if self._producer is not None:
+            # librdkafka reports a lost broker through the producer's callbacks, which only a poll
+            # serves: an idle relay would log an outage only at its next batch, after it ended.
+            self._producer.poll(0)
         self.session.wait(wait, stop)
 
     def reset(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -345,3 +346,32 @@ def test_rows_held_back_by_available_at_are_claimed_once_it_passes(settings: Set
     assert wait_s is not None and 0.5 < wait_s <= 1.5
     wait_for(lambda: relay.relay_once().published == 1, 10, "the held-back row published once it is due")
     assert runs(settings)[later]["state"] == "pending"
+
+
+def test_an_idle_relay_logs_a_broker_it_lost_while_idle(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """librdkafka reports a lost broker through callbacks only a poll serves: an idle relay once
+    logged an outage only at its next batch, after Kafka was back."""
+    wiring = Wiring(settings)
+    unreachable = KafkaConnection("127.0.0.1:1")
+    relay = Relay(
+        wiring.settings,
+        wiring.database,
+        lambda: Producer(producer_config(unreachable, "relay-idle", {})),
+        TopicAdmin(settings.kafka),
+        wiring.kafka_check(),
+        name="relay-idle",
+    )
+    stop = threading.Event()
+
+    def warned() -> bool:
+        relay.idle(stop)  # the outbox is empty: nothing to publish, only the wait
+        return any("Kafka client relay-idle" in r.getMessage() for r in caplog.records)
+
+    try:
+        assert relay.producer is not None  # as after its first batch
+        with caplog.at_level(logging.WARNING):
+            wait_for(warned, 30, "the idle relay's warning about its broker")
+    finally:
+        relay.close()
