@@ -146,8 +146,17 @@ def _request_message(route: Route, received: _Received) -> Message:
     if received.body.strip():
         try:
             data = json.loads(received.body)
-        except (ValueError, RecursionError):
-            raise invalid("the request body is not JSON") from None
+        except RecursionError:
+            raise invalid("the request body is nested too deeply") from None
+        except ValueError as exc:
+            # Valid JSON that Python refuses to read: an integer of more than 4,300 digits.
+            too_long = "digits" in str(exc) and not isinstance(exc, json.JSONDecodeError)
+            shown = (
+                "a number in the request body has too many digits"
+                if too_long
+                else "the request body is not JSON"
+            )
+            raise invalid(shown) from None
         if not isinstance(data, dict):
             raise invalid("the request body must be a JSON object")
     for name in route.path_fields + route.query:

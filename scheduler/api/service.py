@@ -222,8 +222,10 @@ class SchedulerApi:
 
     # --- scope ------------------------------------------------------------------------------------
 
-    def _schedule(self, conn: Conn, principal: Principal, text: str, lock: bool = False) -> Row:
-        schedule_id = m.uuid_of(text, "id")
+    def _schedule(
+        self, conn: Conn, principal: Principal, text: str, lock: bool = False, field: str = "id"
+    ) -> Row:
+        schedule_id = m.uuid_of(text, field)
         row = (schedule_store.lock_schedule_with_key if lock else schedule_store.schedule_with_key)(
             conn, schedule_id
         )
@@ -401,7 +403,7 @@ class SchedulerApi:
         apps = self._app_filter(principal, request.app)
         schedule_id = None
         if request.schedule_id:
-            schedule_id = self._schedule(conn, principal, request.schedule_id)["id"]
+            schedule_id = self._schedule(conn, principal, request.schedule_id, field="schedule_id")["id"]
         rows = run_store.list_dead(
             conn,
             app=request.app or None,
@@ -425,7 +427,7 @@ class SchedulerApi:
             app = apps[0]
         schedule_id = None
         if request.schedule_id:
-            schedule_id = self._schedule(conn, principal, request.schedule_id)["id"]
+            schedule_id = self._schedule(conn, principal, request.schedule_id, field="schedule_id")["id"]
         where = ReplayFilter(
             app=app,
             schedule_id=schedule_id,

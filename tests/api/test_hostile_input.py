@@ -146,3 +146,19 @@ def test_a_query_parameter_or_body_a_route_does_not_take_is_refused_not_dropped(
     assert http.call("GetSchedule", {"id": schedule}, bearer).body["state"] == "active"
     # Without a token the answer is about the token, whatever the query.
     assert http.client.get("/v1/schedules?limt=1").status_code == 401
+
+
+def test_an_error_names_what_is_wrong_and_the_field_it_is_in(http: HttpCaller) -> None:
+    bearer = token(subject="precise")
+    auth = {"Authorization": f"Bearer {bearer}"}
+    big = '{"app": "alpha", "handler": "builtin:noop", "payload": {"n": ' + "1" * 5000 + "}}"
+    answer = http.client.post("/v1/schedules", content=big, headers=auth)
+    assert answer.status_code == 400 and "too many digits" in answer.json()["error"]["message"]
+    deep = http.client.post("/v1/schedules", content="[" * 100_000, headers=auth)
+    assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]["message"]
+    for method, request in (
+        ("ListDeadLetters", {"schedule_id": "not-a-uuid"}),
+        ("ReplayDeadLetters", {"schedule_id": "not-a-uuid"}),
+    ):
+        outcome = http.call(method, request, bearer)
+        assert (outcome.code, outcome.body["details"].get("field")) == ("INVALID_ARGUMENT", "schedule_id")
