@@ -20,6 +20,7 @@ class Code(StrEnum):
     UNAUTHENTICATED = "UNAUTHENTICATED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     NOT_FOUND = "NOT_FOUND"  # also for another app's objects, so that ids cannot be probed
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"  # HTTP only: a verb the path does not take
     ALREADY_EXISTS = "ALREADY_EXISTS"  # a schedule key taken in its app
     VERSION_CONFLICT = "VERSION_CONFLICT"  # optimistic locking: the object changed since it was read
     FAILED_PRECONDITION = "FAILED_PRECONDITION"  # e.g. resuming a cancelled schedule
@@ -36,6 +37,7 @@ HTTP_STATUS: dict[Code, int] = {
     Code.UNAUTHENTICATED: 401,
     Code.PERMISSION_DENIED: 403,
     Code.NOT_FOUND: 404,
+    Code.METHOD_NOT_ALLOWED: 405,
     Code.ALREADY_EXISTS: 409,
     Code.VERSION_CONFLICT: 409,
     Code.FAILED_PRECONDITION: 409,
@@ -52,6 +54,7 @@ GRPC_STATUS: dict[Code, grpc.StatusCode] = {
     Code.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     Code.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     Code.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Code.METHOD_NOT_ALLOWED: grpc.StatusCode.UNIMPLEMENTED,
     Code.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     Code.VERSION_CONFLICT: grpc.StatusCode.ABORTED,
     Code.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,

@@ -20,10 +20,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from scheduler.api.errors import ApiError, Code, invalid
 from scheduler.api.messages import MAX_PAGE, as_dict, max_request_bytes, too_large
@@ -199,6 +202,19 @@ def _answer(api: SchedulerApi, route: Route, authorization: str | None, received
     return json.dumps(as_dict(response), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
+class _Segment(Convertor[str]):
+    regex = "[^/:]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("segment", _Segment())
+
+
 def create_app(api: SchedulerApi, executor: Executor, serving: Callable[[], bool]) -> FastAPI:
     """The ASGI application; ``serving()`` answers /v1/health (it may block: it runs on a thread of
     its own, not on ``executor``)."""
@@ -213,8 +229,11 @@ def create_app(api: SchedulerApi, executor: Executor, serving: Callable[[], bool
     spec = document()
     app.openapi = lambda: spec  # type: ignore[method-assign]
     for route in ROUTES:
+        # A path parameter is one segment up to a colon: /v1/schedules/{id}:pause is never
+        # /v1/schedules/{id} with an id ending in ":pause", whatever the method.
+        path = route.path.replace("}", ":segment}")
         app.add_api_route(
-            route.path, _endpoint(api, executor, route), methods=[route.verb], include_in_schema=False
+            path, _endpoint(api, executor, route), methods=[route.verb], include_in_schema=False
         )
 
     async def health(request: Request) -> Response:
@@ -227,9 +246,27 @@ def create_app(api: SchedulerApi, executor: Executor, serving: Callable[[], bool
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 405:
-            return error_response(
-                ApiError(Code.NOT_FOUND, f"no {request.method} on {request.url.path[:200]}")
+            # Starlette names the methods of the first route whose path matched; a path has a
+            # route per method here, so Allow lists every route's that matches it.
+            allowed = ", ".join(
+                sorted(
+                    {
+                        method
+                        for route in app.router.routes
+                        if isinstance(route, APIRoute) and route.matches(request.scope)[0] == Match.PARTIAL
+                        for method in route.methods or ()
+                    }
+                )
             )
+            answer = error_response(
+                ApiError(
+                    Code.METHOD_NOT_ALLOWED,
+                    f"no {request.method[:20]} on {request.url.path[:200]} (it takes {allowed or 'none'})",
+                )
+            )
+            if allowed:
+                answer.headers["Allow"] = allowed
+            return answer
         return error_response(ApiError(Code.NOT_FOUND, f"no such path {request.url.path[:200]}"))
 
     @app.exception_handler(Exception)

@@ -12,9 +12,13 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from scheduler import __version__
 from scheduler.api.errors import HTTP_STATUS
-from scheduler.api.messages import MAX_PAGE
+from scheduler.api.messages import MAX_PAGE, MAX_STRING_LENGTH
 from scheduler.api.routes import ROUTES, Route
-from scheduler.api.service import METHODS
+from scheduler.api.service import AUDIT_ENTITIES, METHODS
+from scheduler.domain.run_state import RunState
+from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleState
+from scheduler.schedule.service import MAX_BATCH
+from scheduler.schedule.spec import APP_NAME_RE, HANDLER_RE
 
 INT32 = {"type": "integer", "format": "int32", "minimum": -(2**31), "maximum": 2**31 - 1}
 SCALARS: dict[int, dict[str, Any]] = {
@@ -27,6 +31,9 @@ WELL_KNOWN: dict[str, dict[str, Any]] = {
     "google.protobuf.Timestamp": {"type": "string", "format": "date-time"},
     "google.protobuf.Value": {"description": "Any JSON value"},
 }
+APP_PATTERN = f"^{APP_NAME_RE.pattern}$"
+HANDLER_PATTERN = f"^(?:{HANDLER_RE.pattern})$"
+UUID_PATTERN = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 # protobuf's pure-Python and upb descriptors declare no common type.
 Descriptor = Any
 ERROR = {
@@ -50,6 +57,7 @@ ERROR_DESCRIPTIONS = {
     401: "No valid bearer token",
     403: "The token's roles do not allow this",
     404: "Not found (or another app's)",
+    405: "The path does not take this method (see Allow)",
     409: "Conflict: a taken key, a changed version, a state that forbids it, a reused idempotency key",
     413: "Payload or request too large",
     422: "Not a schedule that can be stored",
@@ -59,6 +67,41 @@ ERROR_DESCRIPTIONS = {
 }
 
 
+# What a request's string fields may hold beyond their type, as the service checks it: by
+# (message, field), then by field. A field without presence may also be empty: "not given".
+REQUEST_CHOICES: dict[tuple[str, str] | str, tuple[str, ...]] = {
+    ("ListSchedulesRequest", "state"): tuple(ScheduleState),
+    ("ListRunsRequest", "state"): tuple(RunState),
+    ("ListAuditEntriesRequest", "entity"): AUDIT_ENTITIES,
+    "misfire_policy": tuple(MisfirePolicy),
+    "overlap_policy": tuple(OverlapPolicy),
+}
+
+
+# The fields a create cannot leave out (nor give as null): every other request field may be left
+# out, and an empty string is one left out.
+NEEDED = {
+    ("CreateScheduleRequest", "app"),
+    ("CreateScheduleRequest", "handler"),
+    ("CreateSchedulesRequest", "schedules"),
+}
+# The batch's schedules take no idempotency key of their own: the batch has one.
+ITEM_EXCLUDED = {"CreateScheduleRequest": ("idempotency_key",)}
+
+
+def _request_string(message: Descriptor, field: FieldDescriptor) -> dict[str, Any]:
+    choices = REQUEST_CHOICES.get((message.name, field.name)) or REQUEST_CHOICES.get(field.name)
+    if choices is not None:
+        return {"type": "string", "enum": list(choices) if field.has_presence else ["", *choices]}
+    if (message.name, field.name) in NEEDED:
+        return {"type": "string", "pattern": APP_PATTERN if field.name == "app" else HANDLER_PATTERN}
+    if field.name == "app":
+        return {"type": "string", "pattern": f"^$|{APP_PATTERN}"}
+    if field.name in ("id", "schedule_id", "run_id"):
+        return {"type": "string", "pattern": f"^$|{UUID_PATTERN}"}
+    return {"type": "string", "maxLength": MAX_STRING_LENGTH}
+
+
 def _field_schema(field: FieldDescriptor, components: dict[str, Any], response: bool) -> dict[str, Any]:
     if field.message_type is not None:
         name = field.message_type.full_name
@@ -66,9 +109,16 @@ def _field_schema(field: FieldDescriptor, components: dict[str, Any], response: 
             schema = dict(WELL_KNOWN[name])
         else:
             schema = {"$ref": f"#/components/schemas/{_component(field.message_type, components, response)}"}
+    elif field.type == FieldDescriptor.TYPE_STRING and not response:
+        schema = _request_string(field.containing_type, field)
     else:
         schema = dict(SCALARS[field.type])
-    return {"type": "array", "items": schema} if field.is_repeated else schema
+    if not field.is_repeated:
+        return schema
+    array: dict[str, Any] = {"type": "array", "items": schema}
+    if not response and field.full_name == "scheduler.v1.CreateSchedulesRequest.schedules":
+        array |= {"minItems": 1, "maxItems": MAX_BATCH}
+    return array
 
 
 def _suffix(response: bool) -> str:
@@ -79,7 +129,8 @@ def _component(message: Descriptor, components: dict[str, Any], response: bool) 
     name = f"{message.name}{_suffix(response)}"
     if name not in components:
         components[name] = {}  # placeholder: recursion stops here
-        components[name] = message_schema(message, components, response)
+        excluded = () if response else ITEM_EXCLUDED.get(message.name, ())
+        components[name] = message_schema(message, components, response, excluded)
     return name
 
 
@@ -94,8 +145,13 @@ def message_schema(
         if field.name in exclude:
             continue
         properties[field.name] = _field_schema(field, components, response)
+        if not response and "$ref" not in properties[field.name] and (message.name, field.name) not in NEEDED:
+            # protobuf's JSON mapping reads a null as the field left out.
+            properties[field.name] = properties[field.name] | {"nullable": True}
         has_presence = field.message_type is not None or field.has_presence
         if response and (field.is_repeated or not has_presence):
+            required.append(field.name)
+        if not response and (message.name, field.name) in NEEDED:
             required.append(field.name)
     schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
     if required:
@@ -108,6 +164,11 @@ def _parameter(route: Route, message: Descriptor, name: str, where: str, compone
     schema = _field_schema(field, components, response=False)
     if name == "limit":
         schema = schema | {"minimum": 1, "maximum": MAX_PAGE}
+    if where == "path" and name == "id":
+        schema = {"type": "string", "format": "uuid"}
+    # A query string's length is bounded by the server's request line (16 KiB) before any field's:
+    # the 4,096 characters a field takes is the body's bound.
+    schema.pop("maxLength", None)
     return {"name": name, "in": where, "required": where == "path", "schema": schema}
 
 
@@ -122,8 +183,9 @@ def _operation(route: Route, components: dict[str, Any]) -> dict[str, Any]:
                 "name": "Idempotency-Key",
                 "in": "header",
                 "required": False,
-                "schema": {"type": "string", "minLength": 1, "maxLength": 200},
-                "description": "The same key with the same request returns the first response for 24 h",
+                "schema": {"type": "string", "maxLength": 200},
+                "description": "The same key with the same request returns the first response for 24 h "
+                "(an empty key is none)",
             }
         )
     response = _component(method.response.DESCRIPTOR, components, True)

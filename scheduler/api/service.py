@@ -233,12 +233,14 @@ class SchedulerApi:
             raise not_found(f"schedule {schedule_id}")
         return row
 
-    def _app_filter(self, principal: Principal, app: str) -> list[str] | None:
-        """The apps a listing covers: the one asked for (if the caller sees it), else its scope."""
+    def _app_filter(self, conn: Conn, principal: Principal, app: str) -> list[str] | None:
+        """The apps a listing covers: the one asked for (if the caller sees it and it exists: an
+        empty page would read as an app with nothing in it, and a typo would go unseen), else
+        the caller's scope."""
         if not app:
             return principal.scope()
-        if not principal.sees(app):
-            raise not_found(f"app {app!r}")
+        if not principal.sees(app) or schedule_store.get_app(conn, app) is None:
+            raise not_found(f"app {app[:80]!r}")
         return [app]
 
     # --- schedules --------------------------------------------------------------------------------
@@ -333,7 +335,7 @@ class SchedulerApi:
         self, conn: Conn, principal: Principal, request: pb.ListSchedulesRequest
     ) -> pb.ListSchedulesResponse:
         limit = m.page_limit(request.limit)
-        apps = self._app_filter(principal, request.app)
+        apps = self._app_filter(conn, principal, request.app)
         if request.state and request.state not in set(ScheduleState):
             raise invalid(f"state must be one of {', '.join(ScheduleState)}", field="state")
         rows = store.schedules_page(
@@ -385,7 +387,7 @@ class SchedulerApi:
         self, conn: Conn, principal: Principal, request: pb.ListRunsRequest
     ) -> pb.ListRunsResponse:
         limit = m.page_limit(request.limit)
-        apps = self._app_filter(principal, request.app)
+        apps = self._app_filter(conn, principal, request.app)
         if request.state and request.state not in set(RunState):
             raise invalid(f"state must be one of {', '.join(RunState)}", field="state")
         runs = store.app_runs_page(
@@ -400,7 +402,7 @@ class SchedulerApi:
         self, conn: Conn, principal: Principal, request: pb.ListDeadLettersRequest
     ) -> pb.ListDeadLettersResponse:
         limit = m.page_limit(request.limit)
-        apps = self._app_filter(principal, request.app)
+        apps = self._app_filter(conn, principal, request.app)
         schedule_id = None
         if request.schedule_id:
             schedule_id = self._schedule(conn, principal, request.schedule_id, field="schedule_id")["id"]
@@ -420,7 +422,7 @@ class SchedulerApi:
     ) -> pb.ReplayDeadLettersResponse:
         limit = m.page_limit(request.limit, default=100, maximum=MAX_REPLAY)
         app = request.app or None
-        apps = self._app_filter(principal, request.app)
+        apps = self._app_filter(conn, principal, request.app)
         if app is None and apps is not None:
             if len(apps) != 1:
                 raise invalid("name the app whose dead letters to replay", field="app")
@@ -455,7 +457,7 @@ class SchedulerApi:
         self, conn: Conn, principal: Principal, request: pb.ListAuditEntriesRequest
     ) -> pb.ListAuditEntriesResponse:
         limit = m.page_limit(request.limit)
-        apps = self._app_filter(principal, request.app)
+        apps = self._app_filter(conn, principal, request.app)
         if request.entity and request.entity not in AUDIT_ENTITIES:
             raise invalid(f"entity must be one of {', '.join(AUDIT_ENTITIES)}", field="entity")
         cursor = m.decode_cursor(request.cursor, 1)

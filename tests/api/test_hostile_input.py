@@ -162,3 +162,42 @@ def test_an_error_names_what_is_wrong_and_the_field_it_is_in(http: HttpCaller) -
     ):
         outcome = http.call(method, request, bearer)
         assert (outcome.code, outcome.body["details"].get("field")) == ("INVALID_ARGUMENT", "schedule_id")
+
+
+def test_a_method_a_path_does_not_take_is_405_with_every_method_it_does(http: HttpCaller) -> None:
+    auth = {"Authorization": f"Bearer {token(subject='verbs')}"}
+    some_id = "e3e70682-c209-4cac-a29f-6fbed82c07cd"
+    for method, path, allowed in (
+        ("PUT", f"/v1/schedules/{some_id}", "DELETE, GET, PATCH"),
+        ("OPTIONS", "/v1/schedules", "GET, POST"),
+        # A colon ends the id: this is the resume path, not an update of an id ending in ":resume".
+        ("PATCH", f"/v1/schedules/{some_id}:resume", "POST"),
+    ):
+        answer = http.client.request(method, path, headers=auth, json={"version": 1})
+        assert answer.status_code == 405, (method, path, answer.text)
+        assert answer.headers["allow"] == allowed and answer.json()["error"]["code"] == "METHOD_NOT_ALLOWED"
+
+
+def test_a_filter_on_an_app_that_does_not_exist_is_not_found_even_for_an_admin(http: HttpCaller) -> None:
+    """An empty page would read as an app with nothing in it, and a typo would go unseen (the CLI
+    refuses such an --app too)."""
+    admin = token(subject="admin-of-all")  # no apps claim: every app
+    for method in ("ListSchedules", "ListRuns", "ListDeadLetters", "ListAuditEntries"):
+        outcome = http.call(method, {"app": "no-such-app"}, admin)
+        assert outcome.code == "NOT_FOUND", (method, outcome)
+        assert http.call(method, {"app": "alpha"}, admin).ok
+
+
+def test_the_document_says_what_a_request_may_hold(api: ApiProcess) -> None:
+    spec = httpx.get(f"{api.http_url}/openapi.json", timeout=10, trust_env=False).json()
+    parameters = {p["name"]: p["schema"] for p in spec["paths"]["/v1/schedules"]["get"]["parameters"]}
+    assert parameters["state"]["enum"] == ["", "active", "paused", "cancelled", "completed", "error"]
+    assert parameters["app"]["pattern"].startswith("^$|")
+    body = spec["components"]["schemas"]["CreateScheduleBody"]
+    assert {"app", "handler"} <= set(body["required"])
+    assert body["properties"]["misfire_policy"]["enum"] == ["", "fire_once", "fire_all", "skip"]
+    [get_one] = spec["paths"]["/v1/schedules/{id}"]["get"]["parameters"]
+    assert get_one["schema"]["format"] == "uuid"
+    batch = spec["components"]["schemas"]["CreateSchedulesBody"]["properties"]["schedules"]
+    assert (batch["minItems"], batch["maxItems"]) == (1, 1000)
+    assert "405" in spec["paths"]["/v1/schedules"]["get"]["responses"]
