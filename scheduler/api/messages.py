@@ -391,6 +391,8 @@ def spec_of_update(stored: ScheduleSpec, request: pb.UpdateScheduleRequest) -> S
     for field, column in plain.items():
         if request.HasField(field):
             values[column] = getattr(request, field) or (None if column in ("name", "description") else "")
+    if request.HasField("timezone") and not request.timezone:
+        values["tz"] = "UTC"  # an empty zone is UTC, as on create and in schedule commands
     if request.HasField("cron_expression") and request.HasField("run_at"):
         raise ApiError(Code.INVALID_SCHEDULE, "give cron_expression or run_at, not both", {"field": "run_at"})
     if request.HasField("cron_expression"):

@@ -100,7 +100,7 @@ def domain_spec(command: ScheduleCommand, spec: SpecMessage) -> ScheduleSpec:
         kind=spec.kind.value,
         handler=spec.handler,
         cron=spec.cron,
-        tz=spec.tz,
+        tz=spec.tz or "UTC",  # an empty zone is UTC, as over the API
         run_at=spec.run_at,
         start_at=spec.start_at,
         end_at=spec.end_at,

@@ -201,3 +201,12 @@ def test_the_document_says_what_a_request_may_hold(api: ApiProcess) -> None:
     batch = spec["components"]["schemas"]["CreateSchedulesBody"]["properties"]["schedules"]
     assert (batch["minItems"], batch["maxItems"]) == (1, 1000)
     assert "405" in spec["paths"]["/v1/schedules"]["get"]["responses"]
+
+
+def test_an_empty_time_zone_is_utc_on_create_and_on_update(http: HttpCaller) -> None:
+    bearer = token(subject="zones")
+    created = http.call("CreateSchedule", CREATE | {"timezone": "Asia/Tokyo"}, bearer)
+    assert created.ok and created.body["timezone"] == "Asia/Tokyo", created
+    updated = http.call("UpdateSchedule", {"id": created.body["id"], "timezone": ""}, bearer)
+    assert updated.ok and updated.body["timezone"] == "UTC", updated
+    assert http.call("CreateSchedule", CREATE | {"timezone": ""}, bearer).body["timezone"] == "UTC"

@@ -516,3 +516,11 @@ def test_a_command_reaches_a_schedule_the_cli_created_by_its_id_as_key(
     result = ingest(conn, settings, [topic.message(command("p1", str(created["id"]), "pause"))])
     assert codes(result) == []
     assert by_key(conn, str(created["id"]))["state"] == "paused"
+
+
+def test_an_empty_time_zone_is_utc_as_over_the_api(
+    conn: psycopg.Connection[Row], settings: Settings, topic: Topic
+) -> None:
+    result = ingest(conn, settings, [topic.message(command("tz", "no-zone", spec=spec(tz="")))])
+    assert result.applied == 1 and not result.rejected
+    assert by_key(conn, "no-zone")["tz"] == "UTC"
