@@ -231,6 +231,7 @@ def all_(
     if base is not None and base + len(children) - 1 > 65535:
         last = base + len(children) - 1
         fail(f"--metrics-port {base}: {len(children)} components need ports {base} to {last}", code=2)
+    _refuse_taken_ports(settings, base, len(children))
     if not apps:
         click.echo(
             "warning: no apps yet, so no workers (create one with `scheduler apps create NAME`)", err=True
@@ -239,3 +240,18 @@ def all_(
         click.echo("warning: no API (set SCHEDULER_JWT_SECRET or SCHEDULER_JWT_JWKS to serve it)", err=True)
     supervisor = Supervisor(children, metrics_port=base)
     raise SystemExit(supervisor.run())
+
+
+def _refuse_taken_ports(settings: Settings, metrics_base: int | None, components: int) -> None:
+    """One line and exit 2 for a port another process holds: its component would only fail to
+    start, again and again, under the supervisor's restarts."""
+    from scheduler.devstack.process import port_in_use
+
+    wanted: list[tuple[int, str]] = []
+    if settings.jwt.configured:
+        wanted += [(settings.api_port, "SCHEDULER_API_PORT"), (settings.grpc_port, "SCHEDULER_GRPC_PORT")]
+    if metrics_base is not None:
+        wanted += [(metrics_base + i, "--metrics-port") for i in range(components)]
+    for port, setting in wanted:
+        if port and port_in_use(port):
+            fail(f"port {port} is in use by another process (set {setting})", code=2)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
+import subprocess
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -37,7 +39,7 @@ from tests.e2e.health import (
     status,
     wait_for_statuses,
 )
-from tests.support import wait_for
+from tests.support import SCHEDULER, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -348,3 +350,18 @@ def test_run_all_restarts_a_killed_component_and_stops_every_child_on_sigterm(
     assert supervised.stop() == 0, supervised.stderr()[-4000:]
     still_running = [pid for pid in [*(c.pid for c in others), new_pid] if alive(pid)]
     assert not still_running, f"children outlived the supervisor: {still_running}"
+
+
+def test_run_all_refuses_a_port_another_process_holds_with_one_line(settings_env: dict[str, str]) -> None:
+    """Its component would only fail to bind, again and again, under the supervisor's restarts."""
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        env = settings_env | {"SCHEDULER_JWT_SECRET": "s" * 40, "SCHEDULER_API_PORT": str(taken)}
+        done = subprocess.run(
+            [SCHEDULER, "run", "all", "--metrics-port", str(free_port())],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"error: port {taken} is in use by another process (set SCHEDULER_API_PORT)"
