@@ -30,7 +30,7 @@ from uuid import UUID
 import psycopg
 from rich.table import Table
 
-from bench.common import console, create_bench_app, isolated_settings, record
+from bench.common import BENCH_APP, console, create_bench_app, isolated_settings, record
 from bench.cost import process_cpu_seconds
 from bench.scale import load_history
 from scheduler.store.reconcile import OutcomeEvent, apply_outcomes
@@ -50,10 +50,10 @@ def _batches(runs: list[UUID], size: int) -> list[list[OutcomeEvent]]:
     worker = {run: WORKERS[i % len(WORKERS)] for i, run in enumerate(runs)}
 
     def started(run: UUID) -> OutcomeEvent:
-        return OutcomeEvent(str(uuid.uuid4()), run, 1, "started", worker[run], now, None)
+        return OutcomeEvent(str(uuid.uuid4()), run, 1, "started", worker[run], now, None, app=BENCH_APP)
 
     def succeeded(run: UUID) -> OutcomeEvent:
-        return OutcomeEvent(str(uuid.uuid4()), run, 1, "succeeded", worker[run], now, now)
+        return OutcomeEvent(str(uuid.uuid4()), run, 1, "succeeded", worker[run], now, now, app=BENCH_APP)
 
     half = max(1, size // 2)
     events: list[OutcomeEvent] = []

@@ -5,7 +5,7 @@ Each takes a whole batch in one round trip."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -40,7 +40,8 @@ class OutcomeEvent:
     result: Any = None
     not_before: datetime | None = None
     backoff_ms: int | None = None
-    app: str | None = None  # the sender's: an event of another app than its run's is stale
+    # The sender's app: an event of another app than its run's is stale, never applied.
+    app: str = field(kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)

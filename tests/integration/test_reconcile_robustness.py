@@ -512,7 +512,9 @@ def test_a_start_gives_the_run_a_lease_of_the_window_from_the_database_clock(set
     with connect(settings.database_url) as conn:
         assert conn.execute("select lease_expires_at from runs").fetchone() == {"lease_expires_at": None}
         with conn.transaction():
-            event = OutcomeEvent(str(uuid.uuid4()), run.id, 1, "started", "w", datetime.now(UTC), None)
+            event = OutcomeEvent(
+                str(uuid.uuid4()), run.id, 1, "started", "w", datetime.now(UTC), None, app=APP
+            )
             reconcile.apply_outcomes(conn, [event], 12.5)
         row = conn.execute(
             "select state, extract(epoch from lease_expires_at - now()) as left_s from runs"
@@ -665,7 +667,9 @@ def test_a_buffered_fire_committed_after_the_wakeup_is_still_released(settings: 
         wiring.scanner().scan_once(scanner_conn, now=first + timedelta(seconds=1))
         # ... while the reconciler ends that run and wakes the release, which cannot see the fire yet.
         with conn.transaction():
-            event = OutcomeEvent(str(uuid.uuid4()), open_run["id"], 1, "succeeded", "w", first, first)
+            event = OutcomeEvent(
+                str(uuid.uuid4()), open_run["id"], 1, "succeeded", "w", first, first, app=APP
+            )
             assert reconcile.apply_outcomes(conn, [event], 30).finished == 1
             reconcile.notify_run_finished(conn)
         woken = release.looks
@@ -701,6 +705,7 @@ def event(run: Run, kind: str, worker: str, started_at: datetime, attempt: int =
         error="boom" if kind == "retry" else None,
         error_class="Boom" if kind == "retry" else None,
         backoff_ms=0 if kind == "retry" else None,
+        app=APP,
     )
 
 

@@ -13,7 +13,7 @@ RUN, OTHER = uuid.uuid4(), uuid.uuid4()
 
 def event(event_id: str, kind: str = "started", *, run: uuid.UUID = RUN, attempt: int = 1,
           worker: str | None = "w1", started: datetime | None = NOW) -> OutcomeEvent:  # fmt: skip
-    return OutcomeEvent(event_id, run, attempt, kind, worker, started, None)
+    return OutcomeEvent(event_id, run, attempt, kind, worker, started, None, app="app")
 
 
 def test_a_plain_batch_is_first_copies_of_first_executions() -> None:

@@ -26,6 +26,14 @@ with received as (
            with ordinality
            as e(event_id, run_id, attempt, kind, worker, started_at, finished_at, error, error_class,
                 result, not_before, backoff_ms, first_copy, exec_rank, copy_rank, app, ord)
+), event as (
+    -- Each event once; a copy of it later in the same batch is a duplicate. Of one attempt's events
+    -- of a kind in the batch, exec_rank numbers the executions by their first event, and copy_rank
+    -- one execution's events (a worker announces a start again, with a new id, when Kafka's
+    -- answer to the first was lost). The reconciler numbers them (store.reconcile.batch_ranks):
+    -- three sorts of the batch here were a fifth of this statement's time, and PostgreSQL is
+    -- the one part that does not scale out.
+    select e.* from received e where e.first_copy
 ), run as (
     -- Locked in id order, as every statement that waits for run locks does: no deadlocks.
     -- held_start: the start the row holds for its current attempt, while no row of `attempts`
@@ -35,24 +43,9 @@ with received as (
     select r.id, r.attempt, r.state, r.worker, r.finished_at, r.app,
            case when r.state in ('running', 'succeeded', 'cancelled') then r.started_at end as held_start
       from runs r
-     where r.id = any(array(select distinct run_id from received))
+     where r.id = any(array(select distinct run_id from event))
      order by r.id
        for update of r
-), event as (
-    -- Each event once; a copy of it later in the same batch is a duplicate. Of one attempt's events
-    -- of a kind in the batch, exec_rank numbers the executions by their first event, and copy_rank
-    -- one execution's events (a worker announces a start again, with a new id, when Kafka's
-    -- answer to the first was lost). The reconciler numbers them (store.reconcile.batch_ranks):
-    -- three sorts of the batch here were a fifth of this statement's time, and PostgreSQL is
-    -- the one part that does not scale out.
-    -- An event of another app than its run's (a worker of one app sent it, about a run of another:
-    -- junk on its topic naming that run, or a forged job) is stale: an app's workers never end,
-    -- start or retry another app's runs.
-    select e.* from received e
-     where e.first_copy
-       and (e.app is null
-            or ((e.run_id, e.app) in (select r.id, r.app from run r)) is true
-            or (e.run_id in (select r.id from run r)) is not true)
 ), seen as (
     -- A recorded event, found by the run's key: an event is about one run, which has a few rows.
     select e.event_id
@@ -120,10 +113,13 @@ with received as (
     -- A lookup in a hashed set of the batch's runs, as in `restarted`: a join took 176 of 211 ms
     -- of a batch of 1,000 events under the prepared plan, which takes both for a few rows. `is
     -- true` keeps the test a hashed lookup: a bare `in` would be turned into a join again.
+    -- The event's app is its sender's: an app's workers never end, start or retry another app's
+    -- runs (junk on one app's topic naming another's run, or a forged job), so such an event is
+    -- stale, on record and never applied.
     select e.*
       from event e
-     where ((e.run_id, e.attempt) in (select r.id, r.attempt from run r
-                                       where r.state not in ('succeeded', 'dead', 'skipped', 'cancelled'))) is true
+     where ((e.run_id, e.attempt, e.app) in (select r.id, r.attempt, r.app from run r
+                                              where r.state not in ('succeeded', 'dead', 'skipped', 'cancelled'))) is true
        and e.event_id not in (select event_id from seen)
 ), decisive as (
     select distinct on (a.run_id) a.*
@@ -164,8 +160,7 @@ with received as (
     returning r.id, r.state, r.app
 ), classified as (
     select e.*,
-           case when e.first_copy and e.ord not in (select ord from event) then 'stale'
-                when e.event_id in (select event_id from seen) or e.ord not in (select ord from event)
+           case when e.event_id in (select event_id from seen) or e.ord not in (select ord from event)
                 then 'duplicate'
                 when e.event_id in (select event_id from restarted) then 'reexecution'
                 when e.event_id in (select event_id from accepted) then 'applied'
