@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -20,13 +21,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+from starlette.routing import Route as PlainRoute
 
 from scheduler.api.errors import ApiError, Code, invalid
 from scheduler.api.messages import MAX_PAGE, as_dict, max_request_bytes, too_large
@@ -119,16 +120,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 async def _receive(route: Route, request: Request) -> _Received:
-    names = [name for name, _ in request.query_params.multi_items()]
+    counts = Counter(name for name, _ in request.query_params.multi_items())
     return _Received(
         # Read for every route: a body sent to one that takes none (a DELETE's version) is refused.
         body=await _read_body(request, max_request_bytes(route.method)),
         path={name: request.path_params[name] for name in route.path_fields},
         query={name: request.query_params[name] for name in route.query if name in request.query_params},
         idempotency_key=request.headers.get("idempotency-key"),
-        unexpected_query=tuple(
-            dict.fromkeys(name for name in names if name not in route.query or names.count(name) > 1)
-        ),
+        unexpected_query=tuple(name for name, n in counts.items() if name not in route.query or n > 1),
     )
 
 
@@ -253,11 +252,12 @@ def create_app(api: SchedulerApi, executor: Executor, serving: Callable[[], bool
                     {
                         method
                         for route in app.router.routes
-                        if isinstance(route, APIRoute) and route.matches(request.scope)[0] == Match.PARTIAL
+                        if isinstance(route, PlainRoute)  # FastAPI's routes and its /openapi.json, /docs
+                        and route.matches(request.scope)[0] == Match.PARTIAL
                         for method in route.methods or ()
                     }
                 )
-            )
+            ) or (exc.headers or {}).get("Allow", "")
             answer = error_response(
                 ApiError(
                     Code.METHOD_NOT_ALLOWED,

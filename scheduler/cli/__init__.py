@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 import click
+from click.exceptions import NoArgsIsHelpError
 
 from scheduler.cli.apps import apps
 from scheduler.cli.audit import audit
@@ -41,12 +42,16 @@ class _Scheduler(click.Group):
     ) -> click.Context:
         try:
             return super().make_context(info_name, args, parent, **extra)
+        except NoArgsIsHelpError:
+            raise  # a bare group: click prints its help, as it should
         except click.UsageError as error:
             _one_line(error, info_name or self.name or "scheduler")
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
+        except NoArgsIsHelpError:
+            raise
         except click.UsageError as error:
             _one_line(error, ctx.command_path)
 

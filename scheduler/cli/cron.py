@@ -7,7 +7,7 @@ the scheduler will do, daylight-saving rules and ``H`` spreading included.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from itertools import islice
 
 import click
@@ -60,7 +60,10 @@ def _parse_after(text: str) -> datetime:
     except ValueError:
         fail(f"--after {text!r} is not an ISO 8601 time such as 2027-03-28T00:00:00Z", code=2)
     # A time without an offset is read as UTC, not as this machine's local time.
-    moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    try:
+        moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    except OverflowError:  # an offset that takes it before the year 1 or past 9999
+        moment = EARLIEST - timedelta(days=1)
     if not EARLIEST <= moment < LATEST:
         fail(f"--after must be between 1970 and 9000, as a schedule's times are; got {text!r}", code=2)
     return moment

@@ -172,6 +172,7 @@ def test_a_method_a_path_does_not_take_is_405_with_every_method_it_does(http: Ht
         ("OPTIONS", "/v1/schedules", "GET, POST"),
         # A colon ends the id: this is the resume path, not an update of an id ending in ":resume".
         ("PATCH", f"/v1/schedules/{some_id}:resume", "POST"),
+        ("POST", "/openapi.json", "GET, HEAD"),
     ):
         answer = http.client.request(method, path, headers=auth, json={"version": 1})
         assert answer.status_code == 405, (method, path, answer.text)

@@ -91,6 +91,8 @@ def test_six_fields_and_h_with_a_schedule_id() -> None:
         # Where Python's dates end: one line, not a traceback.
         (("0 0 29 2 *", "--after", "9999-01-01T00:00:00Z"), "--after must be between 1970 and 9000"),
         (("0 0 * * *", "--tz", "America/New_York", "--after", "0001-01-01T00:00:00Z"), "between 1970"),
+        (("0 0 * * *", "--after", "0001-01-01T00:00:00+01:00"), "between 1970"),
+        (("0 0 * * *", "--after", "9999-12-31T23:59:59-01:00"), "between 1970"),
         (("* * * * *", "--tz", "right/America/New_York"), "unknown time zone 'right/America/New_York'"),
     ],
 )
@@ -100,3 +102,9 @@ def test_bad_input_is_one_line_on_stderr_and_exit_code_2(args: tuple[str, ...], 
     assert out == ""
     assert message in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("group", [(), ("schedules",), ("dev",)])
+def test_a_bare_group_prints_its_help_not_an_error(group: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(main, list(group))
+    assert "Commands:" in result.output and "error:" not in result.output, result.output
