@@ -258,6 +258,11 @@ class Reconciler(Service):
             metrics.QUARANTINED.labels("undecodable").inc(undecodable)
         for app in applied.dead_apps:
             metrics.DEAD_LETTERS.labels(app).inc()
+        if applied.cross_app:
+            # Only junk or a forged message names a run of another app than its sender's.
+            self.log.warning(
+                "%d outcome events sent as another app's than their run's were not applied", applied.cross_app
+            )
         return applied
 
     def _apply(

@@ -77,6 +77,7 @@ class Applied:
     reexecution: int = 0  # starts of an attempt that had been started before
     finished: int = 0
     dead_apps: tuple[str, ...] = ()  # the app of each run this batch made dead
+    cross_app: int = 0  # stale events sent as another app's than their run's (not in its attempts)
 
     def __add__(self, other: Applied) -> Applied:
         return Applied(
@@ -86,6 +87,7 @@ class Applied:
             self.reexecution + other.reexecution,
             self.finished + other.finished,
             self.dead_apps + other.dead_apps,
+            self.cross_app + other.cross_app,
         )
 
 
@@ -130,6 +132,7 @@ def apply_outcomes(
         row["reexecution"],
         row["finished"],
         tuple(row["dead_apps"]),
+        row["cross_app"],
     )
 
 

@@ -253,6 +253,8 @@ class _Fetched:
     # clock far off, a message not from a scanner), the end of the longest hold; poison at once.
     start_at: datetime
     task: asyncio.Task[None] | None = None
+    # Poison that names a run in its headers which is not this app's to end: a job of another app.
+    foreign: bool = False
 
     @property
     def key(self) -> Key:
@@ -564,9 +566,10 @@ class Worker(Service):
             return _Fetched(delivery, None, reason, "waiting", datetime.now(UTC))
         if job.app != self.app:
             # Not run: this app's handlers are not the other app's, and its outcome would end the
-            # other app's run. Dead-lettered as this app's, which the reconciler keeps from that run.
+            # other app's run. Dead-lettered as this app's poison, with its bytes and without its
+            # run: kept in this app's dead letters, never applied to that run.
             reason = f"a job of app {job.app[:100]!r} on the topic of app {self.app!r}: not run"
-            return _Fetched(delivery, None, reason, "waiting", datetime.now(UTC))
+            return _Fetched(delivery, None, reason, "waiting", datetime.now(UTC), foreign=True)
         now = datetime.now(UTC)
         start_at = job.scheduled_for
         if start_at > now + MAX_HOLD:
@@ -1022,7 +1025,7 @@ class Worker(Service):
         delivery, job = fetched.delivery, fetched.job
         if job is None:
             metrics.UNDECODABLE.labels(self.app).inc()
-            self._dead_undecodable(delivery, fetched.error or "undecodable")
+            self._dead_undecodable(delivery, fetched.error or "undecodable", for_run=not fetched.foreign)
             return
         attempt_key = _attempt_key(job)
         if attempt_key in self._started_attempts:
@@ -1498,13 +1501,13 @@ class Worker(Service):
                 },
             )
 
-    def _dead_undecodable(self, delivery: Delivery, reason: str) -> None:
+    def _dead_undecodable(self, delivery: Delivery, reason: str, *, for_run: bool = True) -> None:
         reason = capped_text(reason)
         finished = datetime.now(UTC)
         event_id = new_event_id()
         # With its run and attempt (from the headers), the letter makes the reconciler end that
         # attempt's run as dead, rather than leave it dispatched for ever.
-        run_id, attempt = _attempt_of(delivery.headers) or (None, None)
+        run_id, attempt = (_attempt_of(delivery.headers) if for_run else None) or (None, None)
 
         def build(compact: bool) -> bytes:
             original = delivery.value[:COMPACT_ORIGINAL_BYTES] if compact else delivery.value

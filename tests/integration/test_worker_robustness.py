@@ -529,8 +529,8 @@ def test_an_undecodable_job_with_its_run_headers_is_dead_lettered_for_that_run(
 def test_a_job_of_another_app_on_this_apps_topic_is_not_run_and_its_letter_is_this_apps(
     topics: Settings, start_worker: Any
 ) -> None:
-    """This app's handlers are not the other app's, and an outcome sent as the other app's would
-    end its run: the job is dead-lettered as this app's (which the reconciler keeps from that run)."""
+    """This app's handlers are not the other app's, and an outcome about the other app's run would
+    end it: the job is dead-lettered as this app's poison, without that run."""
     foreign = replace(job("builtin:noop"), app="other")
     own = job("builtin:noop")
     producer = RawProducer({"bootstrap.servers": topics.kafka_bootstrap})
@@ -542,13 +542,32 @@ def test_a_job_of_another_app_on_this_apps_topic_is_not_run_and_its_letter_is_th
     assert producer.flush(30) == 0
     publish(topics, [own], partition=0)
     worker = start_worker()
-    until([worker], lambda: own.run_id in read_outcomes(topics).succeeded, 60, "the own app's job")
-    until([worker], lambda: foreign.run_id in read_outcomes(topics).dead, 60, "the foreign job's letter")
-    outcomes = read_outcomes(topics)
-    letter = outcomes.dead[foreign.run_id]
+
+    def letters() -> list[JobDeadLetter]:
+        return [
+            CODEC.decode(JobDeadLetter, v)
+            for _, v, _, _ in read_records(topics.kafka_bootstrap, topics.dlq_topic)
+        ]
+
+    def results() -> list[JobResult]:
+        return [
+            CODEC.decode(JobResult, v)
+            for _, v, _, _ in read_records(topics.kafka_bootstrap, topics.results_topic)
+        ]
+
+    until(
+        [worker],
+        lambda: own.run_id in {r.run_id for r in results() if r.status == "succeeded"},
+        60,
+        "own job",
+    )
+    until([worker], lambda: len(letters()) == 1, 60, "the foreign job's letter")
+    [letter] = letters()
     assert (letter.app, letter.cause, letter.error_class) == (APP, "undecodable", "UndecodableMessage")
     assert letter.error == f"a job of app 'other' on the topic of app {APP!r}: not run"
-    assert foreign.run_id not in outcomes.started and foreign.run_id not in outcomes.succeeded
+    # Without the run its headers name: kept with its bytes among this app's dead letters.
+    assert (letter.run_id, letter.attempt, letter.original_bytes) == (None, None, CODEC.encode(foreign))
+    assert foreign.run_id not in {result.run_id for result in results()}, "never started"
     assert worker.stop() == 0, worker.output()[-3000:]
 
 

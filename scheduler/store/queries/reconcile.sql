@@ -159,7 +159,11 @@ with received as (
        and not (d.kind in ('started', 'heartbeat') and r.state = 'retry_wait')
     returning r.id, r.state, r.app
 ), classified as (
+    -- cross_app: sent as another app's than its run's (see `accepted`); counted stale, and kept out
+    -- of the run's attempts, which that run's app reads (its text is the other app's).
     select e.*,
+           (((e.run_id, e.app) in (select r.id, r.app from run r)) is false
+            and (e.run_id in (select r.id from run r)) is true) as cross_app,
            case when e.event_id in (select event_id from seen) or e.ord not in (select ord from event)
                 then 'duplicate'
                 when e.event_id in (select event_id from restarted) then 'reexecution'
@@ -193,10 +197,11 @@ with received as (
     select c.run_id, c.attempt, c.event_id, c.kind, c.outcome, c.worker, c.started_at, c.finished_at,
            c.error, c.error_class
       from classified c
-     where c.outcome <> 'applied'
+     where not c.cross_app
+       and (c.outcome <> 'applied'
         or c.kind in ('retry', 'dead')
         -- An applied first start of an attempt re-executed in this same batch.
-        or (c.kind = 'started' and (c.run_id, c.attempt) in (select run_id, attempt from reexecuted))
+        or (c.kind = 'started' and (c.run_id, c.attempt) in (select run_id, attempt from reexecuted)))
 )
 select (select count(*) from classified where outcome = 'applied') as applied,
        (select count(*) from classified where outcome = 'stale') as stale,
@@ -204,7 +209,8 @@ select (select count(*) from classified where outcome = 'applied') as applied,
        (select count(*) from classified where outcome = 'reexecution')
            + (select count(*) from revealed) as reexecution,
        (select count(*) from applied where state in ('succeeded', 'dead')) as finished,
-       array(select app from applied where state = 'dead') as dead_apps;
+       array(select app from applied where state = 'dead') as dead_apps,
+       (select count(*) from classified where cross_app) as cross_app;
 
 -- name: record_undecodable_dead_letters
 -- Dead letters without a run (their job could not be decoded) are kept for the DLQ listing.
