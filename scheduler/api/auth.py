@@ -103,7 +103,9 @@ def _claim(claims: dict[str, Any], path: str) -> Any:
     :data:`_ABSENT` if the token has no such claim."""
     value: Any = claims
     for part in path.split("."):
-        if not isinstance(value, dict) or part not in value:
+        if not isinstance(value, dict):
+            return None  # a parent that is there but holds no claims (null): not an absent claim
+        if part not in value:
             return _ABSENT
         value = value[part]
     return value

@@ -92,7 +92,8 @@ ITEM_EXCLUDED = {"CreateScheduleRequest": ("idempotency_key",)}
 def _request_string(message: Descriptor, field: FieldDescriptor) -> dict[str, Any]:
     choices = REQUEST_CHOICES.get((message.name, field.name)) or REQUEST_CHOICES.get(field.name)
     if choices is not None:
-        return {"type": "string", "enum": list(choices) if field.has_presence else ["", *choices]}
+        # None: an enum with nullable lists null among its values, or validators refuse it.
+        return {"type": "string", "enum": [*([] if field.has_presence else [""]), *choices, None]}
     if (message.name, field.name) in NEEDED:
         return {"type": "string", "pattern": APP_PATTERN if field.name == "app" else HANDLER_PATTERN}
     if field.name == "app":
@@ -169,6 +170,8 @@ def _parameter(route: Route, message: Descriptor, name: str, where: str, compone
     # A query string's length is bounded by the server's request line (16 KiB) before any field's:
     # the 4,096 characters a field takes is the body's bound.
     schema.pop("maxLength", None)
+    if "enum" in schema:  # a query parameter is text, never null
+        schema["enum"] = [value for value in schema["enum"] if value is not None]
     return {"name": name, "in": where, "required": where == "path", "schema": schema}
 
 

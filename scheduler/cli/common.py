@@ -86,6 +86,14 @@ def actor() -> str:
     return f"cli:{getpass.getuser()}@{socket.gethostname()}"
 
 
+# The IANA names of UTC itself (and "", which is UTC): a time without an offset means the same in
+# each of them.
+UTC_NAMES = frozenset(
+    {"", "UTC", "Etc/UTC", "UCT", "Etc/UCT", "Universal", "Etc/Universal", "Zulu", "Etc/Zulu", "GMT",
+     "Etc/GMT", "GMT0", "Etc/GMT0", "GMT+0", "Etc/GMT+0", "GMT-0", "Etc/GMT-0", "Greenwich", "Etc/Greenwich"}
+)  # fmt: skip
+
+
 def parse_instant(text: str, what: str, zone: str = "UTC") -> datetime:
     """An ISO 8601 instant; `Z` accepted, a naive time taken as UTC, but refused for a schedule in
     another ``zone`` (whose reader would take 02:30 for 02:30 there)."""
@@ -97,7 +105,7 @@ def parse_instant(text: str, what: str, zone: str = "UTC") -> datetime:
         raise click.BadParameter(
             f"{text!r} is not a valid ISO 8601 time{why} (e.g. 2027-01-01T09:00:00Z)", param_hint=what
         ) from None
-    if moment.tzinfo is None and zone not in ("UTC", "Etc/UTC"):
+    if moment.tzinfo is None and zone not in UTC_NAMES:
         raise click.BadParameter(
             f"{text!r} has no offset, and the schedule's zone is {zone}: give one "
             f"(e.g. {text}-05:00, or {text}Z for UTC)",

@@ -58,7 +58,13 @@ def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
     """The non-blank lines as bytes: each is decoded on its own, so one that is not UTF-8 is one
     bad line, not the end of the run."""
     for number, line in enumerate(stream, start=1):
-        if line.strip():
+        # Blank as text (a BOM, non-ASCII spaces) is decided once decoded; a line that does not
+        # decode is reported.
+        try:
+            blank = not line.decode("utf-8-sig" if number == 1 else "utf-8").strip()
+        except UnicodeDecodeError:
+            blank = False
+        if not blank:
             yield number, line
 
 

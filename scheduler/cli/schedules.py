@@ -169,7 +169,7 @@ def create(
         description=options["description"],
         kind=kind,
         cron=cron,
-        tz=options["tz"],
+        tz=options["tz"] or "UTC",  # an empty zone is UTC, as over the API
         run_at=parse_instant(at, "--at", options["tz"]) if at is not None else None,
         start_at=parse_instant(start, "--start", options["tz"]) if start else None,
         end_at=parse_instant(end, "--end", options["tz"]) if end else None,
@@ -225,6 +225,8 @@ def update(
         if row is None:
             fail(f"no schedule {schedule_id}")
         spec = stored_spec(row)
+        if options["tz"] == "":
+            options["tz"] = "UTC"  # an empty zone is UTC, as over the API
         zone = options["tz"] or spec.tz
         changes: dict[str, Any] = {
             "name": options["name"],

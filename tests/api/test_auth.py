@@ -289,6 +289,7 @@ def launched(
             "SCHEDULER_JWT_ISSUER": ISSUER,
             "SCHEDULER_JWT_AUDIENCE": AUDIENCE,
             "SCHEDULER_JWT_ROLES_CLAIM": "realm_access.roles",
+            "SCHEDULER_JWT_APPS_CLAIM": "resource_access.apps",
         },
         "file": {"SCHEDULER_JWT_SECRET": "", "SCHEDULER_JWT_JWKS": str(jwks_file)},
         "url": {"SCHEDULER_JWT_SECRET": "", "SCHEDULER_JWT_JWKS": jwks_url},
@@ -339,6 +340,23 @@ def test_issuer_and_audience_are_checked_when_configured(
     refused(idp, idp_token(iss=None), sent)
     # The module's API sets neither, and does not mind either claim.
     accepted(caller, token(iss="https://anyone.example", aud="anything"), sent)
+
+
+def test_a_nested_apps_claim_whose_parent_is_no_object_grants_no_app(
+    caller: Caller, extra_apis: dict[str, Api], sent: list[str]
+) -> None:
+    """Only an admin token without the claim sees every app; a parent that is there but holds no
+    claims (a list, a string) is no absent claim."""
+    idp = extra_apis["idp"].same_transport(caller)
+    assert idp.call("ListRuns", {"app": "alpha"}, idp_token()).ok, "no resource_access at all: every app"
+    parents: list[Any] = [[], "none", 0]
+    for parent in parents:
+        bearer = idp_token(resource_access=parent)
+        sent.append(bearer)
+        assert idp.call("ListRuns", {"app": "alpha"}, bearer).code == "NOT_FOUND", parent
+    scoped = idp_token(resource_access={"apps": ["alpha"]})
+    sent.append(scoped)
+    assert idp.call("ListRuns", {"app": "alpha"}, scoped).ok
 
 
 def test_roles_are_read_from_the_configured_claim_path(

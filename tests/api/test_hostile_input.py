@@ -196,7 +196,7 @@ def test_the_document_says_what_a_request_may_hold(api: ApiProcess) -> None:
     assert parameters["app"]["pattern"].startswith("^$|")
     body = spec["components"]["schemas"]["CreateScheduleBody"]
     assert {"app", "handler"} <= set(body["required"])
-    assert body["properties"]["misfire_policy"]["enum"] == ["", "fire_once", "fire_all", "skip"]
+    assert body["properties"]["misfire_policy"]["enum"] == ["", "fire_once", "fire_all", "skip", None]
     [get_one] = spec["paths"]["/v1/schedules/{id}"]["get"]["parameters"]
     assert get_one["schema"]["format"] == "uuid"
     batch = spec["components"]["schemas"]["CreateSchedulesBody"]["properties"]["schedules"]

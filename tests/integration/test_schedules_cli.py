@@ -464,3 +464,20 @@ def test_a_time_without_an_offset_is_utc_only_for_a_schedule_in_utc(cli: Cli, ap
     assert refused.returncode == 2 and "zone is America/New_York" in refused.stderr, refused.stderr
     ended = cli.json("schedules", "update", zoned["id"], "--end", "2027-12-31T00:00:00-05:00")
     assert parse(ended["end_at"]) == parse("2027-12-31T05:00:00+00:00")
+    # UTC by another of its names, or by an empty zone (UTC, as over the API).
+    for zone in ("Etc/GMT", ""):
+        made = cli.json(
+            "schedules",
+            "create",
+            "--app",
+            app,
+            "--at",
+            "2027-03-14T02:30:00",
+            "--tz",
+            zone,
+            "--handler",
+            "builtin:noop",
+        )
+        assert parse(made["run_at"]) == parse("2027-03-14T02:30:00+00:00")
+        assert made["tz"] == (zone or "UTC")
+    assert cli.json("schedules", "update", zoned["id"], "--tz", "")["tz"] == "UTC"
