@@ -39,7 +39,7 @@ def next_fire_times(
     """Print the next fire times of EXPR (5 fields, minute first; or 6, second first)."""
     start = datetime.now(UTC).replace(microsecond=0) if after is None else _parse_after(after)
     try:
-        schedule = CronSchedule.of(expression, tz, schedule_id)
+        schedule = CronSchedule.of(expression, tz or "UTC", schedule_id)  # an empty zone is UTC
     except (InvalidCronExpression, UnknownTimeZone) as error:
         fail(str(error), code=2)
     times = [(fire, fire.astimezone(schedule.zone)) for fire in islice(schedule.fire_times(start), count)]

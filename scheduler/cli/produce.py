@@ -108,7 +108,7 @@ def produce(path: Path | None, as_json: bool) -> None:
     total = None
     if path is not None:
         with path.open("rb") as counting:
-            total = sum(1 for line in counting if line.strip())
+            total = sum(1 for _ in _lines(counting))
     err = Console(stderr=True)
     progress = Progress(
         SpinnerColumn(),

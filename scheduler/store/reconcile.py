@@ -150,8 +150,8 @@ def batch_ranks(events: Sequence[OutcomeEvent]) -> dict[str, list[Any]]:
     exec_ranks: list[int] = []
     copy_ranks: list[int] = []
     ids: set[str] = set()
-    # Per run, attempt and kind: each execution's [number, copies so far].
-    executions: dict[tuple[UUID, int, str], dict[tuple[str | None, datetime | None], list[int]]] = {}
+    # Per run, attempt, kind and app: each execution's [number, copies so far].
+    executions: dict[tuple[UUID, int, str, str], dict[tuple[str | None, datetime | None], list[int]]] = {}
     for event in events:
         if event.event_id in ids:
             first_copies.append(False)
@@ -159,7 +159,8 @@ def batch_ranks(events: Sequence[OutcomeEvent]) -> dict[str, list[Any]]:
             copy_ranks.append(0)
             continue
         ids.add(event.event_id)
-        numbered = executions.setdefault((event.run_id, event.attempt, event.kind), {})
+        # By app too: another app's event (stale) never makes the run's own a second execution.
+        numbered = executions.setdefault((event.run_id, event.attempt, event.kind, event.app), {})
         execution = numbered.setdefault((event.worker, event.started_at), [len(numbered) + 1, 0])
         execution[1] += 1
         first_copies.append(True)

@@ -342,6 +342,13 @@ def test_issuer_and_audience_are_checked_when_configured(
     accepted(caller, token(iss="https://anyone.example", aud="anything"), sent)
 
 
+def _with_null(claim: str) -> str:
+    """An identity provider's token whose ``claim`` is there, as null (idp_token leaves out Nones)."""
+    body = claims(iss=ISSUER, aud=AUDIENCE, realm_access={"roles": [ADMIN]}, **{claim: None})
+    body.pop("roles")
+    return jwt.encode(body, SECRET, algorithm="HS256")
+
+
 def test_a_nested_apps_claim_whose_parent_is_no_object_grants_no_app(
     caller: Caller, extra_apis: dict[str, Api], sent: list[str]
 ) -> None:
@@ -349,9 +356,9 @@ def test_a_nested_apps_claim_whose_parent_is_no_object_grants_no_app(
     claims (a list, a string) is no absent claim."""
     idp = extra_apis["idp"].same_transport(caller)
     assert idp.call("ListRuns", {"app": "alpha"}, idp_token()).ok, "no resource_access at all: every app"
-    parents: list[Any] = [[], "none", 0]
+    parents: list[Any] = [None, [], "none", 0]
     for parent in parents:
-        bearer = idp_token(resource_access=parent)
+        bearer = idp_token(resource_access=parent) if parent is not None else _with_null("resource_access")
         sent.append(bearer)
         assert idp.call("ListRuns", {"app": "alpha"}, bearer).code == "NOT_FOUND", parent
     scoped = idp_token(resource_access={"apps": ["alpha"]})

@@ -13,7 +13,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -506,6 +506,31 @@ def test_events_sent_by_another_apps_worker_never_change_a_run(settings: Setting
     assert history(settings, victim) == []
     assert "w-other" not in {worker for _, _, worker in history(settings, fenced)}
     assert run_row(settings, fenced)["worker"] == "w1"
+
+
+def test_another_apps_events_in_a_batch_neither_end_a_started_run_nor_count_as_executions(
+    settings: Settings,
+) -> None:
+    """An end of another app naming a started run's attempt, and another app's start before the
+    run's own in one batch: stale, never a re-execution, never among the run's attempts."""
+    running_run, fresh = dispatched_runs(settings, 2)
+    started = datetime.now(UTC)
+    with connect(settings.database_url) as conn:
+        with conn.transaction():
+            reconcile.apply_outcomes(conn, [event(running_run, "started", "w1", started)], 30)
+        foreign_end = replace(
+            event(running_run, "succeeded", "w-other", started + timedelta(seconds=1)), app="x"
+        )
+        foreign_start = replace(event(fresh, "started", "w-other", started), app="x")
+        own_start = event(fresh, "started", "w1", started + timedelta(milliseconds=1))
+        with conn.transaction():
+            applied = reconcile.apply_outcomes(conn, [foreign_end, foreign_start, own_start], 30)
+    assert (applied.applied, applied.stale, applied.reexecution, applied.cross_app) == (1, 2, 0, 2)
+    for run in (running_run, fresh):
+        row = run_row(settings, run)
+        assert (row["state"], row["worker"]) == ("running", "w1"), row
+        assert "w-other" not in {worker for _, _, worker in history(settings, run)}
+        assert "reexecution" not in {outcome for _, outcome, _ in history(settings, run)}
 
 
 def test_a_start_gives_the_run_a_lease_of_the_window_from_the_database_clock(settings: Settings) -> None:

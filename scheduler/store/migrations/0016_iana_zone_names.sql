@@ -6,5 +6,8 @@
 -- name: it goes to state `error`, listed by `scheduler schedules list --state error`, until
 -- `scheduler schedules update ID --tz ZONE` names its zone.
 update schedules
-   set tz = regexp_replace(tz, '^(posix|right)/', '')
- where tz ~ '^(posix|right)/';
+   set tz = regexp_replace(tz, '^(posix|right)/', ''),
+       version = version + 1,
+       updated_at = now()
+ where tz ~ '^(posix|right)/'
+   and tz not in ('posix/posixrules', 'right/posixrules');  -- no zone of its own: as localtime
