@@ -103,7 +103,7 @@ def parse_instant(text: str, what: str, zone: str = "UTC") -> datetime:
         # Python names what is wrong with a well-formed time (a 30 February, a 60th second).
         why = "" if str(exc).startswith("Invalid isoformat") else f": {exc}"
         raise click.BadParameter(
-            f"{text!r} is not a valid ISO 8601 time{why} (e.g. 2027-01-01T09:00:00Z)", param_hint=what
+            f"{text!r} is not an ISO 8601 time{why} (e.g. 2027-01-01T09:00:00Z)", param_hint=what
         ) from None
     if moment.tzinfo is None and zone not in UTC_NAMES:
         raise click.BadParameter(

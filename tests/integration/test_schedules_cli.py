@@ -133,7 +133,7 @@ def test_immediate_and_delayed_schedules(cli: Cli, app: str) -> None:
             ["--app", "billing", "--now", "--at", "2030-01-01T00:00:00Z", "--handler", "builtin:noop"],
             "exactly one of",
         ),
-        (["--app", "billing", "--at", "yesterday", "--handler", "builtin:noop"], "not a valid ISO 8601 time"),
+        (["--app", "billing", "--at", "yesterday", "--handler", "builtin:noop"], "not an ISO 8601 time"),
         (
             ["--app", "billing", "--at", "2027-02-29T00:00:00Z", "--handler", "builtin:noop"],
             "day is out of range for month",
