@@ -214,6 +214,17 @@ class _Segment(Convertor[str]):
 register_url_convertor("segment", _Segment())
 
 
+def _allowed_methods(app: FastAPI, request: Request) -> str:
+    """The methods of every route whose path matches the request's. Starlette names those of the
+    first matching route only, and a path has a route per method here."""
+    matching = (
+        route
+        for route in app.router.routes  # FastAPI's routes, and its /openapi.json and /docs
+        if isinstance(route, PlainRoute) and route.matches(request.scope)[0] == Match.PARTIAL
+    )
+    return ", ".join(sorted({method for route in matching for method in route.methods or ()}))
+
+
 def create_app(api: SchedulerApi, executor: Executor, serving: Callable[[], bool]) -> FastAPI:
     """The ASGI application; ``serving()`` answers /v1/health (it may block: it runs on a thread of
     its own, not on ``executor``)."""
@@ -245,19 +256,7 @@ def create_app(api: SchedulerApi, executor: Executor, serving: Callable[[], bool
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 405:
-            # Starlette names the methods of the first route whose path matched; a path has a
-            # route per method here, so Allow lists every route's that matches it.
-            allowed = ", ".join(
-                sorted(
-                    {
-                        method
-                        for route in app.router.routes
-                        if isinstance(route, PlainRoute)  # FastAPI's routes and its /openapi.json, /docs
-                        and route.matches(request.scope)[0] == Match.PARTIAL
-                        for method in route.methods or ()
-                    }
-                )
-            ) or (exc.headers or {}).get("Allow", "")
+            allowed = _allowed_methods(app, request) or (exc.headers or {}).get("Allow", "")
             answer = error_response(
                 ApiError(
                     Code.METHOD_NOT_ALLOWED,

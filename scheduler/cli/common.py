@@ -86,10 +86,9 @@ def actor() -> str:
     return f"cli:{getpass.getuser()}@{socket.gethostname()}"
 
 
-# The IANA names of UTC itself (and "", which is UTC): a time without an offset means the same in
-# each of them.
+# The IANA names of UTC itself: a time without an offset means the same in each of them.
 UTC_NAMES = frozenset(
-    {"", "UTC", "Etc/UTC", "UCT", "Etc/UCT", "Universal", "Etc/Universal", "Zulu", "Etc/Zulu", "GMT",
+    {"UTC", "Etc/UTC", "UCT", "Etc/UCT", "Universal", "Etc/Universal", "Zulu", "Etc/Zulu", "GMT",
      "Etc/GMT", "GMT0", "Etc/GMT0", "GMT+0", "Etc/GMT+0", "GMT-0", "Etc/GMT-0", "Greenwich", "Etc/Greenwich"}
 )  # fmt: skip
 

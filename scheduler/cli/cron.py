@@ -7,7 +7,7 @@ the scheduler will do, daylight-saving rules and ``H`` spreading included.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from itertools import islice
 
 import click
@@ -62,8 +62,9 @@ def _parse_after(text: str) -> datetime:
     # A time without an offset is read as UTC, not as this machine's local time.
     try:
         moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+        in_range = EARLIEST <= moment < LATEST
     except OverflowError:  # an offset that takes it before the year 1 or past 9999
-        moment = EARLIEST - timedelta(days=1)
-    if not EARLIEST <= moment < LATEST:
+        in_range = False
+    if not in_range:
         fail(f"--after must be between 1970 and 9000, as a schedule's times are; got {text!r}", code=2)
     return moment

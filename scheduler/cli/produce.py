@@ -54,17 +54,16 @@ class _RateColumn(ProgressColumn):
         return Text("" if speed is None else f"{speed:,.0f} lines/s", style="progress.data.speed")
 
 
-def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
-    """The non-blank lines as bytes: each is decoded on its own, so one that is not UTF-8 is one
-    bad line, not the end of the run."""
-    for number, line in enumerate(stream, start=1):
-        # Blank as text (a BOM, non-ASCII spaces) is decided once decoded; a line that does not
-        # decode is reported.
+def _lines(stream: IO[bytes]) -> Iterator[tuple[int, str | UnicodeDecodeError]]:
+    """The non-blank lines, each decoded on its own (a BOM before the first is none of its text):
+    one that is not UTF-8 is its decoding error, one bad line rather than the end of the run."""
+    for number, raw in enumerate(stream, start=1):
         try:
-            blank = not line.decode("utf-8-sig" if number == 1 else "utf-8").strip()
-        except UnicodeDecodeError:
-            blank = False
-        if not blank:
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as exc:
+            yield number, exc
+            continue
+        if line.strip():  # blank as text: non-ASCII spaces too
             yield number, line
 
 
@@ -128,11 +127,9 @@ def produce(path: Path | None, as_json: bool) -> None:
     try:
         with progress:
             tally = _Tally(progress, progress.add_task("producing", total=total), err)
-            for number, raw in _lines(stream):
-                try:
-                    line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a BOM is no command
-                except UnicodeDecodeError as exc:
-                    tally.bad_line(number, f"not UTF-8 (byte {exc.start + 1} of the line)")
+            for number, line in _lines(stream):
+                if isinstance(line, UnicodeDecodeError):
+                    tally.bad_line(number, f"not UTF-8 (byte {line.start + 1} of the line)")
                     continue
                 try:
                     document = json.loads(line)

@@ -74,6 +74,10 @@ def _ms(seconds: float | None) -> int | None:
     return None if seconds is None else round(seconds * 1000)
 
 
+def _empty_is_utc(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    return "UTC" if value == "" else value
+
+
 def _spec_options(creating: bool) -> Callable[[F], F]:
     """The options ``create`` and ``update`` share; on update, each one left out keeps its value."""
 
@@ -83,7 +87,8 @@ def _spec_options(creating: bool) -> Callable[[F], F]:
     options = [
         click.option("--name"),
         click.option("--description", help="What the schedule is for (at most 2,000 characters)."),
-        option("--tz", value="UTC", help="IANA time zone of the cron expression."),
+        # An empty zone is UTC, as over the API and in schedule commands.
+        option("--tz", value="UTC", help="IANA time zone of the cron expression.", callback=_empty_is_utc),
         click.option(
             "--handler",
             required=creating,
@@ -169,7 +174,7 @@ def create(
         description=options["description"],
         kind=kind,
         cron=cron,
-        tz=options["tz"] or "UTC",  # an empty zone is UTC, as over the API
+        tz=options["tz"],
         run_at=parse_instant(at, "--at", options["tz"]) if at is not None else None,
         start_at=parse_instant(start, "--start", options["tz"]) if start else None,
         end_at=parse_instant(end, "--end", options["tz"]) if end else None,
@@ -225,8 +230,6 @@ def update(
         if row is None:
             fail(f"no schedule {schedule_id}")
         spec = stored_spec(row)
-        if options["tz"] == "":
-            options["tz"] = "UTC"  # an empty zone is UTC, as over the API
         zone = options["tz"] or spec.tz
         changes: dict[str, Any] = {
             "name": options["name"],
