@@ -133,12 +133,52 @@ def _check_identity(command: ScheduleCommand) -> None:
         raise InvalidSchedule(f"expected_version must be 1 or more, got {command.expected_version}")
 
 
+# The instants Python's datetime holds, in Avro's timestamp-micros: fastavro fails the whole record on
+# one beyond them, before our code sees its command id.
+_FIRST_MICROS = -62_135_596_800_000_000  # 0001-01-01T00:00:00Z
+_LAST_MICROS = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
+_SPEC_TIMES = ("run_at", "start_at", "end_at")
+
+
+def _beyond_python(codec: AvroCodec, consumed: Consumed) -> Rejection | None:
+    """The rejection of a command that is well-formed Avro but whose time Python cannot hold: invalid,
+    with its command id, so its producer can tell which command it was; None for any other failure."""
+    try:
+        record = codec.decode_record(ScheduleCommand.SCHEMA, consumed.value, logical_types=False)
+    except MessageDecodeError:
+        return None
+    spec = record.get("spec")
+    times = spec if isinstance(spec, dict) else {}
+    beyond = [
+        f"spec.{name}"
+        for name in _SPEC_TIMES
+        if isinstance(times.get(name), int) and not _FIRST_MICROS <= times[name] <= _LAST_MICROS
+    ]
+    if not beyond:
+        return None
+
+    def text(name: str) -> str | None:
+        value = record.get(name)
+        return _storable(value) if isinstance(value, str) else None
+
+    return Rejection(
+        code="invalid",
+        reason=f"{' and '.join(beyond)} must be between the years 1 and 9999",
+        command_id=text("command_id"),
+        schedule_key=text("schedule_key"),
+        app=text("app"),
+        operation=text("operation"),
+        original_bytes=consumed.value,
+        source=consumed.source,
+    )
+
+
 def decode_command(codec: AvroCodec, consumed: Consumed) -> ValidCommand | Rejection:
     """The command in ``consumed``, validated, or why it cannot be applied."""
     try:
         command = codec.decode(ScheduleCommand, consumed.value)
     except MessageDecodeError as exc:
-        return rejection("undecodable", str(exc), consumed)
+        return _beyond_python(codec, consumed) or rejection("undecodable", str(exc), consumed)
     try:
         _check_identity(command)
         if command.operation in SPEC_OPERATIONS:

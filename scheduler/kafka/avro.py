@@ -237,6 +237,8 @@ class AvroCodec:
         self.catalog = default_catalog() if catalog is None else catalog
         self._schema_for_id = schema_for_id
         self._registry_schemas: dict[int, ParsedSchema] = {}
+        # id(schema) -> (schema, its copy without logical types); the schema is kept so its id stays its.
+        self._plain_schemas: dict[int, tuple[ParsedSchema, ParsedSchema]] = {}
 
     def encode(self, message: AvroMessage, *, confluent_schema_id: int | None = None) -> bytes:
         """The message in single-object encoding, or in Confluent framing under ``confluent_schema_id``.
@@ -272,15 +274,24 @@ class AvroCodec:
             raise MessageEncodeError(f"cannot encode {schema_name}: {exc}") from exc
         return stream.getvalue()
 
-    def decode_record(self, schema_name: str, data: bytes) -> dict[str, Any]:
-        """The record in ``data`` as a dict shaped by the current schema of ``schema_name``."""
+    def decode_record(self, schema_name: str, data: bytes, *, logical_types: bool = True) -> dict[str, Any]:
+        """The record in ``data`` as a dict shaped by the current schema of ``schema_name``.
+
+        With ``logical_types=False`` a timestamp stays the long and a uuid the string Avro carries:
+        for naming a message whose value Python's types cannot hold (a time past year 9999), which the
+        normal decoding refuses as a whole. The error path's alone: it copies the schemas once each.
+        """
         reader = self.catalog.current(schema_name)
         writer, offset = self._writer_schema(reader, data)
+        # Without a reader schema fastavro skips resolution, the common case of an up-to-date writer.
+        resolved: ParsedSchema | None = None if writer is reader.parsed else reader.parsed
+        if not logical_types:
+            writer = self._plain(writer)
+            resolved = None if resolved is None else self._plain(resolved)
         stream = io.BytesIO(data)
         stream.seek(offset)
         try:
-            # Without a reader schema fastavro skips resolution, the common case of an up-to-date writer.
-            record = schemaless_reader(stream, writer, None if writer is reader.parsed else reader.parsed)
+            record = schemaless_reader(stream, writer, resolved)
         except Exception as exc:
             # Arbitrary bytes break the reader in many ways (EOFError, UnicodeDecodeError, IndexError for a
             # union branch, ValueError for a uuid, resolution errors): each means the same to a consumer.
@@ -292,6 +303,15 @@ class AvroCodec:
             raise UndecodableMessageError(f"{trailing} unexpected bytes after the {schema_name} record")
         # A record schema (the catalog admits no other) always reads as a dict.
         return cast(dict[str, Any], record)
+
+    def _plain(self, schema: ParsedSchema) -> ParsedSchema:
+        known = self._plain_schemas.get(id(schema))
+        if known is None:
+            known = self._plain_schemas[id(schema)] = (
+                schema,
+                cast(ParsedSchema, _without_logical_types(schema)),
+            )
+        return known[1]
 
     def _writer_schema(self, reader: AvroSchema, data: bytes) -> tuple[ParsedSchema, int]:
         """The writer's parsed schema named by the framing, and where the body starts."""
@@ -341,3 +361,13 @@ class AvroCodec:
         writer = parsed if known is None else known.parsed
         self._registry_schemas[schema_id] = writer
         return writer
+
+
+def _without_logical_types(schema: object) -> object:
+    """A copy of a parsed schema (fastavro's dicts and lists) in which no type has a ``logicalType``:
+    fastavro converts a value by that key alone, so without it the plain long or string is read."""
+    if isinstance(schema, dict):
+        return {key: _without_logical_types(value) for key, value in schema.items() if key != "logicalType"}
+    if isinstance(schema, list):
+        return [_without_logical_types(value) for value in schema]
+    return schema

@@ -524,3 +524,22 @@ def test_an_empty_time_zone_is_utc_as_over_the_api(
     result = ingest(conn, settings, [topic.message(command("tz", "no-zone", spec=spec(tz="")))])
     assert result.applied == 1 and not result.rejected
     assert by_key(conn, "no-zone")["tz"] == "UTC"
+
+
+@pytest.mark.parametrize("field", ["run_at", "end_at"])
+def test_a_time_beyond_year_9999_is_an_invalid_command_with_its_id(
+    conn: psycopg.Connection[Row], settings: Settings, topic: Topic, field: str
+) -> None:
+    # Avro's timestamp-micros reaches year 294,000; the command must still be named by its id, so its
+    # producer can tell which one failed, and the batch goes on.
+    kind = {"run_at": {"kind": "delayed", "cron": None, "run_at": datetime(2030, 1, 1, tzinfo=UTC)}}
+    record = command("far-future", "far", spec=spec(**kind.get(field, {}))).to_avro()
+    record["spec"][field] = 2**62
+    far = topic.message(CODEC.encode_record(ScheduleCommand.SCHEMA, record))
+    result = ingest(conn, settings, [far, topic.message(command("good", "fine"))])
+    assert result.applied == 1
+    [recorded] = result.rejected
+    assert (recorded.rejection.code, recorded.rejection.command_id) == ("invalid", "far-future")
+    assert (recorded.rejection.schedule_key, recorded.rejection.app) == ("far", APP)
+    assert recorded.rejection.operation == "create"
+    assert recorded.rejection.reason == f"spec.{field} must be between the years 1 and 9999"
