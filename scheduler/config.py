@@ -306,6 +306,15 @@ def _file(
     return value
 
 
+def _unescaped_userinfo(url: str) -> bool:
+    """Whether a postgresql:// URL's user name or password holds an unescaped '@' or '/': its
+    authority (up to the first '/', '?' or '#') has two '@', or its path has one."""
+    rest = url.partition("://")[2]
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    path = rest[end:].partition("?")[0] if rest[end:end + 1] == "/" else ""
+    return rest[:end].count("@") > 1 or "@" in path
+
+
 def _database_url(env: Mapping[str, str], pg_port: int) -> str:
     raw = env.get("SCHEDULER_DATABASE_URL") or f"postgresql://scheduler@127.0.0.1:{pg_port}/scheduler"
     is_url = raw.startswith(("postgresql://", "postgres://"))
@@ -315,6 +324,13 @@ def _database_url(env: Mapping[str, str], pg_port: int) -> str:
         given = f", not a {scheme}:// URL" if sep and scheme.isalnum() else ""
         raise ConfigError(
             f"SCHEDULER_DATABASE_URL must be a postgresql:// URL (or a libpq key=value string){given}"
+        )
+    if is_url and _unescaped_userinfo(raw):
+        # libpq would end the password at its first '/' or '@' and take the rest for the host or the
+        # database, which then shows the rest of the password in every error and display of the URL.
+        raise ConfigError(
+            "SCHEDULER_DATABASE_URL has an '@' or '/' in its user name or password: percent-encode it"
+            " (%40 for @, %2F for /) or give the password in SCHEDULER_DATABASE_PASSWORD"
         )
     try:
         params = conninfo_to_dict(raw)

@@ -29,6 +29,14 @@ def test_a_plain_url_is_used_exactly_as_given() -> None:
     assert load_settings({"SCHEDULER_DATABASE_URL": url}).database_url == url
     with_query = f"postgresql://app:{PASSWORD}@db:5432/s?sslmode=verify-full&sslrootcert=/ca.pem"
     assert load_settings({"SCHEDULER_DATABASE_URL": with_query}).database_url == with_query
+    # Escaped reserved characters, several hosts, an '@' in the query, a socket folder: all taken.
+    for url in (
+        "postgresql://app:S3c%2Fret%40PW@db:5432/s",
+        "postgresql://app:pw@h1:5432,h2:5433/s?target_session_attrs=read-write",
+        "postgresql://app@db/s?application_name=me@host",
+        "postgresql:///s?host=/var/run/postgresql",
+    ):
+        assert load_settings({"SCHEDULER_DATABASE_URL": url}).database_url == url
 
 
 def test_tls_variables_and_the_password_are_merged_into_the_connection_string(certs: dict[str, str]) -> None:
@@ -147,6 +155,14 @@ def test_the_displayed_url_drops_the_password_and_the_parameters(conninfo: str, 
         (
             {"SCHEDULER_DATABASE_URL": f"postgresql://app:{PASSWORD}@db/s?sslmode=on"},
             "SCHEDULER_DATABASE_URL has sslmode='on'; it must be one of disable, allow, prefer, require,",
+        ),
+        # An unescaped '/' or '@' in the password: libpq reads the rest as the host or the database.
+        *(
+            (
+                {"SCHEDULER_DATABASE_URL": f"postgresql://app:{password}@db:5432/s"},
+                "SCHEDULER_DATABASE_URL has an '@' or '/' in its user name or password: percent-encode",
+            )
+            for password in (f"S3c/{PASSWORD}", f"S3c@{PASSWORD}", f"{PASSWORD}/x", f"a/b@{PASSWORD}")
         ),
         ({"SCHEDULER_DATABASE_SSLMODE": "strict"}, "SCHEDULER_DATABASE_SSLMODE='strict' must be one of"),
         (
