@@ -311,7 +311,7 @@ def _unescaped_userinfo(url: str) -> bool:
     authority (up to the first '/', '?' or '#') has two '@', or its path has one."""
     rest = url.partition("://")[2]
     end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    path = rest[end:].partition("?")[0] if rest[end:end + 1] == "/" else ""
+    path = rest[end:].partition("?")[0] if rest[end : end + 1] == "/" else ""
     return rest[:end].count("@") > 1 or "@" in path
 
 

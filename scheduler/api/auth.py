@@ -14,6 +14,7 @@ claim at all sees all (one with the claim null sees none).
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -24,8 +25,11 @@ from typing import Any
 
 import jwt
 
+from scheduler.api import metrics
 from scheduler.api.errors import ApiError, Code
 from scheduler.config import JwtSettings
+
+log = logging.getLogger(__name__)
 
 JWKS_FILE_RECHECK_S = 10.0
 JWKS_URL_LIFESPAN_S = 300
@@ -33,6 +37,8 @@ JWKS_URL_TIMEOUT_S = 5
 # A token naming a key id the cached set lacks fetches the set again (a rotation), at most this often
 # (a flood of made-up key ids costs the identity provider one fetch per period).
 JWKS_URL_REFETCH_S = 5
+# A JWKS URL that does not answer is logged at most this often: every call would say it again.
+JWKS_URL_WARNING_S = 30.0
 MAX_TOKEN_BYTES = 16 * 1024
 # A subject or issuer is who rate limits and idempotency keys count, whole: a longer one is refused,
 # never cut (two subjects alike in their first characters would be one principal). Kubernetes
@@ -163,6 +169,8 @@ class Authenticator:
         self.settings = settings
         self._file: _JwksFile | None = None
         self._client: jwt.PyJWKClient | None = None
+        self._warned_lock = threading.Lock()
+        self._next_warning = 0.0
         if settings.jwks is not None:
             if settings.jwks.startswith(("https://", "http://")):
                 self._client = jwt.PyJWKClient(
@@ -222,6 +230,13 @@ class Authenticator:
             raise _unauthenticated("the token is from another issuer") from None
         except jwt.MissingRequiredClaimError as exc:
             raise _unauthenticated(f"the token has no {exc.claim!r} claim") from None
+        except jwt.PyJWKClientConnectionError as exc:
+            # The identity provider, or the way to it, failed, not the token: the server's fault, so
+            # UNAVAILABLE (which the API's error ratio alert counts), logged and counted.
+            self._jwks_unreachable(exc)
+            raise ApiError(
+                Code.UNAVAILABLE, "the signing keys cannot be fetched from the identity provider; try again"
+            ) from None
         except jwt.PyJWKClientError:
             raise _unauthenticated("the token's signing key cannot be found") from None
         except jwt.InvalidTokenError as exc:
@@ -241,6 +256,17 @@ class Authenticator:
                 shown = f"the token's {name!r} claim is longer than {MAX_IDENTITY_BYTES} bytes"
                 raise _unauthenticated(shown)
         return claims
+
+    def _jwks_unreachable(self, exc: Exception) -> None:
+        metrics.JWKS_FETCH_ERRORS.inc()
+        now = time.monotonic()
+        with self._warned_lock:
+            if now < self._next_warning:
+                return
+            self._next_warning = now + JWKS_URL_WARNING_S
+        # The URL's path is shown without its query, which could carry a credential.
+        shown = (self.settings.jwks or "").partition("?")[0]
+        log.warning("cannot fetch the signing keys from %s: %s", shown, exc)
 
     def _principal(self, claims: dict[str, Any]) -> Principal:
         s = self.settings

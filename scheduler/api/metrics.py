@@ -19,3 +19,8 @@ REQUEST_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0),
     registry=REGISTRY,
 )
+JWKS_FETCH_ERRORS = Counter(
+    "scheduler_api_jwks_fetch_errors_total",
+    "Calls whose token could not be checked because the JWKS URL did not answer (answered UNAVAILABLE)",
+    registry=REGISTRY,
+)

@@ -17,6 +17,7 @@ import json
 import subprocess
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -293,6 +294,11 @@ def launched(
         },
         "file": {"SCHEDULER_JWT_SECRET": "", "SCHEDULER_JWT_JWKS": str(jwks_file)},
         "url": {"SCHEDULER_JWT_SECRET": "", "SCHEDULER_JWT_JWKS": jwks_url},
+        # An identity provider the API cannot reach (a port nothing listens on).
+        "unreachable": {
+            "SCHEDULER_JWT_SECRET": "",
+            "SCHEDULER_JWT_JWKS": f"http://127.0.0.1:{free_port()}/certs?client_secret=s3cr3t-in-query",
+        },
     }
     return {name: api_stack.start(env, wait=False) for name, env in configs.items()}
 
@@ -608,6 +614,36 @@ def test_a_jwks_url_is_followed_through_key_rotation(
     assert remote.process.component.proc.poll() is None, "the API restarted"
 
 
+def test_an_identity_provider_out_of_reach_is_unavailable_logged_and_counted(
+    caller: Caller, extra_apis: dict[str, Api], keys: KeyPairs, sent: list[str]
+) -> None:
+    """Not the token's fault: UNAVAILABLE (which the error ratio alert counts), not UNAUTHENTICATED,
+    and the operator is told why, once however many calls fail."""
+    down = extra_apis["unreachable"]
+    keyed = down.same_transport(caller)
+    bearer = rs256(keys.rsa_key, "url-rsa-1")
+    sent.append(bearer)
+    for _ in range(3):
+        outcome = keyed.call(*READ_CALL, bearer)
+        assert outcome.code == "UNAVAILABLE", outcome
+        assert outcome.http_status in (None, 503) and outcome.grpc_status in (
+            None,
+            grpc.StatusCode.UNAVAILABLE,
+        )
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{down.process.metrics_port}/metrics", timeout=10
+    ) as answer:
+        scraped = answer.read().decode()
+    [counted] = [
+        line for line in scraped.splitlines() if line.startswith("scheduler_api_jwks_fetch_errors_total ")
+    ]
+    assert float(counted.split()[1]) >= 3
+    log = down.process.component.output()
+    warned = [line for line in log.splitlines() if "cannot fetch the signing keys from" in line]
+    assert 1 <= len(warned) < float(counted.split()[1]), "one line per 30 s, not one per call"
+    assert "/certs" in warned[0] and "s3cr3t-in-query" not in log
+
+
 # --- secrets stay secret ---------------------------------------------------------------------------
 
 
@@ -616,7 +652,9 @@ def test_no_secret_or_token_reaches_the_log(
 ) -> None:
     """Last in this module, so that every API here has seen every kind of token by now; it sends a
     few refused ones of its own to each, so that it checks something when run alone too."""
-    for one in extra_apis.values():
+    for name, one in extra_apis.items():
+        if name == "unreachable":  # it answers UNAVAILABLE to every token; its log is read below
+            continue
         for caller in (one.http, one.grpc):
             for bearer in (
                 token(secret="another-secret-that-is-also-32-bytes-long"),

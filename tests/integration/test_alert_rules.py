@@ -276,3 +276,15 @@ def test_every_alert_has_severity_runbook_and_a_firing_unit_test(rules: list[Rul
     # A case naming no rule passes silently in promtool (it expects nothing and gets nothing).
     assert named <= names, f"unit tests naming unknown alerts: {sorted(named - names)}"
     assert firing == names, f"alerts without a case where they fire: {sorted(names - firing)}"
+
+
+def test_every_alert_has_its_runbook_section_and_a_row_in_the_deploy_guide(rules: list[Rule]) -> None:
+    """The runbook anchors resolve, and docs/deploy.md's table of alerts leaves none out."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    sections = set(re.findall(r"^### (\S+)$", (docs / "operations.md").read_text(), re.MULTILINE))
+    rows = set(re.findall(r"^\| `(Scheduler\w+)` \|", (docs / "deploy.md").read_text(), re.MULTILINE))
+    names = {rule.name for rule in rules if rule.alert}
+    assert not {name.lower() for name in names} - sections, "alerts without a runbook in operations.md"
+    assert names == rows, (
+        f"deploy.md's alert table: missing {sorted(names - rows)}, extra {sorted(rows - names)}"
+    )
