@@ -28,6 +28,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, CroniterError, croniter
 
+from scheduler.domain.storable import quoted
+
 __all__ = [
     "CronExpression",
     "CronSchedule",
@@ -44,7 +46,7 @@ class InvalidCronExpression(ValueError):
     """A cron expression that is not in the dialect, or that matches no date at all."""
 
     def __init__(self, expression: str, reason: str) -> None:
-        super().__init__(f"invalid cron expression {expression!r}: {reason}")
+        super().__init__(f"invalid cron expression {quoted(expression)}: {reason}")
         self.expression = expression
         self.reason = reason
 
@@ -53,7 +55,9 @@ class UnknownTimeZone(ValueError):
     """A time zone name that is not in the IANA database."""
 
     def __init__(self, name: str) -> None:
-        super().__init__(f"unknown time zone {name!r}: expected an IANA name such as Europe/Berlin or UTC")
+        super().__init__(
+            f"unknown time zone {quoted(name)}: expected an IANA name such as Europe/Berlin or UTC"
+        )
         self.name = name
 
 
@@ -277,7 +281,7 @@ class CronSchedule:
             return self._next_real_time(clock, after)
         except CroniterBadDateError:
             raise NoFireTime(
-                f"{self.expression.text!r} does not fire within 50 years after {after}"
+                f"{quoted(self.expression.text)} does not fire within 50 years after {after}"
             ) from None
         except (OverflowError, ValueError) as exc:
             # The next fire would be past the year 9999 (or the start before the year 1), where
@@ -285,7 +289,7 @@ class CronSchedule:
             if isinstance(exc, ValueError) and "out of range" not in str(exc):
                 raise
             raise NoFireTime(
-                f"{self.expression.text!r} has no fire time after {after} before the year 10000"
+                f"{quoted(self.expression.text)} has no fire time after {after} before the year 10000"
             ) from None
 
     def _next_fixed_time(self, clock: _WallClock, after: datetime) -> datetime:
@@ -459,7 +463,7 @@ def _resolve_field(text: str, index: int, field: str, hash_seed: str | None) -> 
     for item in field.split(","):
         if _RANDOM_ITEM.match(item):
             raise InvalidCronExpression(
-                text, f"{_FIELD_NAMES[index]} field {field!r}: 'R' (random) is not supported; use 'H'"
+                text, f"{_FIELD_NAMES[index]} field {quoted(field)}: 'R' (random) is not supported; use 'H'"
             )
         hashed = _HASH_ITEM.match(item)
         if hashed:
@@ -483,20 +487,20 @@ def _resolve_field(text: str, index: int, field: str, hash_seed: str | None) -> 
 def _resolve_hash(text: str, index: int, field: str, hashed: re.Match[str], hash_seed: str | None) -> str:
     name = _FIELD_NAMES[index]
     if hash_seed is None:
-        raise InvalidCronExpression(text, f"{name} field {field!r}: 'H' needs a schedule id to hash")
+        raise InvalidCronExpression(text, f"{name} field {quoted(field)}: 'H' needs a schedule id to hash")
     low, high = _HASH_RANGES[index]
     if hashed[1] is not None:
         low, high = int(hashed[1]), int(hashed[2])
         field_low, field_high = _FIELD_RANGES[index]
         if not field_low <= low <= high <= field_high:
             raise InvalidCronExpression(
-                text, f"{name} field {field!r}: H(a-b) needs {field_low} <= a <= b <= {field_high}"
+                text, f"{name} field {quoted(field)}: H(a-b) needs {field_low} <= a <= b <= {field_high}"
             )
     step = int(hashed[3]) if hashed[3] is not None else None
     if step is None:
         return str(low + _hashed(hash_seed, index, high - low + 1))
     if step == 0:
-        raise InvalidCronExpression(text, f"{name} field {field!r}: a step must be at least 1")
+        raise InvalidCronExpression(text, f"{name} field {quoted(field)}: a step must be at least 1")
     start = low + _hashed(hash_seed, index, min(step, high - low + 1))
     # Explicit values: croniter's own step and range handling is what we are working around.
     return ",".join(str(value) for value in range(start, high + 1, step))
@@ -511,14 +515,14 @@ def _last_day_rule(text: str, fields: list[str]) -> _LastDayRule | None:
     # either field's days as Vixie's rule has it for every other pair.
     if (offset or weekday or "w" in day_of_month.lower()) and fields[_DAY_OF_WEEK] not in ("*", "?"):
         raise InvalidCronExpression(
-            text, f"day-of-month field {day_of_month!r} needs '*' or '?' in the day-of-week field"
+            text, f"day-of-month field {quoted(day_of_month)} needs '*' or '?' in the day-of-week field"
         )
     if not offset and not weekday:
         return None
     if offset:
         days_before_last = int(offset[1])
         if days_before_last > 30:
-            raise InvalidCronExpression(text, f"day-of-month field {day_of_month!r}: L-n needs n <= 30")
+            raise InvalidCronExpression(text, f"day-of-month field {quoted(day_of_month)}: L-n needs n <= 30")
         return _LastDayRule(days_before_last=days_before_last, weekday=False)
     return _LastDayRule(days_before_last=0, weekday=True)
 
@@ -537,7 +541,7 @@ def _diagnose(written: list[str], resolved: tuple[str, ...], error: CroniterErro
             croniter.expand(_croniter_order((probe[0], probe[1], probe[2], probe[3], probe[4], probe[5])))
         except CroniterError:
             return (
-                f"{_FIELD_NAMES[index]} field {written[index]!r} is not valid "
+                f"{_FIELD_NAMES[index]} field {quoted(written[index])} is not valid "
                 f"(expected {_FIELD_SYNTAX[index]}; with lists, ranges, steps and H)"
             )
     message = str(error).strip().splitlines()[0] if str(error).strip() else "it is not valid"

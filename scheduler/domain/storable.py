@@ -22,6 +22,20 @@ MAX_RESULT_BYTES = 256 * 1024
 MAX_HISTORY_ERROR_CHARS = 1024
 
 
+# What an error quotes of a value it refuses: enough to recognise it. A refused value can be megabytes
+# (a cron expression in a Kafka command), and an error quoting it whole, twice, was too large for
+# the topic its rejection goes to.
+MAX_QUOTED_CHARS = 120
+
+
+def quoted(value: object, limit: int = MAX_QUOTED_CHARS) -> str:
+    """``repr(value)``, cut to about ``limit`` characters with a count of the rest."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
 def _escape_char(char: str) -> str:
     return f"\\u{ord(char):04x}"
 

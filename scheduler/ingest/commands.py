@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.domain.storable import storable_text
+from scheduler.domain.storable import capped_text
 from scheduler.kafka.avro import AvroCodec, MessageDecodeError
 from scheduler.kafka.messages import ScheduleCommand
 from scheduler.kafka.messages import ScheduleSpec as SpecMessage
@@ -30,6 +30,9 @@ MAX_ID_LENGTH = 200
 """Longest command id and schedule key (both are stored and shown)."""
 
 SPEC_OPERATIONS = ("create", "update")
+
+MAX_REJECTION_ID_CHARS = 1024
+"""Most of a command id, key or app a rejection records: far more than a valid one has."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +72,9 @@ class ValidCommand:
 
 def _storable(text: str | None) -> str | None:
     """``text`` as PostgreSQL can store it (and Avro can encode): a rejection records whatever the
-    command carried, a NUL or a lone surrogate included, escaped and visible."""
-    return None if text is None else storable_text(text)
+    command carried, a NUL or a lone surrogate included, escaped and visible, and cut where it is
+    longer than any valid one (the command's bytes keep it whole)."""
+    return None if text is None else capped_text(text, MAX_REJECTION_ID_CHARS)
 
 
 def rejection(
@@ -78,7 +82,8 @@ def rejection(
 ) -> Rejection:
     return Rejection(
         code=code,
-        reason=_storable(reason) or code,
+        # Capped: the rejection must fit its topic without the command's bytes whatever it quotes.
+        reason=capped_text(reason) or code,
         command_id=_storable(command.command_id) if command else None,
         schedule_key=_storable(command.schedule_key) if command else None,
         app=_storable(command.app) if command else None,

@@ -24,6 +24,7 @@ from typing import Any
 
 from scheduler.domain.cron import CronSchedule, InvalidCronExpression, UnknownTimeZone, time_zone
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind
+from scheduler.domain.storable import quoted
 
 APP_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,47}")
 BUILTIN_MODULE = "builtin"
@@ -101,7 +102,8 @@ def validate_schedule_key(key: str) -> str:
 def validate_app_name(name: str) -> str:
     if not APP_NAME_RE.fullmatch(name):
         raise InvalidSchedule(
-            f"app name {name!r} must match [a-z0-9][a-z0-9-]{{0,47}} (lowercase, digits, '-', at most 48)"
+            f"app name {quoted(name)} must match [a-z0-9][a-z0-9-]{{0,47}} "
+            "(lowercase, digits, '-', at most 48)"
         )
     return name
 
@@ -183,7 +185,7 @@ def validate_handler_refs(refs: Sequence[str]) -> list[str]:
         well_formed = HANDLER_RE.fullmatch(ref) or MODULE_RE.fullmatch(ref)
         if len(ref) > MAX_HANDLER_LENGTH or not well_formed:
             raise InvalidSchedule(
-                f"handler {ref!r} must be builtin, builtin:noop|sleep|fail|http, package.module "
+                f"handler {quoted(ref)} must be builtin, builtin:noop|sleep|fail|http, package.module "
                 "(its public functions) or package.module:function (or :Class.method)"
             )
         if ref not in declared:
@@ -203,7 +205,8 @@ def check_declared_handler(handler: str, app: str, declared: Sequence[str] | Non
     """Refuse ``handler`` unless ``app`` admits it; an app that declares nothing admits any."""
     if declared is not None and not handler_declared(handler, declared):
         raise InvalidSchedule(
-            f"handler {handler!r} is not declared by app {app!r} (it declares {', '.join(declared)}); "
+            f"handler {quoted(handler)} is not declared by app {quoted(app)} "
+            f"(it declares {', '.join(declared)}); "
             "an operator changes that with `scheduler apps handlers`"
         )
 
@@ -251,10 +254,10 @@ def validate_encoded(spec: ScheduleSpec) -> str:
             f"description must be at most {MAX_DESCRIPTION_LENGTH} characters, got {len(spec.description)}"
         )
     if spec.kind not in KINDS:
-        raise InvalidSchedule(f"kind {spec.kind!r} must be one of {', '.join(KINDS)}")
+        raise InvalidSchedule(f"kind {quoted(spec.kind)} must be one of {', '.join(KINDS)}")
     if len(spec.handler) > MAX_HANDLER_LENGTH or not HANDLER_RE.fullmatch(spec.handler):
         raise InvalidSchedule(
-            f"handler {spec.handler!r} must be builtin:noop|sleep|fail|http or package.module:function "
+            f"handler {quoted(spec.handler)} must be builtin:noop|sleep|fail|http or package.module:function "
             "(or :Class.method)"
         )
     try:
@@ -290,11 +293,11 @@ def validate_encoded(spec: ScheduleSpec) -> str:
         )
     if spec.misfire_policy not in MISFIRE_POLICIES:
         raise InvalidSchedule(
-            f"misfire policy {spec.misfire_policy!r} must be one of {', '.join(MISFIRE_POLICIES)}"
+            f"misfire policy {quoted(spec.misfire_policy)} must be one of {', '.join(MISFIRE_POLICIES)}"
         )
     if spec.overlap_policy not in OVERLAP_POLICIES:
         raise InvalidSchedule(
-            f"overlap policy {spec.overlap_policy!r} must be one of {', '.join(OVERLAP_POLICIES)}"
+            f"overlap policy {quoted(spec.overlap_policy)} must be one of {', '.join(OVERLAP_POLICIES)}"
         )
     if not 0 <= spec.jitter_ms <= MAX_DELAY_MS:
         raise InvalidSchedule(f"jitter must be 0 to 24 h, got {spec.jitter_ms} ms")

@@ -187,6 +187,39 @@ def test_a_rejection_too_large_for_the_rejected_topic_is_published_without_its_b
     assert isinstance(size, int) and size > 1024 * 1024, "PostgreSQL keeps the bytes"
 
 
+def test_a_command_quoting_megabytes_in_its_error_is_rejected_and_holds_nothing_up(
+    settings: Settings,
+) -> None:
+    """A 3 MB cron expression's error quoted it twice: a rejection too large for its topic even
+    without the command's bytes, retried for ever while every later command waited."""
+    admin = TopicAdmin(settings.kafka)
+    admin.ensure_topics([settings.schedules_topic], 1, config={"max.message.bytes": str(8 * 1024 * 1024)})
+    admin.ensure_topics([settings.rejected_topic], 1)
+    with connect(settings.database_url) as conn:
+        schedules.create_app(conn, APP, 1)
+        conn.commit()
+    field = os.urandom(1536 * 1024).hex()  # 3 MiB, random so that compression cannot shrink it
+    with ScheduleClient(
+        settings.kafka, settings.topic_prefix, config={"message.max.bytes": 8 * 1024 * 1024}
+    ) as client:
+        huge = client.send(
+            ScheduleCommand(
+                command_id="huge-cron",
+                schedule_key="huge",
+                app=APP,
+                operation="create",
+                spec=dataclasses.replace(_spec(), kind="cron", cron=f"* * * * {field}"),
+            )
+        )
+        client.create(key="after", app=APP, handler="builtin:noop")
+    for _ in running(settings):
+        [letter] = wait_for(lambda: rejected_on_topic(settings), 60, "the rejection of the huge command")
+        wait_for(lambda: "after" in keyed(settings), 60, "the command after it applied")
+    assert (letter.command_id, letter.code) == (huge, "invalid")
+    assert letter.reason.startswith("invalid cron expression '* * * * ") and len(letter.reason) < 1024
+    assert "more characters)" in letter.reason
+
+
 def _spec() -> Any:
     from scheduler.client import spec
 
