@@ -56,7 +56,6 @@ log = logging.getLogger("scheduler.api")
 Row = dict[str, Any]
 Conn = psycopg.Connection[Row]
 M = TypeVar("M", bound=Message)
-REPLAY_CHUNK = 500
 MAX_REPLAY = 10_000
 AUDIT_ENTITIES = ("app", "schedule", "run")
 
@@ -443,12 +442,7 @@ class SchedulerApi:
             return pb.ReplayDeadLettersResponse(
                 replayed=len(candidates), run_ids=[str(dead.run.id) for dead in candidates], dry_run=True
             )
-        replayed = 0
-        while replayed < limit:
-            done = self.replayer.replay(conn, where, min(REPLAY_CHUNK, limit - replayed), principal.actor)
-            if not done:
-                break
-            replayed += done
+        replayed = self.replayer.replay(conn, where, limit, principal.actor)
         return pb.ReplayDeadLettersResponse(replayed=replayed)
 
     # --- audit ------------------------------------------------------------------------------------

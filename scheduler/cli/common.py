@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,18 @@ from scheduler.schedule.spec import InvalidSchedule
 from scheduler.store.schedules import VersionConflict, get_app
 from scheduler.telemetry.logs import check_environment as check_logging_environment
 from scheduler.wiring import Wiring
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange without NaN, which compares false with both bounds and so passes them."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

@@ -11,6 +11,7 @@ from rich.progress import Progress, TextColumn
 from rich.table import Table
 
 from scheduler.cli.common import (
+    FiniteFloatRange,
     actor,
     database,
     echo_json,
@@ -69,7 +70,11 @@ def list_(
 @click.option("--until", help="ISO 8601: dead before.")
 @click.option("--limit", type=click.IntRange(1, 10_000_000), default=100, show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print what would be replayed; change nothing.")
-@click.option("--rate", type=click.FloatRange(min=0.1), help="At most this many runs per second.")
+@click.option(
+    "--rate",
+    type=FiniteFloatRange(0.1, 1_000_000),
+    help="At most this many runs per second (0.1 to 1000000).",
+)
 @click.option("--force", is_flag=True, help="Also replay runs that were replayed before.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print JSON only.")
 def replay(
@@ -112,7 +117,6 @@ def replay(
             Console().print(table)
             return
         started = time.monotonic()
-        replayed = 0
         # Small chunks under --rate keep the pace even; without it, one transaction per 500 runs.
         chunk = max(1, min(500, int(rate / 4) if rate else 500))
         with Progress(
@@ -122,16 +126,15 @@ def replay(
             console=Console(stderr=True),  # stdout keeps only the result line
         ) as bar:
             task = bar.add_task("replaying", total=len(candidates))
-            while replayed < limit:
-                done = replayer.replay(conn, where, min(chunk, limit - replayed), actor())
-                if not done:
-                    break
-                replayed += done
-                bar.update(task, completed=replayed)
+
+            def paced(so_far: int) -> None:
+                bar.update(task, completed=so_far)
                 if rate:
-                    ahead = replayed / rate - (time.monotonic() - started)
+                    ahead = so_far / rate - (time.monotonic() - started)
                     if ahead > 0:
                         time.sleep(ahead)
+
+            replayed = replayer.replay(conn, where, limit, actor(), chunk=chunk, after_chunk=paced)
     elapsed = max(time.monotonic() - started, 1e-6)
     click.echo(f"replayed {replayed} runs in {elapsed:.1f} s ({replayed / elapsed:.0f}/s)")
 

@@ -14,7 +14,7 @@ import time
 import click
 import psycopg
 
-from scheduler.cli.common import echo_json, fail, wiring_or_exit
+from scheduler.cli.common import FiniteFloatRange, echo_json, fail, wiring_or_exit
 from scheduler.store.migrate import Migration, pending
 from scheduler.wiring import Wiring
 
@@ -78,7 +78,7 @@ def status(as_json: bool) -> None:
 @migrations.command("wait")
 @click.option(
     "--timeout",
-    type=click.FloatRange(0, 86_400),
+    type=FiniteFloatRange(0, 86_400),
     default=300.0,
     show_default=True,
     help="Seconds to wait before giving up (exit 1).",

@@ -14,6 +14,7 @@ worker started. Their budget grows by one, since the lost attempt never ran.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -28,6 +29,9 @@ from scheduler.store.dlq import ResendableRun
 from scheduler.store.scan import NextAttempt
 
 Row = dict[str, Any]
+
+REPLAY_CHUNK = 500
+"""Dead runs replayed in one transaction."""
 
 
 @dataclass(frozen=True)
@@ -51,13 +55,37 @@ class Replayer:
         with conn.transaction(force_rollback=True):
             return self._select(conn, where, limit)
 
-    def replay(self, conn: psycopg.Connection[Row], where: ReplayFilter, limit: int, actor: str) -> int:
-        """Replay up to ``limit`` matching dead runs in one transaction; returns how many."""
-        with conn.transaction():
-            dead = self._select(conn, where, limit)
-            replayed = dlq.replay_runs(conn, [self._next_attempt(run) for run in dead], actor)
-            if replayed:
-                scan.notify_outbox(conn)
+    def replay(
+        self,
+        conn: psycopg.Connection[Row],
+        where: ReplayFilter,
+        limit: int,
+        actor: str,
+        *,
+        chunk: int = REPLAY_CHUNK,
+        after_chunk: Callable[[int], None] | None = None,
+    ) -> int:
+        """Replay up to ``limit`` matching dead runs, one transaction per ``chunk``; returns how many.
+
+        Each run is taken once: one that an earlier chunk replayed and that has died again since is
+        not taken again, even under ``force`` (which only takes runs replayed by earlier commands).
+        ``after_chunk`` is called with the count so far after each chunk commits.
+        """
+        replayed = 0
+        began: datetime | None = None
+        while replayed < limit:
+            with conn.transaction():
+                dead = self._select(conn, where, min(chunk, limit - replayed), began)
+                done = dlq.replay_runs(conn, [self._next_attempt(run) for run in dead], actor)
+                if done:
+                    scan.notify_outbox(conn)
+            if not done:
+                break
+            # The first chunk's transaction time: its audit rows, and every later one's, are at or after it.
+            began = began or dead[0].now
+            replayed += done
+            if after_chunk is not None:
+                after_chunk(replayed)
         return replayed
 
     def lost(
@@ -79,7 +107,9 @@ class Replayer:
                 scan.notify_outbox(conn)
         return moved
 
-    def _select(self, conn: psycopg.Connection[Row], where: ReplayFilter, limit: int) -> list[ResendableRun]:
+    def _select(
+        self, conn: psycopg.Connection[Row], where: ReplayFilter, limit: int, began: datetime | None = None
+    ) -> list[ResendableRun]:
         return dlq.dead_runs_for_replay(
             conn,
             app=where.app,
@@ -88,6 +118,7 @@ class Replayer:
             since=where.since,
             until=where.until,
             force=where.force,
+            replayed_since=began,
             limit=limit,
         )
 

@@ -43,7 +43,9 @@ def dead_runs_for_replay(
     until: datetime | None,
     force: bool,
     limit: int,
+    replayed_since: datetime | None = None,
 ) -> list[ResendableRun]:
+    """``replayed_since``: leave out runs replayed at or after it, even when forced."""
     rows = conn.execute(
         query("dead_runs_for_replay"),
         {
@@ -53,6 +55,7 @@ def dead_runs_for_replay(
             "since": since,
             "until": until,
             "force": force,
+            "replayed_since": replayed_since,
             "limit": limit,
         },
     ).fetchall()

@@ -429,6 +429,23 @@ def test_a_filter_on_an_app_that_does_not_exist_is_refused_not_answered_empty(
     assert cli(*command, "--app", app).returncode == 0
 
 
+@pytest.mark.parametrize(
+    ("command", "value"),
+    [
+        (("dlq", "replay", "--rate"), "inf"),
+        (("dlq", "replay", "--rate"), "nan"),
+        (("dlq", "replay", "--rate"), "0"),
+        (("migrations", "wait", "--timeout"), "nan"),
+    ],
+)
+def test_a_number_out_of_range_is_one_line_and_exit_2(cli: Cli, command: tuple[str, ...], value: str) -> None:
+    done = cli(*command, value)
+    assert done.returncode == 2, done
+    assert (
+        done.stderr.startswith(f"error: Invalid value for '{command[-1]}'") and done.stderr.count("\n") == 1
+    )
+
+
 def test_checking_an_app_leaves_no_transaction_open(settings: Settings, app: str) -> None:
     # Else a replay's or redispatch's chunks would nest in it as savepoints and commit only at the end.
     with Wiring(settings).database.connect() as conn:

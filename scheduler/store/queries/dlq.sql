@@ -25,7 +25,8 @@ limit %(limit)s::int;
 
 -- name: dead_runs_for_replay
 -- Dead runs matching the operator's filters, oldest death first, with what their next message
--- needs. A run replayed before (audit_log says so) is left out unless forced. Locked while the
+-- needs. A run replayed before (audit_log says so) is left out unless forced, and one replayed
+-- since replayed_since (by an earlier chunk of the same replay) even then. Locked while the
 -- replay of this chunk commits, so two operators cannot replay the same run at once.
 select r.*, s.handler, s.payload, s.timeout_ms, s.max_attempts as budget, s.backoff_base_ms,
        s.backoff_max_ms, now() as now
@@ -37,9 +38,9 @@ select r.*, s.handler, s.payload, s.timeout_ms, s.max_attempts as budget, s.back
    and (%(error_class)s::text is null or split_part(r.error, ':', 1) = %(error_class)s::text)
    and (%(since)s::timestamptz is null or r.finished_at >= %(since)s::timestamptz)
    and (%(until)s::timestamptz is null or r.finished_at < %(until)s::timestamptz)
-   and (%(force)s::bool
-        or not exists (select 1 from audit_log a
-                        where a.entity = 'run' and a.entity_id = r.id::text and a.action = 'replay'))
+   and not exists (select 1 from audit_log a
+                    where a.entity = 'run' and a.entity_id = r.id::text and a.action = 'replay'
+                      and (not %(force)s::bool or a.at >= %(replayed_since)s::timestamptz))
  order by r.finished_at, r.id
  limit %(limit)s::int
    for update of r skip locked;

@@ -1,0 +1,77 @@
+"""A replay takes each dead run once: runs that die again while later chunks of the same replay are
+taken are not replayed again, even when forced (a forced replay takes runs replayed by earlier ones)."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from scheduler.config import Settings
+from scheduler.domain.run_state import RunState
+from scheduler.reconcile.replay import Replayer, ReplayFilter
+from scheduler.schedule import service
+from scheduler.schedule.spec import ScheduleSpec
+from scheduler.store import connect, scan
+from scheduler.store.scan import NewRun
+
+pytestmark = pytest.mark.integration
+
+Row = dict[str, Any]
+APP = "doomed"
+DEAD = 30
+
+
+@pytest.fixture
+def conn(settings: Settings) -> Iterator[psycopg.Connection[Row]]:
+    with connect(settings.database_url) as conn:
+        conn.execute("insert into apps (name, partitions) values (%s, 1)", (APP,))
+        for _ in range(DEAD):
+            spec = ScheduleSpec(app=APP, handler="builtin:fail", kind="immediate", max_attempts=1)
+            schedule = service.create_schedule(conn, spec, "test")
+            scan.create_runs(
+                conn,
+                [NewRun(uuid.uuid4(), schedule["id"], APP, schedule["next_fire_at"], RunState.PENDING, 1)],
+            )
+        conn.execute("delete from outbox")
+        conn.execute("update runs set state = 'dead', finished_at = now(), error = 'HandlerFailed: no'")
+        conn.commit()
+        yield conn
+
+
+def die_again(conn: psycopg.Connection[Row]) -> None:
+    """What the reconciler does to a replayed run whose handler fails again."""
+    with conn.transaction():
+        conn.execute("update runs set state = 'dead', finished_at = now() where state = 'pending'")
+
+
+def replays(conn: psycopg.Connection[Row]) -> Counter[str]:
+    rows = conn.execute("select entity_id from audit_log where action = 'replay'").fetchall()
+    return Counter(row["entity_id"] for row in rows)
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_each_dead_run_is_replayed_once_however_soon_it_dies_again(
+    conn: psycopg.Connection[Row], settings: Settings, force: bool
+) -> None:
+    if force:  # every run was replayed once before, by another command
+        assert Replayer(settings).replay(conn, ReplayFilter(app=APP), DEAD, "earlier") == DEAD
+        die_again(conn)
+    replayer = Replayer(settings)
+    done = replayer.replay(
+        conn,
+        ReplayFilter(app=APP, force=force),
+        200,
+        "operator",
+        chunk=7,
+        after_chunk=lambda _: die_again(conn),
+    )
+    assert done == DEAD
+    counted = replays(conn)
+    assert len(counted) == DEAD and set(counted.values()) == ({2} if force else {1})
+    # Forced again, by a new command: each once more.
+    assert replayer.replay(conn, ReplayFilter(app=APP, force=True), 200, "again", chunk=7) == DEAD
