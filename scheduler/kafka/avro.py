@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar, cast
 
 from fastavro import schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+from fastavro.validation import ValidationError, validate
 
 SCHEMAS_DIR_ENV = "SCHEDULER_SCHEMAS_DIR"
 NAMESPACE = "dev.scheduler.v1"
@@ -271,7 +272,9 @@ class AvroCodec:
             # strict_allow_default: a misspelt or missing field is an error, not a silently dropped value.
             schemaless_writer(stream, schema.parsed, record, strict_allow_default=True)
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
-            raise MessageEncodeError(f"cannot encode {schema_name}: {exc}") from exc
+            raise MessageEncodeError(
+                f"cannot encode {schema_name}: {_misfit(schema.parsed, record, exc)}"
+            ) from None
         return stream.getvalue()
 
     def decode_record(self, schema_name: str, data: bytes, *, logical_types: bool = True) -> dict[str, Any]:
@@ -371,3 +374,51 @@ def _without_logical_types(schema: object) -> object:
     if isinstance(schema, list):
         return [_without_logical_types(value) for value in schema]
     return schema
+
+
+def _misfit(schema: ParsedSchema, record: Mapping[str, Any], exc: Exception) -> str:
+    """Which field of ``record`` does not fit ``schema``, never with its value: fastavro's own text
+    quotes the whole record, a payload's secrets with it."""
+    try:
+        validate(_with_defaults(record, schema), schema, raise_errors=True)
+    except ValidationError as invalid:
+        # The deepest misfits are those whose schema is a type's name (a union's branches are tried
+        # first, and the record as a whole fails with them); a union's "null" branch is no news.
+        errors = [e for e in invalid.errors if e.field and e.schema != "null"]
+        errors = [e for e in errors if isinstance(e.schema, str)] or errors
+        reasons = []
+        for error in errors:
+            field = ".".join(str(error.field).split(".")[-2:])
+            kind = error.schema if isinstance(error.schema, str) else None
+            if isinstance(error.schema, dict) and error.schema.get("type") == "enum":
+                kind = f"one of {', '.join(error.schema.get('symbols', ()))}"
+            elif kind == "int":
+                kind = "int (32 bits: -2147483648 to 2147483647)"
+            reasons.append(f"{field} is not {kind}" if kind else f"{field} does not fit its schema")
+        if reasons:
+            return "; ".join(dict.fromkeys(reasons))
+    except Exception:  # the validator failing too is no reason to lose the encode error
+        pass
+    text = str(exc)
+    # fastavro's messages for a missing or an unknown field name the field alone.
+    if text.startswith(("record contains more fields than the schema specifies", "Field ")):
+        return text
+    return f"a value does not fit its field's type ({type(exc).__name__})"
+
+
+def _with_defaults(datum: object, schema: object) -> object:
+    """``datum`` with the defaults of the record fields it leaves out, as the writer fills them
+    (``strict_allow_default``): fastavro's validator stops at the first missing field."""
+    if isinstance(schema, list):  # a union: a mapping datum is one of its records
+        records = [branch for branch in schema if isinstance(branch, dict) and branch.get("type") == "record"]
+        return _with_defaults(datum, records[0]) if len(records) == 1 else datum
+    if not (isinstance(schema, dict) and schema.get("type") == "record" and isinstance(datum, Mapping)):
+        return datum
+    filled = dict(datum)
+    for field in schema["fields"]:
+        name = field["name"]
+        if name in filled:
+            filled[name] = _with_defaults(filled[name], field["type"])
+        elif "default" in field:
+            filled[name] = field["default"]
+    return filled

@@ -229,6 +229,34 @@ def test_plain_records_may_omit_defaulted_fields_but_not_misspell_them() -> None
         CODEC.encode_record("ScheduleCommand", {**minimal, "operation": "delete"})
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("max_attempts", 2**31, "ScheduleSpec.max_attempts is not int (32 bits"),
+        ("timeout_seconds", "soon", "ScheduleSpec.timeout_seconds is not int"),
+        ("payload", 5, "ScheduleSpec.payload is not string"),
+    ],
+)
+def test_a_value_that_does_not_fit_is_named_by_its_field_never_shown(
+    field: str, value: Any, reason: str
+) -> None:
+    """fastavro's text quotes the whole record: a payload's secrets with it, on one 5 KB line."""
+    secret = "https://user:PASSWORD-SECRET@example.com/?token=TOKEN-SECRET"
+    spec = {
+        "name": "",
+        "kind": "immediate",
+        "handler": "builtin:http",
+        "payload": json.dumps({"url": secret}),
+    }
+    spec[field] = value
+    record = {"command_id": "c", "schedule_key": "k", "app": "a", "operation": "create", "spec": spec}
+    with pytest.raises(MessageEncodeError) as raised:
+        CODEC.encode_record("ScheduleCommand", record)
+    text = str(raised.value)
+    assert text == f"cannot encode ScheduleCommand: {text.split(': ', 1)[1]}" and reason in text
+    assert "SECRET" not in text and len(text) < 200
+
+
 def test_a_message_of_another_type_is_refused_by_name() -> None:
     with pytest.raises(UnexpectedSchemaError, match="expected a JobMessage, got a JobRetry"):
         CODEC.decode(m.JobMessage, CODEC.encode(_examples()[3]))
