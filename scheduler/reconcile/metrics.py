@@ -77,3 +77,14 @@ HISTORY_DELETED = Counter(
     ["table"],
     registry=REGISTRY,
 )
+
+# A labelled counter's series appears at its first increment, and increase() over a series' first
+# sample is 0: the alert on a first quarantined outcome would never fire. Every known label starts at 0.
+for _outcome in ("applied", "stale", "duplicate", "reexecution"):
+    EVENTS.labels(_outcome)
+for _cause in ("undecodable", "refused"):
+    QUARANTINED.labels(_cause)
+for _outcome in ("retry", "dead"):
+    LEASE_EXPIRIES.labels(_outcome)
+for _table in ("runs", "attempts", "schedules"):
+    HISTORY_DELETED.labels(_table)

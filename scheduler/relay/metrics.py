@@ -60,3 +60,10 @@ OUTBOX_OLDEST_AGE = Gauge(
     "Age of the oldest outbox row (0 when the outbox is empty)",
     registry=REGISTRY,
 )
+
+# A labelled counter's series appears at its first increment, and increase() over a series' first
+# sample is 0: the alert on a first quarantined row would never fire. Every known label starts at 0.
+for _cause in ("too_large", "invalid"):
+    QUARANTINED.labels(_cause)
+for _cause in ("no_app", "core_topic", "create_failed", "not_ready"):
+    HELD.labels(_cause)

@@ -297,6 +297,7 @@ class Worker(Service):
     ) -> None:
         super().__init__("worker")
         self.app = app
+        metrics.start_series(app)
         self.topics = topics
         self.topic = topics.jobs
         self.concurrency = concurrency
