@@ -50,14 +50,16 @@ HELD_TOPICS = Gauge(
 )
 DISPATCH_LAG = Histogram(
     "scheduler_dispatch_lag_seconds",
-    "From an outbox row's creation to Kafka's acknowledgement of its message",
+    "From when an outbox row may be published (its creation, or the end of its jitter or retry delay) "
+    "to Kafka's acknowledgement of its message",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
     registry=REGISTRY,
 )
 OUTBOX_DEPTH = Gauge("scheduler_outbox_depth", "Outbox rows waiting to be published", registry=REGISTRY)
 OUTBOX_OLDEST_AGE = Gauge(
     "scheduler_outbox_oldest_age_seconds",
-    "Age of the oldest outbox row (0 when the outbox is empty)",
+    "How long the longest-waiting publishable outbox row has waited (0 when none waits): a row held "
+    "back on purpose (jitter, a retry's delay) counts from its release",
     registry=REGISTRY,
 )
 

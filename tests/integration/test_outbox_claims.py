@@ -189,3 +189,38 @@ def test_a_republished_job_whose_attempt_already_started_is_dropped_not_publishe
         kept = sorted(bytes(r.value) for r in taken if r.id not in dropped)
         assert kept == [b"letter", b"pending"]
         assert conn.execute("select count(*) as n from outbox").fetchone() == {"n": 2}
+
+
+def test_a_row_held_back_on_purpose_is_no_wait_until_it_is_released(database_url: str) -> None:
+    """A fire's jitter and a retry's delay are the schedule's, not the relay's: they count neither in
+    the dispatch lag (age_s) nor in the oldest wait's gauge, which alert at 10 s and at a minute. A
+    row Kafka did not acknowledge waits from its creation, its back-offs included."""
+    with connect(database_url) as conn:
+        now = db_now(conn)
+        rows = {
+            "jittered, still held": (now - timedelta(seconds=5), now + timedelta(seconds=600), 0),
+            "jittered, released": (now - timedelta(seconds=300), now - timedelta(seconds=2), 0),
+            "plain": (now - timedelta(seconds=20), None, 0),
+        }
+        for name, (created, available, published) in rows.items():
+            conn.execute(
+                "insert into outbox (topic, value, created_at, available_at, publish_count) "
+                "values ('jobs', convert_to(%s, 'utf8'), %s, %s, %s)",
+                (name, created, available, published),
+            )
+        conn.commit()
+        with conn.transaction(force_rollback=True):
+            ages = {bytes(row.value).decode(): row.age_s for row in outbox.lock(conn, 10)}
+        assert set(ages) == {"jittered, released", "plain"}
+        assert 2 <= ages["jittered, released"] < 10 and 20 <= ages["plain"] < 30
+        stats = outbox.stats(conn)
+        assert stats.depth == 3 and 20 <= stats.oldest_age_s < 30
+
+        # Kafka did not answer for a row, which now backs off: it waits from its creation.
+        conn.execute(
+            "insert into outbox (topic, value, created_at, available_at, publish_count) "
+            "values ('jobs', 'unanswered', %s, %s, 3)",
+            (now - timedelta(seconds=90), now + timedelta(seconds=20)),
+        )
+        conn.commit()
+        assert 90 <= outbox.stats(conn).oldest_age_s < 100

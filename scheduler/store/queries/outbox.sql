@@ -11,8 +11,12 @@ select set_config('idle_in_transaction_session_timeout', %(timeout_ms)s::text, t
 -- relay that dies mid-publish releases its rows with its session. A row is publishable once its
 -- available_at (a fire's jitter, a retry's delay) has passed. claimed_until is only ever set by a
 -- relay of an earlier version (which claimed by status); its claims are respected until they lapse.
+-- age_s counts from when the row became publishable: a jitter or a retry's delay is no lag. A row
+-- published before without an answer counts from its creation, its back-offs included.
 select o.id, o.topic, o.key, o.value, o.headers, o.run_id, o.attempt, o.publish_count,
-       extract(epoch from coalesce(%(now)s::timestamptz, now()) - o.created_at)::float8 as age_s
+       extract(epoch from coalesce(%(now)s::timestamptz, now())
+                          - case when o.publish_count = 0 and o.available_at > o.created_at
+                                 then o.available_at else o.created_at end)::float8 as age_s
   from outbox o
  where (o.available_at is null or o.available_at <= coalesce(%(now)s::timestamptz, now()))
    and (o.claimed_until is null or o.claimed_until < coalesce(%(now)s::timestamptz, now()))
@@ -127,11 +131,18 @@ select extract(epoch from min(available_at) - coalesce(%(now)s::timestamptz, now
  where available_at > coalesce(%(now)s::timestamptz, now());
 
 -- name: outbox_stats
--- For the relay's gauges: how many rows wait, and how long the oldest has. The count is exact, so
--- it is taken every few seconds, not per batch; the oldest row is the first by id (the index).
-select (select count(*) from outbox) as depth,
-       coalesce(extract(epoch from now() - (select created_at from outbox order by id limit 1)), 0)::float8
-           as oldest_age_s;
+-- For the relay's gauges: how many rows wait, and how long the longest-waiting publishable row has,
+-- counted as lock_outbox counts age_s: a row held back on purpose (a fire's jitter, a retry's
+-- delay) waits from its available_at, and is no wait at all before it; a row published before
+-- without an answer waits from its creation, back-offs included. Both read the whole outbox, so
+-- they are taken every few seconds, not per batch.
+select count(*) as depth,
+       coalesce(extract(epoch from now() - min(case when publish_count = 0 and available_at > created_at
+                                                    then available_at else created_at end)
+                                           filter (where publish_count > 0 or available_at is null
+                                                         or available_at <= now())), 0)::float8
+           as oldest_age_s
+  from outbox;
 
 -- name: outbox_topic_apps
 -- Of the job topics the cluster does not have, those whose app exists, with its partitions: the
