@@ -9,10 +9,12 @@ its supervisor restarts it whole.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -30,6 +32,27 @@ log = logging.getLogger("scheduler.process")
 EXIT_MARGIN_S = 5.0
 # How soon the main thread notices a signal (see run_component's handler).
 SIGNAL_POLL_S = 0.1
+
+
+SUPERVISOR_ENV = "SCHEDULER_SUPERVISOR_PID"
+"""Set by ``run all`` on its children: the pid whose death stops them (see :func:`stop_with_supervisor`)."""
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def stop_with_supervisor(stop: signal.Signals = signal.SIGTERM) -> None:
+    """Under ``run all``, have the kernel send ``stop`` when the supervisor dies, however it dies:
+    a supervisor killed by SIGKILL (or the OOM killer) could not stop its children, which then
+    held their ports, and a restarted ``run all`` refused to start. Linux only; elsewhere a no-op."""
+    supervisor = os.environ.get(SUPERVISOR_ENV, "")
+    if not supervisor.isdigit() or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(stop), 0, 0, 0) != 0:
+        log.warning("cannot ask to be stopped with the supervisor: errno %d", ctypes.get_errno())
+        return
+    if os.getppid() != int(supervisor):
+        # The supervisor died before the request was made: nothing will send it now.
+        os.kill(os.getpid(), stop)
 
 
 def build_info(registry: CollectorRegistry, component: str) -> None:
@@ -62,8 +85,10 @@ def run_component(
     def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # SIGHUP too: a closed terminal or a service manager's hang-up stops it as cleanly as SIGTERM.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+    stop_with_supervisor()  # after the handlers: the supervisor's death is then a clean stop
     build_info(registry, component)
     server: HealthServer | None = None
     if metrics_port is not None:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from signal import SIGTERM
 from typing import Any
 
+from scheduler.runtime.process import SUPERVISOR_ENV
+
 log = logging.getLogger("scheduler.supervisor")
 
 RESTART_INITIAL_S = 0.5
@@ -147,6 +149,7 @@ class Supervisor:
 
     def _start(self, child: _Child) -> None:
         env = dict(os.environ if self._env is None else self._env)
+        env[SUPERVISOR_ENV] = str(os.getpid())  # the child stops when this process dies
         identity = group_instance_id(child.spec, env.get(GROUP_INSTANCE_ENV))
         if identity is not None:
             env[GROUP_INSTANCE_ENV] = identity
@@ -181,8 +184,8 @@ class Supervisor:
 
     def run(self) -> int:
         """Until Ctrl-C or SIGTERM; 0 when every child stopped cleanly at the end."""
-        signal.signal(signal.SIGTERM, self._stop_all)
-        signal.signal(signal.SIGINT, self._stop_all)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._stop_all)
         width = max((len(c.spec.name) for c in self._children), default=0)
         for child in self._children:
             if self._stopping:

@@ -170,12 +170,13 @@ def run_all() -> Iterator[list[Supervised]]:
 
 
 def start_pipeline(
-    env: Environment, tmp_path: Path, started: list[Supervised]
+    env: Environment, tmp_path: Path, started: list[Supervised], base: int | None = None
 ) -> tuple[Supervised, list[Child]]:
-    """Initialise, create the app, start ``run all`` on free consecutive ports, wait until ready."""
+    """Initialise, create the app, start ``run all`` on consecutive ports from ``base`` (free ones by
+    default), wait until ready."""
     cli(env.env, "init")
     cli(env.env, "apps", "create", APP, "--partitions", "2")
-    base = free_port_range(len(CHILDREN))
+    base = free_port_range(len(CHILDREN)) if base is None else base
     supervised = Supervised(env.env, tmp_path, "--metrics-port", str(base))
     started.append(supervised)
     table = supervised.table(len(CHILDREN))
@@ -350,6 +351,25 @@ def test_run_all_restarts_a_killed_component_and_stops_every_child_on_sigterm(
     assert supervised.stop() == 0, supervised.stderr()[-4000:]
     still_running = [pid for pid in [*(c.pid for c in others), new_pid] if alive(pid)]
     assert not still_running, f"children outlived the supervisor: {still_running}"
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGHUP], ids=["SIGKILL", "SIGHUP"])
+def test_children_stop_when_their_supervisor_is_killed_or_hung_up_on(
+    shared_database_env: Environment, run_all: list[Supervised], tmp_path: Path, how: signal.Signals
+) -> None:
+    """A supervisor killed by SIGKILL (or the OOM killer) cannot stop its children; they held their
+    ports as orphans, and the next ``run all`` refused to start. SIGHUP stopped it without a word."""
+    supervised, table = start_pipeline(shared_database_env, tmp_path, run_all)
+    os.kill(supervised.pid, how)
+    code = supervised.proc.wait(60)
+    assert code == (-signal.SIGKILL if how == signal.SIGKILL else 0), supervised.stderr()[-4000:]
+    wait_for(
+        lambda: not [c.name for c in table if alive(c.pid)], 60, "every child to stop with its supervisor"
+    )
+    if how == signal.SIGHUP:
+        assert "received SIGHUP, stopping every component" in supervised.messages()
+    again, _ = start_pipeline(shared_database_env, tmp_path, run_all, base=table[0].port)  # free again
+    assert again.stop() == 0, again.stderr()[-4000:]
 
 
 def test_run_all_refuses_a_port_another_process_holds_with_one_line(settings_env: dict[str, str]) -> None:
