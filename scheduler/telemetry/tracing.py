@@ -414,12 +414,16 @@ def links_from_traceparents(values: Iterable[str | bytes | None]) -> list[Link]:
     return [Link(context) for context in contexts if context is not None]
 
 
-def mark_span_failed(span: Span, error: BaseException | str, message: str | None = None) -> None:
+def mark_span_failed(
+    span: Span, error: BaseException | str, message: str | None = None, stack_trace: str | None = None
+) -> None:
     """Status ERROR, ``error.type`` and an ``exception`` event on ``span``.
 
-    ``error`` is the exception, or an error class name when there is none. The text (``message``,
-    else the exception's) and the stack trace go through ``redact_text``, as everything stored as an
-    error does: exported spans outlive the process and are read by people without the secrets.
+    ``error`` is the exception, or an error class name when there is none (with the exception's
+    formatted frames in ``stack_trace``, when it was formatted before it went). The text
+    (``message``, else the exception's) and the stack trace go through ``redact_text``, as
+    everything stored as an error does: exported spans outlive the process and are read by people
+    without the secrets.
     """
     if not span.is_recording():
         return
@@ -429,14 +433,20 @@ def mark_span_failed(span: Span, error: BaseException | str, message: str | None
     if text:
         event["exception.message"] = redact_text(text)
     if isinstance(error, BaseException) and error.__traceback__ is not None:
-        event["exception.stacktrace"] = redact_text("".join(traceback.format_tb(error.__traceback__)))
+        stack_trace = "".join(traceback.format_tb(error.__traceback__))
+    if stack_trace:
+        event["exception.stacktrace"] = redact_text(stack_trace)
     span.set_attribute("error.type", error_type)
     span.add_event("exception", event)
     span.set_status(Status(StatusCode.ERROR, redact_text(text) if text else error_type))
 
 
 def record_failure(
-    error: BaseException | str, message: str | None = None, attributes: Attributes = None
+    error: BaseException | str,
+    message: str | None = None,
+    attributes: Attributes = None,
+    *,
+    stack_trace: str | None = None,
 ) -> None:
     """A ``job.failure`` span under the current span, which is marked failed as well.
 
@@ -444,9 +454,9 @@ def record_failure(
     outcome message, an expired lease). ``attributes`` are typically ``job_attributes`` with the
     failed status, so that a search for failures finds the run without its parent span.
     """
-    mark_span_failed(trace.get_current_span(), error, message)
+    mark_span_failed(trace.get_current_span(), error, message, stack_trace)
     span = _TRACER.start_span(JOB_FAILURE, attributes=attributes)
-    mark_span_failed(span, error, message)
+    mark_span_failed(span, error, message, stack_trace)
     span.end()
 
 

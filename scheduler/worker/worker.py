@@ -63,6 +63,7 @@ import queue
 import random
 import threading
 import time
+import traceback
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -274,6 +275,16 @@ class _Beats:
                 return False
             self.last = now
             return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """How an attempt failed: what its outcome carries (class, masked text) and the handler's
+    frames, which only its span and log line carry."""
+
+    error_class: str
+    error: str
+    stack_trace: str | None = None
 
 
 class Worker(Service):
@@ -1079,16 +1090,16 @@ class Worker(Service):
             ) as span:
                 # Outcomes are produced from other threads, where this span is not current.
                 traced = replace(delivery, outcome_traceparent=traceparent_of_span(span))
-                status, error = await self._attempt(traced, job, fetched, started, entry_due)
-                if error is not None:
-                    record_failure(error[0], error[1])
+                status, failure = await self._attempt(traced, job, fetched, started, entry_due)
+                if failure is not None:
+                    record_failure(failure.error_class, failure.error, stack_trace=failure.stack_trace)
                 duration_ms = (datetime.now(UTC) - started).total_seconds() * 1000
                 span.set_attributes(job_outcome_attributes(status, duration_ms))
 
     async def _attempt(
         self, delivery: Delivery, job: JobMessage, fetched: _Fetched, started: datetime, entry_due: float
-    ) -> tuple[str, tuple[str, str] | None]:
-        """Run the handler and publish the outcome; returns its status and (error class, error)."""
+    ) -> tuple[str, _Failure | None]:
+        """Run the handler and publish the outcome; returns its status and how it failed."""
         # The handler runs only once Kafka holds its start: an execution whose worker dies right
         # after is then on record (the run's lease, a re-execution counted), never a silent effect.
         await self._announce(delivery, job, started)
@@ -1106,7 +1117,9 @@ class Worker(Service):
             )
         except Exception as exc:
             try:
-                return self._failed_by(delivery, job, started, exc)
+                # The handler's frames, for its span and outcome line (never its locals: the payload).
+                frames = "".join(traceback.format_tb(exc.__traceback__))
+                return self._failed_by(delivery, job, started, exc, frames or None)
             finally:
                 # Its traceback holds the handler's frames (the job's context and payload) and the
                 # task that holds the exception: a cycle only the cycle collector would free, late
@@ -1116,16 +1129,17 @@ class Worker(Service):
         return "succeeded", None
 
     def _failed_by(
-        self, delivery: Delivery, job: JobMessage, started: datetime, exc: Exception
-    ) -> tuple[str, tuple[str, str]]:
+        self, delivery: Delivery, job: JobMessage, started: datetime, exc: Exception, frames: str | None
+    ) -> tuple[str, _Failure]:
         if isinstance(exc, HandlerError):
             if isinstance(exc, HandlerNotFound):
                 metrics.REFUSED_HANDLERS.labels(self.app).inc()
-            return self._failed(delivery, job, started, str(exc), exc.error_class, exc.retryable)
+            return self._failed(delivery, job, started, str(exc), exc.error_class, exc.retryable, frames)
         if isinstance(exc, _TimedOut):
             return self._failed(delivery, job, started, str(exc), "Timeout", True)
         # Stored as "<class>: <error>", so the class is not repeated in the error itself.
-        return self._failed(delivery, job, started, str(exc) or type(exc).__name__, type(exc).__name__, True)
+        text = str(exc) or type(exc).__name__
+        return self._failed(delivery, job, started, text, type(exc).__name__, True, frames)
 
     async def _run_handler(self, delivery: Delivery, job: JobMessage, started: datetime) -> Any:
         handler = self.handlers.resolve(job.handler)
@@ -1391,8 +1405,9 @@ class Worker(Service):
         error: str,
         error_class: str,
         retryable: bool,
-    ) -> tuple[str, tuple[str, str]]:
-        """Publish a failed attempt's outcome; returns its status and (error class, error)."""
+        stack_trace: str | None = None,
+    ) -> tuple[str, _Failure]:
+        """Publish a failed attempt's outcome; returns its status and how it failed."""
         finished = datetime.now(UTC)
         error = _published_error(error, job)
         error_class = capped_text(error_class, MAX_ERROR_CLASS_CHARS)
@@ -1428,9 +1443,9 @@ class Worker(Service):
                 return self.codec.encode(retry)
 
             metrics.RETRIES.labels(self.app).inc()
-            self._outcome(job, started, "retry", error_class, error)
+            self._outcome(job, started, "retry", error_class, error, stack_trace)
             self._send_outcome(delivery, self.topics.retry, job.run_id, build_retry)
-            return "retry", (error_class, error)
+            return "retry", _Failure(error_class, error, stack_trace)
         this_attempt = AttemptSummary(
             attempt=job.attempt,
             finished_at=finished,
@@ -1472,9 +1487,9 @@ class Worker(Service):
             )
             return self.codec.encode(dead)
 
-        self._outcome(job, started, "dead", error_class, error)
+        self._outcome(job, started, "dead", error_class, error, stack_trace)
         self._send_outcome(delivery, self.topics.dlq, job.run_id, build_dead)
-        return "dead", (error_class, error)
+        return "dead", _Failure(error_class, error, stack_trace)
 
     def _outcome(
         self,
@@ -1483,6 +1498,7 @@ class Worker(Service):
         outcome: str,
         error_class: str | None = None,
         error: str | None = None,
+        stack_trace: str | None = None,
     ) -> None:
         """The metrics and the one log line of an attempt's outcome (inside the job's log context)."""
         duration = (datetime.now(UTC) - started).total_seconds()
@@ -1499,6 +1515,8 @@ class Worker(Service):
                     "duration_ms": round(duration * 1000, 3),
                     "error_class": error_class,
                     "error": error,
+                    # Only a failure's: a success's line stays as short as it was.
+                    **({"stack_trace": stack_trace} if stack_trace else {}),
                 },
             )
 

@@ -185,3 +185,7 @@ def test_a_failing_run_adds_a_job_failure_span_to_its_trace(traced: Traced) -> N
     assert failure["service_name"] == "scheduler-worker"
     assert failure["status"] == "error" and failure["status_message"], failure
     assert failure["attributes"]["error.type"], failure
+    # The handler's frames, formatted before the worker let its traceback go.
+    for span in (failure, chain.execution):
+        [event] = [e for e in span["events"] if e["name"] == "exception"]
+        assert "scheduler/worker/handlers.py" in event["attributes"]["exception.stacktrace"], event
