@@ -409,6 +409,7 @@ class SchedulerApi:
             conn,
             app=request.app or None,
             schedule_id=schedule_id,
+            error_class=request.error_class or None,
             since=m.moment_of(request, "since"),
             until=m.moment_of(request, "until"),
             limit=limit,

@@ -32,12 +32,19 @@ def dlq() -> None:
 @dlq.command("list")
 @click.option("--app")
 @click.option("--schedule", "schedule_id", type=uuid_arg)
+@click.option("--error-class", help="Only runs whose error is of this class (e.g. PlannedFailure, HTTP503).")
 @click.option("--since", help="ISO 8601: dead at or after.")
 @click.option("--until", help="ISO 8601: dead before.")
 @click.option("--limit", type=click.IntRange(1, 1_000_000), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def list_(
-    app: str | None, schedule_id: UUID | None, since: str | None, until: str | None, limit: int, as_json: bool
+    app: str | None,
+    schedule_id: UUID | None,
+    error_class: str | None,
+    since: str | None,
+    until: str | None,
+    limit: int,
+    as_json: bool,
 ) -> None:
     """List dead runs, newest first."""
     with database(wiring_or_exit()) as conn:
@@ -46,6 +53,7 @@ def list_(
             conn,
             app=app,
             schedule_id=schedule_id,
+            error_class=error_class,
             since=parse_instant(since, "--since") if since else None,
             until=parse_instant(until, "--until") if until else None,
             limit=limit,

@@ -48,13 +48,21 @@ def list_dead(
     *,
     app: str | None = None,
     schedule_id: UUID | None = None,
+    error_class: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
     limit: int = 100,
     apps: Sequence[str] | None = None,
 ) -> list[Row]:
     """``apps``: only these apps' dead letters (None: any app's)."""
-    params = {"app": app, "schedule_id": schedule_id, "since": since, "until": until, "limit": limit}
+    params = {
+        "app": app,
+        "schedule_id": schedule_id,
+        "error_class": error_class,
+        "since": since,
+        "until": until,
+        "limit": limit,
+    }
     return conn.execute(
         query("list_dead"), params | {"apps": None if apps is None else list(apps)}
     ).fetchall()

@@ -361,18 +361,20 @@ class DeadLetter(_message.Message):
     def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., app: _Optional[str] = ..., schedule_id: _Optional[str] = ..., attempt: _Optional[int] = ..., error: _Optional[str] = ..., dead_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., worker: _Optional[str] = ...) -> None: ...
 
 class ListDeadLettersRequest(_message.Message):
-    __slots__ = ("app", "schedule_id", "since", "until", "limit")
+    __slots__ = ("app", "schedule_id", "since", "until", "limit", "error_class")
     APP_FIELD_NUMBER: _ClassVar[int]
     SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
     UNTIL_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
     app: str
     schedule_id: str
     since: _timestamp_pb2.Timestamp
     until: _timestamp_pb2.Timestamp
     limit: int
-    def __init__(self, app: _Optional[str] = ..., schedule_id: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., limit: _Optional[int] = ...) -> None: ...
+    error_class: str
+    def __init__(self, app: _Optional[str] = ..., schedule_id: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., limit: _Optional[int] = ..., error_class: _Optional[str] = ...) -> None: ...
 
 class ListDeadLettersResponse(_message.Message):
     __slots__ = ("dead_letters",)

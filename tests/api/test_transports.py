@@ -248,6 +248,12 @@ def run_script(s: Session, run_at: str) -> None:
     assert [(d["id"], d["kind"], d["schedule_id"]) for d in dead["dead_letters"]] == [
         (first["run_id"], "run", cron["id"])
     ]
+    by_class = {"app": s.app, "error_class": "HTTP503"}
+    assert [d["id"] for d in s.call("by class", "ListDeadLetters", by_class)["dead_letters"]] == [
+        first["run_id"]
+    ]
+    other = by_class | {"error_class": "Timeout"}
+    assert s.call("another class", "ListDeadLetters", other)["dead_letters"] == []
     replay = {"app": s.app, "schedule_id": cron["id"]}
     dry = s.call("replay dry run", "ReplayDeadLetters", replay | {"dry_run": True})
     assert (dry["replayed"], dry["run_ids"], dry["dry_run"]) == (1, [first["run_id"]], True)

@@ -3,6 +3,8 @@ taken are not replayed again, even when forced (a forced replay takes runs repla
 
 from __future__ import annotations
 
+import json
+import subprocess
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, scan
 from scheduler.store.scan import NewRun
+from tests.support import SCHEDULER
 
 pytestmark = pytest.mark.integration
 
@@ -75,3 +78,25 @@ def test_each_dead_run_is_replayed_once_however_soon_it_dies_again(
     assert len(counted) == DEAD and set(counted.values()) == ({2} if force else {1})
     # Forced again, by a new command: each once more.
     assert replayer.replay(conn, ReplayFilter(app=APP, force=True), 200, "again", chunk=7) == DEAD
+
+
+def test_the_dead_letters_are_listed_by_error_class_as_they_are_replayed(
+    conn: psycopg.Connection[Row], settings_env: dict[str, str]
+) -> None:
+    conn.execute("update runs set error = 'HTTP503: upstream down' where id in (select id from runs limit 4)")
+    conn.commit()
+    listed = subprocess.run(
+        [SCHEDULER, "dlq", "list", "--app", APP, "--error-class", "HTTP503", "--json"],
+        env=settings_env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    rows = json.loads(listed.stdout)
+    assert len(rows) == 4 and {row["error"] for row in rows} == {"HTTP503: upstream down"}
+    dry = subprocess.run(
+        [SCHEDULER, "dlq", "replay", "--app", APP, "--error-class", "HTTP503", "--dry-run", "--json"],
+        env=settings_env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert {row["id"] for row in json.loads(dry.stdout)} == {row["id"] for row in rows}
+    assert len(json.loads(subprocess.run(
+        [SCHEDULER, "dlq", "list", "--app", APP, "--error-class", "HandlerFailed", "--json"],
+        env=settings_env, capture_output=True, text=True, timeout=60, check=True,
+    ).stdout)) == DEAD - 4  # fmt: skip

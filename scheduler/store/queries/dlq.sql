@@ -1,6 +1,7 @@
 -- name: list_dead
 -- Dead runs (mirrored from .dlq or swept), newest first, with the undecodable letters beside them;
--- `apps` (the API's scope) null: any app.
+-- `apps` (the API's scope) null: any app. An error class is the error's text before its first ':',
+-- as dead_runs_for_replay reads it.
 select * from (
     select r.id::text as id, 'run' as kind, r.app, r.schedule_id, r.attempt, r.error,
            r.finished_at as dead_at, r.worker
@@ -9,12 +10,14 @@ select * from (
        and (%(app)s::text is null or r.app = %(app)s::text)
        and (%(apps)s::text[] is null or r.app = any(%(apps)s::text[]))
        and (%(schedule_id)s::uuid is null or r.schedule_id = %(schedule_id)s::uuid)
+       and (%(error_class)s::text is null or split_part(r.error, ':', 1) = %(error_class)s::text)
        and (%(since)s::timestamptz is null or r.finished_at >= %(since)s::timestamptz)
        and (%(until)s::timestamptz is null or r.finished_at < %(until)s::timestamptz)
     union all
     select d.event_id, 'undecodable', d.app, null, null, d.error, d.received_at, null
       from dead_letters d
      where %(schedule_id)s::uuid is null
+       and (%(error_class)s::text is null or split_part(d.error, ':', 1) = %(error_class)s::text)
        and (%(app)s::text is null or d.app = %(app)s::text)
        and (%(apps)s::text[] is null or d.app = any(%(apps)s::text[]))
        and (%(since)s::timestamptz is null or d.received_at >= %(since)s::timestamptz)
