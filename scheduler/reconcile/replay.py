@@ -26,7 +26,7 @@ from scheduler.config import Settings
 from scheduler.scan.dispatch import JobDispatcher, attempt_deadline
 from scheduler.store import dlq, scan
 from scheduler.store.dlq import ResendableRun
-from scheduler.store.scan import NextAttempt
+from scheduler.store.scan import MAX_BATCH_PAYLOAD_BYTES, NextAttempt
 
 Row = dict[str, Any]
 
@@ -75,7 +75,7 @@ class Replayer:
         began: datetime | None = None
         while replayed < limit:
             with conn.transaction():
-                dead = self._select(conn, where, min(chunk, limit - replayed), began)
+                dead = self._select(conn, where, min(chunk, limit - replayed), began, MAX_BATCH_PAYLOAD_BYTES)
                 done = dlq.replay_runs(conn, [self._next_attempt(run) for run in dead], actor)
                 if done:
                     scan.notify_outbox(conn)
@@ -108,7 +108,12 @@ class Replayer:
         return moved
 
     def _select(
-        self, conn: psycopg.Connection[Row], where: ReplayFilter, limit: int, began: datetime | None = None
+        self,
+        conn: psycopg.Connection[Row],
+        where: ReplayFilter,
+        limit: int,
+        began: datetime | None = None,
+        max_bytes: int | None = None,
     ) -> list[ResendableRun]:
         return dlq.dead_runs_for_replay(
             conn,
@@ -119,6 +124,7 @@ class Replayer:
             until=where.until,
             force=where.force,
             replayed_since=began,
+            max_bytes=max_bytes,
             limit=limit,
         )
 

@@ -128,6 +128,7 @@ class BatchReport:
     quarantined: int = 0
     released: int = 0
     held: int = 0  # rows whose topic does not exist, handed back to wait for it
+    full: bool = False  # the batch reached its bound in rows or bytes: more may be waiting
 
 
 @dataclass
@@ -208,7 +209,7 @@ class Relay(Service):
                 self._observe_outbox()
             raise
         self._observe_outbox()
-        more = report.taken >= self.settings.relay_batch_size
+        more = report.full
         if not more:
             conn = self.session.conn
             with conn.transaction():
@@ -260,6 +261,9 @@ class Relay(Service):
 
     def _relay_locked(self, conn: psycopg.Connection[Any]) -> _Settled:
         rows = outbox.lock(conn, self.settings.relay_batch_size)
+        # Cut by its row or byte bound, the batch leaves rows behind: the next one goes at once.
+        size = sum(len(row.value) for row in rows)
+        full = len(rows) >= self.settings.relay_batch_size or size >= outbox.MAX_BATCH_BYTES
         # Rows that may be on the topic already: Kafka's answer to an earlier publish was lost, or
         # the row is old enough to have been in the batch of a relay that stopped answering and
         # whose session the server ended (its rollback left no trace). Rare: only then is the runs
@@ -268,7 +272,7 @@ class Relay(Service):
         dropped = outbox.drop_obsolete_republishes(conn, again, self._jobs_prefix) if again else set()
         rows = [row for row in rows if row.id not in dropped]
         if not rows:
-            return _Settled(BatchReport(0, 0, 0), dropped=len(dropped))
+            return _Settled(BatchReport(0, 0, 0, full=full), dropped=len(dropped))
         started = time.monotonic()
         deadline = started + self.claim_seconds * PUBLISH_SHARE_OF_CLAIM
         try:
@@ -316,6 +320,7 @@ class Relay(Service):
             quarantined=0 if held is None else held.quarantined,
             released=len(failed),
             held=len(waiting),
+            full=full,
         )
         return _Settled(
             report,

@@ -44,8 +44,10 @@ def dead_runs_for_replay(
     force: bool,
     limit: int,
     replayed_since: datetime | None = None,
+    max_bytes: int | None = None,
 ) -> list[ResendableRun]:
-    """``replayed_since``: leave out runs replayed at or after it, even when forced."""
+    """``replayed_since``: leave out runs replayed at or after it, even when forced. ``max_bytes``:
+    no more payload bytes after the first run (None: no bound, for a dry run's whole list)."""
     rows = conn.execute(
         query("dead_runs_for_replay"),
         {
@@ -56,6 +58,7 @@ def dead_runs_for_replay(
             "until": until,
             "force": force,
             "replayed_since": replayed_since,
+            "max_bytes": max_bytes,
             "limit": limit,
         },
     ).fetchall()

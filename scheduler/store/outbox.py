@@ -15,6 +15,10 @@ from scheduler.store.sql import query
 
 Row = dict[str, Any]
 
+MAX_BATCH_BYTES = 16 * 1024 * 1024
+"""Message bytes a relay batch takes after its first row: the batch is held in memory a few times
+over (the rows, the producer's copies) while it is published, and a relay's limit is a few hundred MB."""
+
 
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
@@ -54,9 +58,12 @@ def bound_transaction(conn: psycopg.Connection[Row], timeout_s: float) -> None:
     conn.execute(query("bound_relay_transaction"), {"timeout_ms": max(1, int(timeout_s * 1000))})
 
 
-def lock(conn: psycopg.Connection[Row], limit: int, now: datetime | None = None) -> list[OutboxRow]:
-    """Up to ``limit`` publishable rows, oldest first, locked until the transaction ends."""
-    rows = conn.execute(query("lock_outbox"), {"limit": limit, "now": now}).fetchall()
+def lock(
+    conn: psycopg.Connection[Row], limit: int, now: datetime | None = None, max_bytes: int = MAX_BATCH_BYTES
+) -> list[OutboxRow]:
+    """Up to ``limit`` publishable rows, oldest first, and no more than ``max_bytes`` of messages
+    after the first, locked until the transaction ends."""
+    rows = conn.execute(query("lock_outbox"), {"limit": limit, "now": now, "max_bytes": max_bytes}).fetchall()
     return [OutboxRow.from_row(row) for row in rows]
 
 

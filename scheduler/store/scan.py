@@ -29,6 +29,10 @@ from scheduler.store.sql import query
 
 Row = dict[str, Any]
 
+MAX_BATCH_PAYLOAD_BYTES = 16 * 1024 * 1024
+"""Payload bytes a scan batch takes after its first schedule: a batch's memory is a few times its
+payloads (read, the job message, the outbox row), and a scanner's limit is a few hundred MB."""
+
 
 @dataclass(frozen=True, slots=True)
 class Message:
@@ -114,11 +118,17 @@ class ScheduleAdvance:
 
 
 def lease_due_schedules(
-    conn: psycopg.Connection[Row], limit: int, now: datetime | None = None, lookahead_s: float = 0.0
+    conn: psycopg.Connection[Row],
+    limit: int,
+    now: datetime | None = None,
+    lookahead_s: float = 0.0,
+    max_bytes: int = MAX_BATCH_PAYLOAD_BYTES,
 ) -> list[DueSchedule]:
-    """Due schedules, and those (overlap allow) whose next fire comes within ``lookahead_s``."""
+    """Due schedules, and those (overlap allow) whose next fire comes within ``lookahead_s``: at most
+    ``limit``, and no more than ``max_bytes`` of payload after the first."""
     rows = conn.execute(
-        query("lease_due_schedules"), {"limit": limit, "now": now, "lookahead_s": lookahead_s}
+        query("lease_due_schedules"),
+        {"limit": limit, "now": now, "lookahead_s": lookahead_s, "max_bytes": max_bytes},
     ).fetchall()
     return [DueSchedule(schedule_from_row(row), row["scan_now"]) for row in rows]
 
@@ -185,9 +195,15 @@ def schedules_in_error(conn: psycopg.Connection[Row]) -> int:
 
 
 def lease_due_retries(
-    conn: psycopg.Connection[Row], limit: int, now: datetime | None = None
+    conn: psycopg.Connection[Row],
+    limit: int,
+    now: datetime | None = None,
+    max_bytes: int = MAX_BATCH_PAYLOAD_BYTES,
 ) -> list[DueRetry]:
-    rows = conn.execute(query("lease_due_retries"), {"limit": limit, "now": now}).fetchall()
+    """Due retries: at most ``limit``, and no more than ``max_bytes`` of payload after the first."""
+    rows = conn.execute(
+        query("lease_due_retries"), {"limit": limit, "now": now, "max_bytes": max_bytes}
+    ).fetchall()
     return [
         DueRetry(
             run=run_from_row(row),

@@ -30,23 +30,34 @@ limit %(limit)s::int;
 -- Dead runs matching the operator's filters, oldest death first, with what their next message
 -- needs. A run replayed before (audit_log says so) is left out unless forced, and one replayed
 -- since replayed_since (by an earlier chunk of the same replay) even then. Locked while the
--- replay of this chunk commits, so two operators cannot replay the same run at once.
-select r.*, s.handler, s.payload, s.timeout_ms, s.max_attempts as budget, s.backoff_base_ms,
-       s.backoff_max_ms, now() as now
-  from runs r
-  join schedules s on s.id = r.schedule_id
- where r.state = 'dead'
-   and (%(app)s::text is null or r.app = %(app)s::text)
-   and (%(schedule_id)s::uuid is null or r.schedule_id = %(schedule_id)s::uuid)
-   and (%(error_class)s::text is null or split_part(r.error, ':', 1) = %(error_class)s::text)
-   and (%(since)s::timestamptz is null or r.finished_at >= %(since)s::timestamptz)
-   and (%(until)s::timestamptz is null or r.finished_at < %(until)s::timestamptz)
-   and not exists (select 1 from audit_log a
-                    where a.entity = 'run' and a.entity_id = r.id::text and a.action = 'replay'
-                      and (not %(force)s::bool or a.at >= %(replayed_since)s::timestamptz))
- order by r.finished_at, r.id
- limit %(limit)s::int
-   for update of r skip locked;
+-- replay of this chunk commits, so two operators cannot replay the same run at once. Bounded in
+-- payload bytes after the first run, as the scanner's lease is (the runs beyond stay dead, for the
+-- next chunk).
+with leased as (
+    select r.*, s.handler, s.payload, s.timeout_ms, s.max_attempts as budget, s.backoff_base_ms,
+           s.backoff_max_ms, now() as now, octet_length(s.payload::text) as payload_bytes
+      from runs r
+      join schedules s on s.id = r.schedule_id
+     where r.state = 'dead'
+       and (%(app)s::text is null or r.app = %(app)s::text)
+       and (%(schedule_id)s::uuid is null or r.schedule_id = %(schedule_id)s::uuid)
+       and (%(error_class)s::text is null or split_part(r.error, ':', 1) = %(error_class)s::text)
+       and (%(since)s::timestamptz is null or r.finished_at >= %(since)s::timestamptz)
+       and (%(until)s::timestamptz is null or r.finished_at < %(until)s::timestamptz)
+       and not exists (select 1 from audit_log a
+                        where a.entity = 'run' and a.entity_id = r.id::text and a.action = 'replay'
+                          and (not %(force)s::bool or a.at >= %(replayed_since)s::timestamptz))
+     order by r.finished_at, r.id
+     limit %(limit)s::int
+       for update of r skip locked
+)
+select l.*
+  from (select leased.*,
+               sum(payload_bytes) over (order by finished_at, id rows unbounded preceding)
+                   - payload_bytes as bytes_before
+          from leased) l
+ where %(max_bytes)s::bigint is null or l.bytes_before < %(max_bytes)s::bigint
+ order by l.finished_at, l.id;
 
 -- name: lost_runs_for_redispatch
 -- Runs whose job message left the outbox before the cut-off (Kafka acknowledged it) and that no

@@ -13,16 +13,27 @@ select set_config('idle_in_transaction_session_timeout', %(timeout_ms)s::text, t
 -- relay of an earlier version (which claimed by status); its claims are respected until they lapse.
 -- age_s counts from when the row became publishable: a jitter or a retry's delay is no lag. A row
 -- published before without an answer counts from its creation, its back-offs included.
-select o.id, o.topic, o.key, o.value, o.headers, o.run_id, o.attempt, o.publish_count,
-       extract(epoch from coalesce(%(now)s::timestamptz, now())
-                          - case when o.publish_count = 0 and o.available_at > o.created_at
-                                 then o.available_at else o.created_at end)::float8 as age_s
-  from outbox o
- where (o.available_at is null or o.available_at <= coalesce(%(now)s::timestamptz, now()))
-   and (o.claimed_until is null or o.claimed_until < coalesce(%(now)s::timestamptz, now()))
- order by o.id
- limit %(limit)s::int
-   for update skip locked;
+-- A batch is bounded in message bytes too (the first row always goes): a thousand messages of a
+-- megabyte took the relay past its memory limit, again at every restart. Rows locked beyond the
+-- bound are skipped by other relays until this batch's transaction ends, then taken as usual.
+with locked as (
+    select o.id, o.topic, o.key, o.value, o.headers, o.run_id, o.attempt, o.publish_count,
+           extract(epoch from coalesce(%(now)s::timestamptz, now())
+                              - case when o.publish_count = 0 and o.available_at > o.created_at
+                                     then o.available_at else o.created_at end)::float8 as age_s,
+           octet_length(o.value) as value_bytes
+      from outbox o
+     where (o.available_at is null or o.available_at <= coalesce(%(now)s::timestamptz, now()))
+       and (o.claimed_until is null or o.claimed_until < coalesce(%(now)s::timestamptz, now()))
+     order by o.id
+     limit %(limit)s::int
+       for update skip locked
+)
+select id, topic, key, value, headers, run_id, attempt, publish_count, age_s
+  from (select locked.*, sum(value_bytes) over (order by id rows unbounded preceding) - value_bytes as bytes_before
+          from locked) l
+ where bytes_before < %(max_bytes)s::bigint
+ order by id;
 
 -- name: drop_obsolete_republishes
 -- Job messages that may have been published before (the relay chooses: Kafka's answer to an

@@ -4,14 +4,26 @@
 -- on next_fire_at keeps it on the partial index schedules_due; the policy is a filter on the few
 -- rows inside the look-ahead. SKIP LOCKED lets several scanners share the work; the row locks hold
 -- until the batch's transaction commits its runs and outbox rows.
-select s.*, coalesce(%(now)s::timestamptz, now()) as scan_now
-  from schedules s
- where s.state = 'active'
-   and s.next_fire_at <= coalesce(%(now)s::timestamptz, now()) + %(lookahead_s)s::float8 * interval '1 second'
-   and (s.overlap_policy = 'allow' or s.next_fire_at <= coalesce(%(now)s::timestamptz, now()))
- order by s.next_fire_at
- limit %(limit)s::int
-   for update skip locked;
+-- A batch is bounded in payload bytes too (the first schedule always goes): 500 payloads of a
+-- megabyte each took the scanner past its memory limit, again at every restart. The schedules
+-- locked beyond the bound stay due, for the next batch.
+with leased as (
+    select s.*, octet_length(s.payload::text) as payload_bytes
+      from schedules s
+     where s.state = 'active'
+       and s.next_fire_at <= coalesce(%(now)s::timestamptz, now()) + %(lookahead_s)s::float8 * interval '1 second'
+       and (s.overlap_policy = 'allow' or s.next_fire_at <= coalesce(%(now)s::timestamptz, now()))
+     order by s.next_fire_at
+     limit %(limit)s::int
+       for update skip locked
+)
+select l.*, coalesce(%(now)s::timestamptz, now()) as scan_now
+  from (select leased.*,
+               sum(payload_bytes) over (order by next_fire_at, id rows unbounded preceding)
+                   - payload_bytes as bytes_before
+          from leased) l
+ where l.bytes_before < %(max_bytes)s::bigint
+ order by l.next_fire_at;
 
 -- name: open_runs_of
 -- For overlap policies: how many unfinished and how many buffered runs each schedule has. Only
@@ -96,22 +108,32 @@ select count(*)::int as n from schedules where state = 'error';
 -- name: lease_due_retries
 -- Runs whose retry delay has passed, with what the next attempt's message needs: the schedule's
 -- settings except its app and max_attempts, which are the run's own (a replay raises the budget).
-select r.*, s.handler, s.payload, s.timeout_ms, s.backoff_base_ms, s.backoff_max_ms,
-       coalesce(%(now)s::timestamptz, now()) as scan_now,
+-- Bounded in payload bytes as lease_due_schedules is.
+with leased as (
+    select r.*, s.handler, s.payload, s.timeout_ms, s.backoff_base_ms, s.backoff_max_ms,
+           octet_length(s.payload::text) as payload_bytes
+      from runs r
+      join schedules s on s.id = r.schedule_id
+     where r.state = 'retry_wait'
+       and r.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+     order by r.next_attempt_at
+     limit %(limit)s::int
+       for update of r skip locked
+)
+select l.*, coalesce(%(now)s::timestamptz, now()) as scan_now,
        -- The failed attempts so far travel with the job, for the dead letter's history.
        (select coalesce(jsonb_agg(jsonb_build_object(
                    'attempt', a.attempt, 'worker', a.worker, 'started_at', a.started_at,
                    'finished_at', a.finished_at, 'error', a.error, 'error_class', a.error_class)
                    order by a.attempt), '[]'::jsonb)
           from attempts a
-         where a.run_id = r.id and a.kind = 'retry' and a.outcome = 'applied') as history
-  from runs r
-  join schedules s on s.id = r.schedule_id
- where r.state = 'retry_wait'
-   and r.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
- order by r.next_attempt_at
- limit %(limit)s::int
-   for update of r skip locked;
+         where a.run_id = l.id and a.kind = 'retry' and a.outcome = 'applied') as history
+  from (select leased.*,
+               sum(payload_bytes) over (order by next_attempt_at, id rows unbounded preceding)
+                   - payload_bytes as bytes_before
+          from leased) l
+ where l.bytes_before < %(max_bytes)s::bigint
+ order by l.next_attempt_at;
 
 -- name: redispatch_runs
 -- The next attempt of each leased retry: a new fencing token and its message in the outbox. Like
