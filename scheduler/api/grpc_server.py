@@ -79,7 +79,7 @@ def _unary(
             )
             loop = asyncio.get_running_loop()
             parse = partial(_parser, message_type, request)
-            return await loop.run_in_executor(executor, api.call, name, authorization, parse)
+            return await loop.run_in_executor(executor, api.call, name, authorization, parse, len(request))
         except ApiError as error:
             await context.abort_with_status(status_of(error))
             raise  # abort_with_status raises; this line only satisfies the type checker

@@ -12,7 +12,7 @@ import asyncio
 import json
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,7 +33,7 @@ from scheduler.api.errors import ApiError, Code, invalid
 from scheduler.api.messages import MAX_PAGE, as_dict, max_request_bytes, too_large
 from scheduler.api.openapi import document
 from scheduler.api.routes import ROUTES, Route
-from scheduler.api.service import METHODS, SchedulerApi
+from scheduler.api.service import LARGE_REQUEST_BYTES, LARGE_REQUEST_WAIT_S, METHODS, SchedulerApi
 
 _PARSE_FIELD_RE = re.compile(r"Failed to parse (\w+) field")
 _NO_FIELD_RE = re.compile(r'has no field named "([^"]{0,80})')
@@ -105,25 +105,62 @@ class _Received:
     (a misspelt ``limt`` would otherwise answer a full page, a filter left out everything)."""
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+class _LargeTurn:
+    """A request's turn among those with a large body (a batch create): one at a time is read and
+    answered, the rest wait before reading on (their senders are held by TCP), so that their bodies
+    do not pile up in memory while one is parsed. The API applies them one at a time anyway."""
+
+    def __init__(self, gate: asyncio.Semaphore, authenticate: Callable[[], Awaitable[object]]) -> None:
+        self._gate = gate
+        self._authenticate = authenticate
+        self.taken = False
+
+    async def take(self) -> None:
+        if self.taken:
+            return
+        # Only an authenticated caller waits for, and holds, the turn: a client without a token
+        # sending a large body slowly would otherwise hold every batch create back.
+        await self._authenticate()
+        try:
+            await asyncio.wait_for(self._gate.acquire(), LARGE_REQUEST_WAIT_S)
+        except TimeoutError:
+            raise ApiError(
+                Code.UNAVAILABLE,
+                f"busy with other requests over {LARGE_REQUEST_BYTES // (1024 * 1024)} MiB "
+                f"for {LARGE_REQUEST_WAIT_S:.0f} s; retry, or send smaller batches",
+            ) from None
+        self.taken = True
+
+    def give_back(self) -> None:
+        if self.taken:
+            self.taken = False
+            self._gate.release()
+
+
+async def _read_body(request: Request, limit: int, turn: _LargeTurn) -> bytes:
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large(limit)
+    if declared is not None and declared.isdigit():
+        if int(declared) > limit:
+            raise too_large(limit)
+        if int(declared) > LARGE_REQUEST_BYTES:
+            await turn.take()
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():  # counted as it comes: a chunked body declares no length
         size += len(chunk)
         if size > limit:
             raise too_large(limit)
+        if size > LARGE_REQUEST_BYTES:
+            await turn.take()
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-async def _receive(route: Route, request: Request) -> _Received:
+async def _receive(route: Route, request: Request, turn: _LargeTurn) -> _Received:
     counts = Counter(name for name, _ in request.query_params.multi_items())
     return _Received(
         # Read for every route: a body sent to one that takes none (a DELETE's version) is refused.
-        body=await _read_body(request, max_request_bytes(route.method)),
+        body=await _read_body(request, max_request_bytes(route.method), turn),
         path={name: request.path_params[name] for name in route.path_fields},
         query={name: request.query_params[name] for name in route.query if name in request.query_params},
         idempotency_key=request.headers.get("idempotency-key"),
@@ -179,17 +216,23 @@ def _request_message(route: Route, received: _Received) -> Message:
     return parse_message(data, method.request)
 
 
-def _endpoint(api: SchedulerApi, executor: Executor, route: Route) -> Callable[[Request], Any]:
+def _endpoint(
+    api: SchedulerApi, executor: Executor, route: Route, large: asyncio.Semaphore
+) -> Callable[[Request], Any]:
     async def endpoint(request: Request) -> Response:
+        loop = asyncio.get_running_loop()
+        authorization = request.headers.get("authorization")
+        authenticate = partial(loop.run_in_executor, executor, api.authenticator.authenticate, authorization)
+        turn = _LargeTurn(large, authenticate)
         try:
-            received = await _receive(route, request)
-            loop = asyncio.get_running_loop()
-            authorization = request.headers.get("authorization")
+            received = await _receive(route, request, turn)
             # Parsing, the call and the answer's JSON run in one job on the executor, never on the loop
             # both transports share; the parsing only once the caller is authenticated.
             body = await loop.run_in_executor(executor, _answer, api, route, authorization, received)
         except ApiError as error:
             return error_response(error)
+        finally:
+            turn.give_back()
         return Response(body, media_type="application/json")
 
     endpoint.__name__ = route.method
@@ -197,7 +240,8 @@ def _endpoint(api: SchedulerApi, executor: Executor, route: Route) -> Callable[[
 
 
 def _answer(api: SchedulerApi, route: Route, authorization: str | None, received: _Received) -> bytes:
-    response = api.call(route.method, authorization, partial(_request_message, route, received))
+    parse = partial(_request_message, route, received)
+    response = api.call(route.method, authorization, parse, len(received.body))
     return json.dumps(as_dict(response), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
@@ -238,12 +282,13 @@ def create_app(api: SchedulerApi, executor: Executor, serving: Callable[[], bool
     )
     spec = document()
     app.openapi = lambda: spec  # type: ignore[method-assign]
+    large = asyncio.Semaphore(1)
     for route in ROUTES:
         # A path parameter is one segment up to a colon: /v1/schedules/{id}:pause is never
         # /v1/schedules/{id} with an id ending in ":pause", whatever the method.
         path = route.path.replace("}", ":segment}")
         app.add_api_route(
-            path, _endpoint(api, executor, route), methods=[route.verb], include_in_schema=False
+            path, _endpoint(api, executor, route, large), methods=[route.verb], include_in_schema=False
         )
 
     async def health(request: Request) -> Response:

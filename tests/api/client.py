@@ -108,7 +108,12 @@ class GrpcCaller:
 
     def __init__(self, target: str) -> None:
         self.channel = grpc.insecure_channel(
-            target, options=[("grpc.max_send_message_length", 64 * 1024 * 1024)]
+            target,
+            options=[
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                # A batch's answer holds its payloads: as large as the request (gRPC's default is 4 MiB).
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ],
         )
         # The generated stub is untyped; each call's request and response are the proto's messages.
         self.stub: Any = scheduler_pb2_grpc.SchedulerServiceStub(self.channel)  # type: ignore[no-untyped-call]

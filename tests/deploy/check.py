@@ -266,7 +266,7 @@ def workload_problems(objects: list[Object]) -> list[str]:
         pre_stop = container.get("lifecycle", {}).get("preStop")
         if pre_stop is not None and set(pre_stop) != {"sleep"}:
             problems.append(
-                f"{name}: preStop must be a sleep action: the image has no shell and no sleep binary"
+                f"{name}: preStop must be a sleep action: the kubelet waits, no process starts in it"
             )
         waited = _pre_stop_sleep(container)
         if spec.get("terminationGracePeriodSeconds", 30) <= grace + waited:
