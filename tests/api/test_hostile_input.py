@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 
@@ -221,12 +222,12 @@ def test_large_batches_sent_at_once_are_applied_one_after_another(
     bearer = token(subject="bulk")
     blob = "ab" * 450_000  # 900 KB of payload, six a batch: over 5 MiB
 
-    def batch(tag: str) -> dict[str, object]:
+    def batch(tag: str) -> dict[str, Any]:
         return {
             "schedules": [CREATE | {"name": f"bulk-{tag}-{i}", "payload": {"blob": blob}} for i in range(6)]
         }
 
-    callers = [http, http, http, grpc_caller, grpc_caller]
+    callers: list[HttpCaller | GrpcCaller] = [http, http, http, grpc_caller, grpc_caller]
     with ThreadPoolExecutor(len(callers)) as pool:
         outcomes = list(
             pool.map(lambda n: callers[n].call("CreateSchedules", batch(str(n)), bearer), range(5))
