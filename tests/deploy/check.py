@@ -35,6 +35,7 @@ from tests.deploy.manifests import (
     OVERLAYS,
     ROOT,
     Object,
+    RenderError,
     containers,
     main_container,
     named_port,
@@ -60,6 +61,23 @@ JOB_COMMANDS = {"migrate": ["init"], "app-setup": ["apps", "create"]}
 # Worker stop grace (`--grace`) when the args do not say; the others stop within the same.
 DEFAULT_GRACE_S = 30.0
 SECRET_NAME_RE = re.compile(r"PASSWORD|SECRET|TOKEN|DATABASE_URL|_KEY$")
+
+
+# Settings that name a file every process checks at start (the path must exist in its container).
+FILE_SETTINGS = frozenset(
+    (
+        "SCHEDULER_DATABASE_SSLROOTCERT",
+        "SCHEDULER_DATABASE_SSLCERT",
+        "SCHEDULER_DATABASE_SSLKEY",
+        "SCHEDULER_KAFKA_SSL_CA_LOCATION",
+        "SCHEDULER_KAFKA_SSL_CERTIFICATE_LOCATION",
+        "SCHEDULER_KAFKA_SSL_KEY_LOCATION",
+        "SCHEDULER_JWT_JWKS",
+    )
+)
+
+# Folders of the image with files such a setting may name: Debian's CA bundle (ca-certificates).
+IMAGE_FILE_FOLDERS = ["/etc/ssl/certs/"]
 
 
 @functools.cache
@@ -190,9 +208,31 @@ def workload_problems(objects: list[Object]) -> list[str]:
             )
         if "minAvailable" in budget["spec"]:
             problems.append(f"PodDisruptionBudget {budget['metadata']['name']}: use maxUnavailable")
+        elif str(budget["spec"].get("maxUnavailable", 1)).rstrip("%") in ("0", ""):
+            problems.append(
+                f"PodDisruptionBudget {budget['metadata']['name']}: maxUnavailable 0 blocks every drain"
+            )
+    files = {k: v for k, v in settings.items() if k in FILE_SETTINGS and v.startswith("/")}
     for workload in of_kind(objects, "Deployment", "Job"):
         name = f"{workload['kind']} {workload['metadata']['name']}"
         spec = pod_spec(workload)
+        for container in containers(workload):
+            where = f"{name} container {container['name']}"
+            for variable in container.get("env", []):
+                key = variable["name"]
+                if key.startswith("SCHEDULER_") and key not in known_variables():
+                    problems.append(f"{where}: {key} is no variable the scheduler reads")
+            # Every process validates every setting at start: a file one names must be mounted in
+            # each container that loads the settings, init containers included.
+            loads = any(
+                source.get("configMapRef", {}).get("name", "").startswith("scheduler-settings")
+                for source in container.get("envFrom", [])
+            )
+            mounts = [m["mountPath"].rstrip("/") + "/" for m in container.get("volumeMounts", [])]
+            mounts += IMAGE_FILE_FOLDERS
+            for key, path in files.items():
+                if loads and not any(path.startswith(mount) for mount in mounts):
+                    problems.append(f"{where}: {key}={path} is in no volume it mounts (it exits 2 at start)")
         component = _pod_labels(workload).get("app.kubernetes.io/component", "")
         selector = workload["spec"].get("selector", {}).get("matchLabels", {})
         if workload["kind"] == "Deployment" and not _labels_match(selector, _pod_labels(workload)):
@@ -686,7 +726,12 @@ def main(argv: list[str]) -> int:
     paths = [Path(a) for a in argv] or [K8S / "overlays" / o for o in OVERLAYS]
     failed = 0
     for path in paths:
-        objects = render(path)
+        try:
+            objects = render(path)
+        except RenderError as error:  # kustomize's own message names the file and the fault
+            print(f"{path}: {error}")
+            failed += 1
+            continue
         found = problems_of(objects)
         for problem in found:
             print(f"{path}: {problem}")

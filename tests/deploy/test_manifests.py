@@ -211,6 +211,27 @@ def _no_jwt_key(objects: list[Object]) -> None:
     container["env"] = [e for e in container["env"] if e["name"] != "SCHEDULER_JWT_SECRET"]
 
 
+def _misspelt_variable(objects: list[Object]) -> None:
+    main_container(_api(objects)).setdefault("env", []).append(
+        {"name": "SCHEDULER_HTTP_ALLOWLST", "value": "*"}
+    )
+
+
+def _private_ca_mounted_in_the_main_containers_only(objects: list[Object]) -> None:
+    """docs/deploy.md's private CA with its init-container patch missing one workload's."""
+    next(o for o in objects if o["metadata"]["name"].startswith("scheduler-settings"))["data"][
+        "SCHEDULER_DATABASE_SSLROOTCERT"
+    ] = "/etc/scheduler/ca/ca.crt"
+    for workload in [o for o in objects if o["kind"] in ("Deployment", "Job")]:
+        pod = workload["spec"]["template"]["spec"]
+        pod.setdefault("volumes", []).append({"name": "ca", "configMap": {"name": "scheduler-ca"}})
+        mount = {"name": "ca", "mountPath": "/etc/scheduler/ca", "readOnly": True}
+        pod["containers"][0].setdefault("volumeMounts", []).append(mount)
+        if workload["metadata"]["name"] != "scheduler-api":
+            for init in pod.get("initContainers", []):
+                init.setdefault("volumeMounts", []).append(mount)
+
+
 SPEC = "spec.template.spec"
 CONTAINER = f"{SPEC}.containers.0"
 BROKEN: dict[str, tuple[Callable[[list[Object]], None], str]] = {
@@ -243,6 +264,16 @@ BROKEN: dict[str, tuple[Callable[[list[Object]], None], str]] = {
     "worker given the database": (_add_worker_database, "workers reach Kafka only"),
     "ingress from anywhere": (_open_ingress, "ingress other than metrics"),
     "no disruption budget": (_drop_pdb, "PodDisruptionBudget"),
+    "a disruption budget that blocks every drain": (
+        _set("spec.maxUnavailable", 0, lambda o: named(o, "PodDisruptionBudget", "scheduler-relay")),
+        "maxUnavailable 0 blocks every drain",
+    ),
+    "a variable misspelt on a container": (_misspelt_variable, "SCHEDULER_HTTP_ALLOWLST is no variable"),
+    "a CA file one init container does not mount": (
+        _private_ca_mounted_in_the_main_containers_only,
+        "Deployment scheduler-api container wait-for-schema: "
+        "SCHEDULER_DATABASE_SSLROOTCERT=/etc/scheduler/ca/ca.crt is in no volume it mounts",
+    ),
     "more worker pods than partitions": (
         _set("spec.maxReplicaCount", 7, _scaled),
         "above the topic's 6 partitions",
