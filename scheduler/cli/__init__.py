@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import click
 from click.exceptions import NoArgsIsHelpError
 
+from scheduler import __version__
 from scheduler.cli.apps import apps
 from scheduler.cli.audit import audit
 from scheduler.cli.common import fail
@@ -70,6 +71,12 @@ def main(ctx: click.Context) -> None:
         return
     configure_tracing("cli")
     ctx.call_on_close(shutdown_tracing)
+
+
+@main.command("version")
+def version() -> None:
+    """Print the version (as --version does)."""
+    click.echo(f"scheduler, version {__version__}")
 
 
 main.add_command(apps)

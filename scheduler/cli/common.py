@@ -20,7 +20,7 @@ from scheduler.config import Settings, load_settings
 from scheduler.kafka.transport import KafkaUnavailable
 from scheduler.schedule.service import AppConflict, InvalidTransition, KeyConflict, ScheduleNotFound
 from scheduler.schedule.spec import InvalidSchedule
-from scheduler.store.schedules import VersionConflict, get_app
+from scheduler.store.schedules import VersionConflict, get_app, get_schedule
 from scheduler.telemetry.logs import check_environment as check_logging_environment
 from scheduler.wiring import Wiring
 
@@ -53,6 +53,25 @@ def known_app(conn: psycopg.Connection[dict[str, Any]], app: str | None) -> None
         found = get_app(conn, app)
     if found is None:
         fail(f"unknown app {app!r} (`scheduler apps list` shows the apps)", code=2)
+
+
+def known_schedule(conn: psycopg.Connection[dict[str, Any]], schedule_id: UUID | None) -> None:
+    """Refuse a filter on a schedule that does not exist (exit 2), as :func:`known_app` does."""
+    if schedule_id is None:
+        return
+    with conn.transaction():
+        found = get_schedule(conn, schedule_id)
+    if found is None:
+        fail(f"unknown schedule {schedule_id} (`scheduler schedules list` shows the schedules)", code=2)
+
+
+def time_range(since: str | None, until: str | None) -> tuple[datetime | None, datetime | None]:
+    """``--since`` and ``--until`` read as instants, refused (exit 2) when they hold no time at all."""
+    start = parse_instant(since, "--since") if since else None
+    end = parse_instant(until, "--until") if until else None
+    if start is not None and end is not None and start >= end:
+        fail(f"--since {start.isoformat()} is not before --until {end.isoformat()}", code=2)
+    return start, end
 
 
 def settings_or_exit() -> Settings:

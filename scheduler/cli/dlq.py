@@ -16,7 +16,8 @@ from scheduler.cli.common import (
     database,
     echo_json,
     known_app,
-    parse_instant,
+    known_schedule,
+    time_range,
     uuid_arg,
     wiring_or_exit,
 )
@@ -47,15 +48,17 @@ def list_(
     as_json: bool,
 ) -> None:
     """List dead runs, newest first."""
+    start, end = time_range(since, until)
     with database(wiring_or_exit()) as conn:
         known_app(conn, app)
+        known_schedule(conn, schedule_id)
         rows = store.list_dead(
             conn,
             app=app,
             schedule_id=schedule_id,
             error_class=error_class,
-            since=parse_instant(since, "--since") if since else None,
-            until=parse_instant(until, "--until") if until else None,
+            since=start,
+            until=end,
             limit=limit,
         )
     if as_json:
@@ -98,18 +101,15 @@ def replay(
     as_json: bool,
 ) -> None:
     """Send dead runs through the pipeline again, each with a fresh attempt budget."""
+    start, end = time_range(since, until)
     wiring = wiring_or_exit()
     where = ReplayFilter(
-        app=app,
-        schedule_id=schedule_id,
-        error_class=error_class,
-        since=parse_instant(since, "--since") if since else None,
-        until=parse_instant(until, "--until") if until else None,
-        force=force,
+        app=app, schedule_id=schedule_id, error_class=error_class, since=start, until=end, force=force
     )
     replayer = Replayer(wiring.settings, wiring.dispatcher)
     with database(wiring) as conn:
         known_app(conn, app)
+        known_schedule(conn, schedule_id)
         candidates = replayer.candidates(conn, where, limit)
         if dry_run:
             if as_json:

@@ -446,6 +446,24 @@ def test_a_number_out_of_range_is_one_line_and_exit_2(cli: Cli, command: tuple[s
     )
 
 
+@pytest.mark.parametrize("command", [("dlq", "list"), ("dlq", "replay", "--dry-run"), ("dlq", "replay")])
+def test_a_dead_letter_filter_that_can_match_nothing_is_refused(cli: Cli, command: tuple[str, ...]) -> None:
+    """An unknown schedule, or --since not before --until, answered `replayed 0 runs`, exit 0."""
+    missing = "0190c6d2-0000-7000-8000-000000000000"
+    done = cli(*command, "--schedule", missing)
+    assert done.returncode == 2, done
+    assert (
+        done.stderr == f"error: unknown schedule {missing} (`scheduler schedules list` shows the schedules)\n"
+    )
+    done = cli(*command, "--since", "2027-01-02T00:00:00Z", "--until", "2027-01-01T00:00:00Z")
+    assert done.returncode == 2 and "is not before --until" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_version_is_a_command_too(cli: Cli) -> None:
+    done = cli("version")
+    assert done.returncode == 0 and done.stdout == cli("--version").stdout
+
+
 def test_checking_an_app_leaves_no_transaction_open(settings: Settings, app: str) -> None:
     # Else a replay's or redispatch's chunks would nest in it as savepoints and commit only at the end.
     with Wiring(settings).database.connect() as conn:
