@@ -45,7 +45,7 @@ from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 
 from scheduler.telemetry import redact
-from scheduler.telemetry.redact import MASK, Redactor, describe_payload
+from scheduler.telemetry.redact import MASK, Redactor, describe_payload, mask_payload_values
 
 __all__ = [
     "FORMAT_ENV",
@@ -89,6 +89,8 @@ _EMPTY: Final[Mapping[str, object]] = MappingProxyType({})
 # A ContextVar, not a thread-local: asyncio tasks and threads started with contextvars.copy_context()
 # (asyncio.to_thread does) see the fields of the code that started them, and nothing leaks back.
 _job_context: ContextVar[Mapping[str, object]] = ContextVar("scheduler_log_context", default=_EMPTY)
+# The running job's payload (JSON text) whose values a line logged by its handler must not show.
+_job_payload: ContextVar[str | None] = ContextVar("scheduler_job_payload", default=None)
 
 
 @contextmanager
@@ -98,8 +100,12 @@ def log_context(
     schedule_id: UUID | str | None = None,
     run_id: UUID | str | None = None,
     attempt: int | None = None,
+    payload: str | None = None,
 ) -> Iterator[None]:
     """Add the job's ids to every line logged inside the block (``None`` keeps the enclosing value).
+    With ``payload`` (the job's JSON), the values it holds are masked in every line logged inside
+    the block but the outcome line, as they are in a failed attempt's error: a handler's own
+    ``log.info("charging %s", card)`` would show them.
 
     >>> with log_context(app="billing", run_id=run.id, attempt=run.attempt):  # doctest: +SKIP
     ...     execute(run)
@@ -107,9 +113,12 @@ def log_context(
     given = {"app": app, "schedule_id": schedule_id, "run_id": run_id, "attempt": attempt}
     fields = {**_job_context.get(), **{k: v for k, v in given.items() if v is not None}}
     token = _job_context.set(MappingProxyType(fields))
+    masked = _job_payload.set(payload) if payload is not None else None
     try:
         yield
     finally:
+        if masked is not None:
+            _job_payload.reset(masked)
         _job_context.reset(token)
 
 
@@ -177,6 +186,15 @@ def _stamp(record: logging.LogRecord) -> bool:
         # An explicit extra={...} on the call is the more specific value.
         if key not in record.__dict__:
             setattr(record, key, value)
+    payload = _job_payload.get()
+    if payload is not None and record.name != JOB_OUTCOMES_LOGGER:
+        # Masked here, where the job's context is: the formatter may run elsewhere. The outcome
+        # line's own error is masked already, and it is the one line of every job.
+        record.msg = mask_payload_values(record.getMessage(), payload)
+        record.args = None
+        for key, value in list(record.__dict__.items()):
+            if key not in _NOT_EXTRA and not key.startswith("_") and isinstance(value, str):
+                setattr(record, key, mask_payload_values(value, payload))
     return True
 
 

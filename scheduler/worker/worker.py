@@ -1060,7 +1060,11 @@ class Worker(Service):
         started = max(now, fetched.start_at)
         # When its handler may run, on the loop's monotonic clock (see _at).
         entry_due = self._loop.time() + (started - now).total_seconds()
-        with log_context(app=job.app, schedule_id=job.schedule_id, run_id=job.run_id, attempt=job.attempt):
+        # An operator's handler may log its payload's values; the builtins never do.
+        masked = None if job.handler.startswith(BUILTIN_PREFIX) else job.payload
+        with log_context(
+            app=job.app, schedule_id=job.schedule_id, run_id=job.run_id, attempt=job.attempt, payload=masked
+        ):
             if not self._tracing:
                 # No span of our own, but the job's trace: log lines still carry its trace id.
                 parent = span_context_from_traceparent(delivery.traceparent)

@@ -707,3 +707,16 @@ def test_payload_values_a_handler_error_quotes_are_masked_in_its_outcome_and_log
     logged = worker.output()
     assert "card *** declined" in logged
     assert card not in logged and "12345" not in logged
+
+
+def test_payload_values_a_handler_logs_are_masked_in_its_lines(topics: Settings, start_worker: Any) -> None:
+    card = "5500-0055-5555-5559"
+    logging_job = job(f"{FIXTURES}:logs_payload", {"card": card, "amount": 12345})
+    publish(topics, [logging_job])
+    worker = start_worker()
+    until([worker], lambda: logging_job.run_id in read_outcomes(topics).succeeded, 60, "its success")
+    assert worker.stop() == 0
+    logged = worker.output()
+    [line] = [line for line in logged.splitlines() if "charging card" in line]
+    assert "charging card *** for ***" in line and str(logging_job.run_id) in line, line
+    assert card not in logged and "12345" not in logged

@@ -4,6 +4,7 @@ context to call handlers with."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -155,3 +156,13 @@ def pops_and_quotes_payload(ctx: JobContext) -> None:
     """A handler that takes its values out of the payload it was given, then quotes them."""
     card, amount = ctx.payload.pop("card"), ctx.payload.pop("amount")
     raise ValueError(f"card {card} declined for {amount} (try 3 of 3)")
+
+
+def logs_payload(ctx: JobContext) -> None:
+    """A handler that logs its payload's values, in its message and as an extra, as careless ones do."""
+    logging.getLogger("billing.charges").warning(
+        "charging card %s for %s",
+        ctx.payload["card"],
+        ctx.payload["amount"],
+        extra={"card": ctx.payload["card"]},
+    )
