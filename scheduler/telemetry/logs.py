@@ -45,7 +45,7 @@ from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 
 from scheduler.telemetry import redact
-from scheduler.telemetry.redact import MASK, Redactor, describe_payload, mask_payload_values
+from scheduler.telemetry.redact import MASK, PayloadMask, Redactor, describe_payload
 
 __all__ = [
     "FORMAT_ENV",
@@ -89,8 +89,25 @@ _EMPTY: Final[Mapping[str, object]] = MappingProxyType({})
 # A ContextVar, not a thread-local: asyncio tasks and threads started with contextvars.copy_context()
 # (asyncio.to_thread does) see the fields of the code that started them, and nothing leaks back.
 _job_context: ContextVar[Mapping[str, object]] = ContextVar("scheduler_log_context", default=_EMPTY)
-# The running job's payload (JSON text) whose values a line logged by its handler must not show.
-_job_payload: ContextVar[str | None] = ContextVar("scheduler_job_payload", default=None)
+
+
+class _JobPayload:
+    """The running job's payload, whose values a line its handler logs must not show; decoded at
+    the first such line, so that a job that logs nothing costs nothing."""
+
+    __slots__ = ("_mask", "_text")
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._mask: PayloadMask | None = None
+
+    def mask(self, text: str) -> str:
+        if self._mask is None:
+            self._mask = PayloadMask(self._text)
+        return self._mask.mask(text)
+
+
+_job_payload: ContextVar[_JobPayload | None] = ContextVar("scheduler_job_payload", default=None)
 
 
 @contextmanager
@@ -113,7 +130,7 @@ def log_context(
     given = {"app": app, "schedule_id": schedule_id, "run_id": run_id, "attempt": attempt}
     fields = {**_job_context.get(), **{k: v for k, v in given.items() if v is not None}}
     token = _job_context.set(MappingProxyType(fields))
-    masked = _job_payload.set(payload) if payload is not None else None
+    masked = _job_payload.set(_JobPayload(payload)) if payload is not None else None
     try:
         yield
     finally:
@@ -187,15 +204,29 @@ def _stamp(record: logging.LogRecord) -> bool:
         if key not in record.__dict__:
             setattr(record, key, value)
     payload = _job_payload.get()
-    if payload is not None and record.name != JOB_OUTCOMES_LOGGER:
-        # Masked here, where the job's context is: the formatter may run elsewhere. The outcome
-        # line's own error is masked already, and it is the one line of every job.
-        record.msg = mask_payload_values(record.getMessage(), payload)
-        record.args = None
-        for key, value in list(record.__dict__.items()):
-            if key not in _NOT_EXTRA and not key.startswith("_") and isinstance(value, str):
-                setattr(record, key, mask_payload_values(value, payload))
+    if payload is not None and record.name != "scheduler" and not record.name.startswith("scheduler."):
+        # Masked here, where the job's context is: the formatter may run elsewhere. Only the
+        # handler's lines: the scheduler's own (the outcome line, whose error is masked already)
+        # quote no payload, and an app or topic name that a payload happens to hold stays readable.
+        _mask_record(record, payload)
     return True
+
+
+def _mask_record(record: logging.LogRecord, payload: _JobPayload) -> None:
+    try:
+        message = record.getMessage()
+    except Exception:
+        # A handler's bad format ("%d" of a text, a __str__ that raises) must not fail its job: the
+        # logging module reports it as a logging error, not the caller's. The template alone, then.
+        try:
+            message = f"{record.msg} (its arguments could not be formatted)"
+        except Exception:
+            message = "(a message that could not be formatted)"
+    record.msg = payload.mask(message)
+    record.args = None
+    for key, value in list(record.__dict__.items()):
+        if key not in _NOT_EXTRA and not key.startswith("_") and isinstance(value, str):
+            setattr(record, key, payload.mask(value))
 
 
 def _env(name: str, default: str) -> str:

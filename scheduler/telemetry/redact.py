@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Final, TypeVar
 
@@ -271,49 +272,77 @@ def mask_payload_values(text: str, payload: str) -> str:
     :data:`MIN_MASKED_CHARS` characters) masked: a handler's error may quote its job's payload
     (``f"card {card} declined"``), and that error is logged, stored and published. A number is
     masked only where no digit adjoins it (``1000`` is not masked inside ``10000``); overlapping
-    quotes are masked as one. Each value the text holds the first and last characters of costs a
-    search of the text, so the caller bounds ``text``.
+    quotes are masked as one. See :class:`PayloadMask` for masking many texts with one payload.
 
     >>> mask_payload_values("card 4111-1111 declined", '{"card": "4111-1111", "retries": 3}')
     'card *** declined'
     """
     if len(text) < MIN_MASKED_CHARS:
         return text
-    try:
-        decoded = json.loads(payload)
-    except (ValueError, RecursionError):
-        return text
-    # Only a value whose first and last characters the text holds can be in it: two set lookups
-    # leave out almost every value before any search.
-    grams = {text[i : i + MIN_MASKED_CHARS] for i in range(len(text) - MIN_MASKED_CHARS + 1)}
-    spans: list[tuple[int, int]] = []
-    searched: set[str] = set()
-    for value, number in _quotable_values(decoded, len(text)):
-        if value[:MIN_MASKED_CHARS] not in grams or value[-MIN_MASKED_CHARS:] not in grams:
-            continue
-        if value in searched:
-            continue
-        searched.add(value)
-        at = text.find(value)
-        while at >= 0:
-            end = at + len(value)
-            if not number or not (_digit_at(text, at - 1) or _digit_at(text, end)):
-                spans.append((at, end))
-            # Past this quote, not one character on: the spans of one value stay fewer than
-            # len(text) / len(value), however repetitive the text.
-            at = text.find(value, end)
-    if not spans:
-        return text
-    pieces: list[str] = []
-    kept_from = 0  # the text before this is written (or masked) already
-    for start, end in sorted(spans):
-        if start >= kept_from:
-            pieces += [text[kept_from:start], MASK]
-        elif end <= kept_from:
-            continue  # inside a span masked already
-        kept_from = max(kept_from, end)
-    pieces.append(text[kept_from:])
-    return "".join(pieces)
+    return PayloadMask(payload).mask(text)
+
+
+class PayloadMask:
+    """The values of one JSON payload that a text may quote, indexed by their first characters:
+    made once (a job's log lines share it), it masks a text in time that grows with the text and
+    the few values it could hold, not with the payload, which may be a megabyte."""
+
+    def __init__(self, payload: str) -> None:
+        try:
+            decoded = json.loads(payload)
+        except (ValueError, RecursionError):
+            decoded = None
+        # First four characters -> last four -> the values (and whether each is a number).
+        self._by_ends: dict[str, dict[str, dict[str, bool]]] = {}
+        for value, number in _quotable_values(decoded, sys.maxsize):
+            tails = self._by_ends.setdefault(value[:MIN_MASKED_CHARS], {})
+            tails.setdefault(value[-MIN_MASKED_CHARS:], {})[value] = number
+
+    def mask(self, text: str) -> str:
+        """``text`` with the payload's values it quotes masked, as :func:`mask_payload_values`."""
+        if len(text) < MIN_MASKED_CHARS or not self._by_ends:
+            return text
+        # Only a value whose first and last four characters the text holds can be in it: two
+        # lookups by them leave out almost every value before any search.
+        grams = {text[i : i + MIN_MASKED_CHARS] for i in range(len(text) - MIN_MASKED_CHARS + 1)}
+        candidates: list[tuple[str, bool]] = []
+        for head in grams:
+            tails = self._by_ends.get(head)
+            if tails is None:
+                continue
+            # Whichever is shorter is walked: a payload may have thousands of values alike in
+            # their first four characters (SKU-0001, SKU-0002, ...).
+            shared = (
+                [t for t in grams if t in tails]
+                if len(grams) < len(tails)
+                else [t for t in tails if t in grams]
+            )
+            for tail in shared:
+                candidates.extend(tails[tail].items())
+        spans: list[tuple[int, int]] = []
+        for value, number in candidates:
+            if len(value) > len(text):
+                continue
+            at = text.find(value)
+            while at >= 0:
+                end = at + len(value)
+                if not number or not (_digit_at(text, at - 1) or _digit_at(text, end)):
+                    spans.append((at, end))
+                # Past this quote, not one character on: the spans of one value stay fewer than
+                # len(text) / len(value), however repetitive the text.
+                at = text.find(value, end)
+        if not spans:
+            return text
+        pieces: list[str] = []
+        kept_from = 0  # the text before this is written (or masked) already
+        for start, end in sorted(spans):
+            if start >= kept_from:
+                pieces += [text[kept_from:start], MASK]
+            elif end <= kept_from:
+                continue  # inside a span masked already
+            kept_from = max(kept_from, end)
+        pieces.append(text[kept_from:])
+        return "".join(pieces)
 
 
 def _quotable_values(decoded: object, longest: int) -> Iterator[tuple[str, bool]]:

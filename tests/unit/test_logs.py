@@ -304,3 +304,36 @@ def test_http_client_chatter_is_quiet() -> None:
     logging.getLogger("httpx").info("HTTP Request: GET https://example.com 200")
     logging.getLogger("httpx").warning("retrying")
     assert [line["message"] for line in json_lines(stream)] == ["retrying"]
+
+
+def test_a_handlers_lines_inside_its_job_mask_its_payload_and_never_raise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stream = io.StringIO()
+    configure_logging("worker", fmt="json", stream=stream)
+    # Ours alone, as in a component: pytest's capturing handler fails a test on a bad format itself.
+    root = logging.getLogger()
+    ours = [h for h in root.handlers if type(h).__module__ == "scheduler.telemetry.logs"]
+    monkeypatch.setattr(root, "handlers", ours)
+    payload = json.dumps(
+        {"card": "5500005555555559", "items": [{"sku": f"SKU-{n:06d}"} for n in range(20_000)]}
+    )
+    handler_log = logging.getLogger("billing.charges")
+
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    with log_context(app="billing", run_id="r1", attempt=1, payload=payload):
+        handler_log.warning(
+            "charging %s for %s", "5500005555555559", "SKU-000042", extra={"sku": "SKU-019999"}
+        )
+        handler_log.warning("charging %d", "not a number")  # a bad format fails no job
+        handler_log.warning(Unprintable())
+        logging.getLogger("scheduler.worker").info("topic billing-SKU-000042 assigned")
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert lines[0]["message"] == "charging *** for ***" and lines[0]["sku"] == "***"
+    assert lines[1]["message"] == "charging %d (its arguments could not be formatted)"
+    assert lines[2]["message"] == "(a message that could not be formatted)"
+    assert lines[3]["message"] == "topic billing-SKU-000042 assigned", "the scheduler's own lines are left"
+    assert all(line["run_id"] == "r1" for line in lines)
