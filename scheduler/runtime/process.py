@@ -43,7 +43,8 @@ def stop_with_supervisor(stop: signal.Signals = signal.SIGTERM) -> None:
     """Under ``run all``, have the kernel send ``stop`` when the supervisor dies, however it dies:
     a supervisor killed by SIGKILL (or the OOM killer) could not stop its children, which then
     held their ports, and a restarted ``run all`` refused to start. Linux only; elsewhere a no-op."""
-    supervisor = os.environ.get(SUPERVISOR_ENV, "")
+    # Taken out of the environment: a process this one starts (a handler's) is not run all's child.
+    supervisor = os.environ.pop(SUPERVISOR_ENV, "")
     if not supervisor.isdigit() or not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
@@ -53,6 +54,13 @@ def stop_with_supervisor(stop: signal.Signals = signal.SIGTERM) -> None:
     if os.getppid() != int(supervisor):
         # The supervisor died before the request was made: nothing will send it now.
         os.kill(os.getpid(), stop)
+
+
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """The signals that stop a component or ``run all`` cleanly: SIGTERM, SIGINT, and SIGHUP (a
+    closed terminal, a service manager's hang-up) unless it is ignored, as ``nohup`` asks."""
+    hang_up = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
+    return (signal.SIGTERM, signal.SIGINT, *hang_up)
 
 
 def build_info(registry: CollectorRegistry, component: str) -> None:
@@ -85,8 +93,7 @@ def run_component(
     def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
 
-    # SIGHUP too: a closed terminal or a service manager's hang-up stops it as cleanly as SIGTERM.
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for signum in stop_signals():
         signal.signal(signum, on_signal)
     stop_with_supervisor()  # after the handlers: the supervisor's death is then a clean stop
     build_info(registry, component)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from signal import SIGTERM
 from typing import Any
 
-from scheduler.runtime.process import SUPERVISOR_ENV
+from scheduler.runtime.process import SUPERVISOR_ENV, stop_signals
 
 log = logging.getLogger("scheduler.supervisor")
 
@@ -184,7 +184,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Until Ctrl-C or SIGTERM; 0 when every child stopped cleanly at the end."""
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for signum in stop_signals():
             signal.signal(signum, self._stop_all)
         width = max((len(c.spec.name) for c in self._children), default=0)
         for child in self._children:
