@@ -25,7 +25,7 @@ from grpc_status import rpc_status
 from scheduler.api.auth import MAX_TOKEN_BYTES
 from scheduler.api.errors import ApiError, invalid
 from scheduler.api.messages import MAX_BATCH_REQUEST_BYTES, max_request_bytes, too_large
-from scheduler.api.service import METHODS, SchedulerApi
+from scheduler.api.service import LARGE_REQUEST_BYTES, METHODS, LargeRequests, SchedulerApi
 from scheduler.v1 import scheduler_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["SchedulerService"].full_name
@@ -64,7 +64,7 @@ def _parser(message_type: type[Message], data: bytes) -> Message:
 
 
 def _unary(
-    api: SchedulerApi, executor: Executor, name: str
+    api: SchedulerApi, executor: Executor, name: str, large: LargeRequests
 ) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[Message]]:
     message_type = METHODS[name].request
     limit = max_request_bytes(name)
@@ -79,7 +79,20 @@ def _unary(
             )
             loop = asyncio.get_running_loop()
             parse = partial(_parser, message_type, request)
-            return await loop.run_in_executor(executor, api.call, name, authorization, parse, len(request))
+            if len(request) <= LARGE_REQUEST_BYTES:
+                return await loop.run_in_executor(
+                    executor, api.call, name, authorization, parse, len(request)
+                )
+            # A large one waits for its turn here, on the loop, holding no call thread; only once
+            # its caller is admitted.
+            await loop.run_in_executor(executor, api.admit, name, authorization)
+            await large.take(name)
+            try:
+                return await loop.run_in_executor(
+                    executor, api.call, name, authorization, parse, len(request)
+                )
+            finally:
+                large.give_back()
         except ApiError as error:
             await context.abort_with_status(status_of(error))
             raise  # abort_with_status raises; this line only satisfies the type checker
@@ -87,7 +100,9 @@ def _unary(
     return call
 
 
-def build_server(api: SchedulerApi, executor: Executor) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+def build_server(
+    api: SchedulerApi, executor: Executor, large: LargeRequests | None = None
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_BATCH_REQUEST_BYTES),
@@ -101,9 +116,10 @@ def build_server(api: SchedulerApi, executor: Executor) -> tuple[grpc.aio.Server
             ("grpc.so_reuseport", 0),
         ]
     )
+    turns = large or LargeRequests()
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         name: grpc.unary_unary_rpc_method_handler(
-            _unary(api, executor, name),
+            _unary(api, executor, name, turns),
             # No deserializer: the bytes are parsed on the executor, once the caller is authenticated,
             # never on the event loop both transports share.
             response_serializer=lambda message: message.SerializeToString(),

@@ -33,7 +33,13 @@ from scheduler.api.errors import ApiError, Code, invalid
 from scheduler.api.messages import MAX_PAGE, as_dict, max_request_bytes, too_large
 from scheduler.api.openapi import document
 from scheduler.api.routes import ROUTES, Route
-from scheduler.api.service import LARGE_REQUEST_BYTES, LARGE_REQUEST_WAIT_S, METHODS, SchedulerApi
+from scheduler.api.service import (
+    LARGE_BODY_READ_S,
+    LARGE_REQUEST_BYTES,
+    METHODS,
+    LargeRequests,
+    SchedulerApi,
+)
 
 _PARSE_FIELD_RE = re.compile(r"Failed to parse (\w+) field")
 _NO_FIELD_RE = re.compile(r'has no field named "([^"]{0,80})')
@@ -106,35 +112,29 @@ class _Received:
 
 
 class _LargeTurn:
-    """A request's turn among those with a large body (a batch create): one at a time is read and
-    answered, the rest wait before reading on (their senders are held by TCP), so that their bodies
-    do not pile up in memory while one is parsed. The API applies them one at a time anyway."""
+    """A request's turn among those with a large body (a batch create): taken as its body grows past
+    LARGE_REQUEST_BYTES, once its caller is admitted, so that the others wait before reading on
+    (TCP holds their senders) rather than pile up in memory; the rest of its body must then come
+    within LARGE_BODY_READ_S."""
 
-    def __init__(self, gate: asyncio.Semaphore, authenticate: Callable[[], Awaitable[object]]) -> None:
-        self._gate = gate
-        self._authenticate = authenticate
-        self.taken = False
+    def __init__(self, large: LargeRequests, method: str, admit: Callable[[], Awaitable[object]]) -> None:
+        self._large = large
+        self._method = method
+        self._admit = admit
+        self.deadline: float | None = None  # the loop's time by which the body must have come
 
     async def take(self) -> None:
-        if self.taken:
+        if self.deadline is not None:
             return
-        # Only an authenticated caller waits for, and holds, the turn: a client without a token
-        # sending a large body slowly would otherwise hold every batch create back.
-        await self._authenticate()
-        try:
-            await asyncio.wait_for(self._gate.acquire(), LARGE_REQUEST_WAIT_S)
-        except TimeoutError:
-            raise ApiError(
-                Code.UNAVAILABLE,
-                f"busy with other requests over {LARGE_REQUEST_BYTES // (1024 * 1024)} MiB "
-                f"for {LARGE_REQUEST_WAIT_S:.0f} s; retry, or send smaller batches",
-            ) from None
-        self.taken = True
+        # A client without a token, or a role that may not create, never waits for, nor holds, it.
+        await self._admit()
+        await self._large.take(self._method)
+        self.deadline = asyncio.get_running_loop().time() + LARGE_BODY_READ_S
 
     def give_back(self) -> None:
-        if self.taken:
-            self.taken = False
-            self._gate.release()
+        if self.deadline is not None:
+            self.deadline = None
+            self._large.give_back()
 
 
 async def _read_body(request: Request, limit: int, turn: _LargeTurn) -> bytes:
@@ -146,7 +146,18 @@ async def _read_body(request: Request, limit: int, turn: _LargeTurn) -> bytes:
             await turn.take()
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():  # counted as it comes: a chunked body declares no length
+    loop = asyncio.get_running_loop()
+    stream = aiter(request.stream())  # counted as it comes: a chunked body declares no length
+    while True:
+        try:
+            if turn.deadline is None:
+                chunk = await anext(stream)
+            else:
+                chunk = await asyncio.wait_for(anext(stream), max(0.0, turn.deadline - loop.time()))
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            raise invalid(f"the request body did not arrive within {LARGE_BODY_READ_S:.0f} s") from None
         size += len(chunk)
         if size > limit:
             raise too_large(limit)
@@ -217,13 +228,13 @@ def _request_message(route: Route, received: _Received) -> Message:
 
 
 def _endpoint(
-    api: SchedulerApi, executor: Executor, route: Route, large: asyncio.Semaphore
+    api: SchedulerApi, executor: Executor, route: Route, large: LargeRequests
 ) -> Callable[[Request], Any]:
     async def endpoint(request: Request) -> Response:
         loop = asyncio.get_running_loop()
         authorization = request.headers.get("authorization")
-        authenticate = partial(loop.run_in_executor, executor, api.authenticator.authenticate, authorization)
-        turn = _LargeTurn(large, authenticate)
+        admit = partial(loop.run_in_executor, executor, api.admit, route.method, authorization)
+        turn = _LargeTurn(large, route.method, admit)
         try:
             received = await _receive(route, request, turn)
             # Parsing, the call and the answer's JSON run in one job on the executor, never on the loop
@@ -269,7 +280,9 @@ def _allowed_methods(app: FastAPI, request: Request) -> str:
     return ", ".join(sorted({method for route in matching for method in route.methods or ()}))
 
 
-def create_app(api: SchedulerApi, executor: Executor, serving: Callable[[], bool]) -> FastAPI:
+def create_app(
+    api: SchedulerApi, executor: Executor, serving: Callable[[], bool], large: LargeRequests | None = None
+) -> FastAPI:
     """The ASGI application; ``serving()`` answers /v1/health (it may block: it runs on a thread of
     its own, not on ``executor``)."""
     app = FastAPI(
@@ -282,7 +295,7 @@ def create_app(api: SchedulerApi, executor: Executor, serving: Callable[[], bool
     )
     spec = document()
     app.openapi = lambda: spec  # type: ignore[method-assign]
-    large = asyncio.Semaphore(1)
+    large = large or LargeRequests()
     for route in ROUTES:
         # A path parameter is one segment up to a colon: /v1/schedules/{id}:pause is never
         # /v1/schedules/{id} with an id ending in ":pause", whatever the method.

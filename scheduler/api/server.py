@@ -24,7 +24,7 @@ import uvicorn
 
 from scheduler.api.grpc_server import build_server
 from scheduler.api.http_server import create_app
-from scheduler.api.service import SchedulerApi
+from scheduler.api.service import LargeRequests, SchedulerApi
 from scheduler.runtime.service import Check, Service
 from scheduler.store import api as store
 from scheduler.store.database import Database, Session
@@ -117,10 +117,11 @@ class ApiServer(Service):
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        grpc_server, health = build_server(self.api, self.executor)
+        large = LargeRequests()  # one turn for both transports
+        grpc_server, health = build_server(self.api, self.executor, large)
         self.grpc_port = grpc_server.add_insecure_port(self.grpc_address)
         await grpc_server.start()
-        app = create_app(self.api, self.executor, self.serving)
+        app = create_app(self.api, self.executor, self.serving, large)
         config = uvicorn.Config(
             app,
             log_config=None,

@@ -13,12 +13,11 @@ Another app's objects are answered as missing (NOT_FOUND), whether they exist or
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar, cast
@@ -62,9 +61,38 @@ M = TypeVar("M", bound=Message)
 MAX_REPLAY = 10_000
 # A request larger than any but a batch create is parsed and applied one at a time: a batch of
 # 32 MiB takes about ten times that in memory while it is parsed and stored, and four at once took
-# the API past its memory limit. Others wait their turn for up to LARGE_REQUEST_WAIT_S.
+# the API past its memory limit. Others wait their turn (see LargeRequests).
 LARGE_REQUEST_BYTES = m.MAX_REQUEST_BYTES
-LARGE_REQUEST_WAIT_S = 30.0
+LARGE_REQUEST_WAIT_S = 60.0
+# How long a large body may take to arrive once its turn is taken: a client that stalls must not
+# hold every other batch create back.
+LARGE_BODY_READ_S = 20.0
+
+
+class LargeRequests:
+    """The turns of requests over :data:`LARGE_REQUEST_BYTES`, one at a time per process, shared by
+    both transports and taken on their event loop: a request waiting for its turn holds no call
+    thread. Only an admitted caller (authenticated, and allowed the method) waits for one; a wait
+    over :data:`LARGE_REQUEST_WAIT_S` answers ``UNAVAILABLE``, counted as the call's outcome."""
+
+    def __init__(self) -> None:
+        self._gate = asyncio.Semaphore(1)
+
+    async def take(self, method_name: str) -> None:
+        try:
+            await asyncio.wait_for(self._gate.acquire(), LARGE_REQUEST_WAIT_S)
+        except TimeoutError:
+            REQUESTS.labels(method_name, Code.UNAVAILABLE.value).inc()
+            raise ApiError(
+                Code.UNAVAILABLE,
+                f"busy with other requests over {LARGE_REQUEST_BYTES // (1024 * 1024)} MiB "
+                f"for {LARGE_REQUEST_WAIT_S:.0f} s; retry, or send smaller batches",
+            ) from None
+
+    def give_back(self) -> None:
+        self._gate.release()
+
+
 AUDIT_ENTITIES = ("app", "schedule", "run")
 
 
@@ -181,7 +209,6 @@ class SchedulerApi:
         self.dispatcher = dispatcher
         self.limiter = RateLimiter(settings.rate_limits)
         self.replayer = Replayer(settings, dispatcher)
-        self._large_request = threading.Semaphore(1)
         self._handlers: dict[str, Callable[[Conn, Principal, Any], Message]] = {
             name: getattr(self, "_" + "".join("_" + c.lower() if c.isupper() else c for c in name)[1:])
             for name in METHODS
@@ -197,20 +224,13 @@ class SchedulerApi:
         """One call of ``method_name``; see the module docstring for what happens in which order.
         ``request`` may be a function that parses it, called only once the caller is authenticated
         and allowed the method (so that an unauthenticated client's body costs no parsing); ``size``
-        is its bytes as received: a large one waits for any other large one to finish."""
+        is its bytes as received: after a large one the freed memory is given back to the system."""
         method = METHODS[method_name]
         started = time.perf_counter()
         code = "OK"
         try:
-            principal = self.authenticator.authenticate(authorization)
-            if not principal.may(method.access):
-                raise ApiError(
-                    Code.PERMISSION_DENIED,
-                    f"{method.name} needs a role that may {method.access.value} "
-                    f"(the token has {', '.join(sorted(principal.roles)) or 'no scheduler role'})",
-                )
-            with self._one_large_request(size):
-                return self._authorised_call(method, principal, request)
+            principal = self._admitted(method, authorization)
+            return self._authorised_call(method, principal, request)
         except Exception as exc:
             error = _domain_error(exc)
             if error is None:
@@ -221,23 +241,23 @@ class SchedulerApi:
         finally:
             REQUESTS.labels(method.name, code).inc()
             REQUEST_SECONDS.labels(method.name).observe(time.perf_counter() - started)
+            if size > LARGE_REQUEST_BYTES:
+                _give_back_memory()
 
-    @contextmanager
-    def _one_large_request(self, size: int) -> Iterator[None]:
-        if size <= LARGE_REQUEST_BYTES:
-            yield
-            return
-        if not self._large_request.acquire(timeout=LARGE_REQUEST_WAIT_S):
+    def admit(self, method_name: str, authorization: str | None) -> None:
+        """Raise what :meth:`call` would answer a caller who may not call ``method_name``: for a
+        transport to check before it lets a large request wait for its turn."""
+        self._admitted(METHODS[method_name], authorization)
+
+    def _admitted(self, method: Method, authorization: str | None) -> Principal:
+        principal = self.authenticator.authenticate(authorization)
+        if not principal.may(method.access):
             raise ApiError(
-                Code.UNAVAILABLE,
-                f"busy with other requests over {LARGE_REQUEST_BYTES // (1024 * 1024)} MiB "
-                f"for {LARGE_REQUEST_WAIT_S:.0f} s; retry, or send smaller batches",
+                Code.PERMISSION_DENIED,
+                f"{method.name} needs a role that may {method.access.value} "
+                f"(the token has {', '.join(sorted(principal.roles)) or 'no scheduler role'})",
             )
-        try:
-            yield
-        finally:
-            _give_back_memory()
-            self._large_request.release()
+        return principal
 
     def _authorised_call(
         self, method: Method, principal: Principal, request: Message | Callable[[], Message]

@@ -6,6 +6,8 @@ shown a token."""
 from __future__ import annotations
 
 import json
+import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -13,7 +15,7 @@ import httpx
 
 from scheduler.api.messages import encode_cursor
 from scheduler.schedule.spec import MAX_PAYLOAD_DEPTH
-from tests.api.client import USER, GrpcCaller, HttpCaller, token
+from tests.api.client import USER, VIEWER, GrpcCaller, HttpCaller, token
 from tests.api.conftest import ApiProcess, ApiStack
 
 CREATE = {"app": "alpha", "handler": "builtin:noop", "cron_expression": "0 6 * * *"}
@@ -239,3 +241,33 @@ def test_large_batches_sent_at_once_are_applied_one_after_another(
     with httpx.Client(base_url=http.client.base_url, timeout=60, trust_env=False) as client:
         refused = client.post("/v1/schedules:batchCreate", content=body)
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "UNAUTHENTICATED"
+    # A viewer may not create: refused at once, over either transport, never waiting for a turn.
+    viewer = token(subject="looker", roles=(VIEWER,))
+    for caller in (http, grpc_caller):
+        assert caller.call("CreateSchedules", batch("viewer"), viewer).code == "PERMISSION_DENIED"
+
+
+def test_a_client_that_stalls_in_a_large_body_holds_no_other_batch_back(
+    api: ApiProcess, http: HttpCaller
+) -> None:
+    """The turn of a large body is bounded: its body must come within 20 s of taking it."""
+    bearer = token(subject="stalls")
+    host, port = api.http_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as stalled:
+        stalled.sendall(
+            b"POST /v1/schedules:batchCreate HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {bearer}\r\nContent-Length: {6 * 1024 * 1024}\r\n\r\n".encode()
+            + b'{"schedules": ['
+            + b" " * (5 * 1024 * 1024)
+        )  # and nothing more
+        started = time.monotonic()
+        batch = {
+            "schedules": [
+                CREATE | {"name": f"after-stall-{i}", "payload": {"blob": "cd" * 450_000}} for i in range(6)
+            ]
+        }
+        after = http.call("CreateSchedules", batch, bearer)
+        assert after.ok, after
+        assert time.monotonic() - started < 45, "it waited out the stalled body's 20 s, no more"
+        answer = stalled.recv(4096).decode(errors="replace")
+    assert answer.startswith("HTTP/1.1 400") and "did not arrive within 20 s" in answer, answer[:300]
