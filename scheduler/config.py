@@ -307,12 +307,13 @@ def _file(
 
 
 def _unescaped_userinfo(url: str) -> bool:
-    """Whether a postgresql:// URL's user name or password holds an unescaped '@' or '/': its
-    authority (up to the first '/', '?' or '#') has two '@', or its path has one."""
+    """Whether a postgresql:// URL's user name or password holds an unescaped '@' or '/', read as
+    libpq reads it (the user and password end at the first '@' before the first '/'): two '@'
+    before the first '/', or none before it and one in the database name after it."""
     rest = url.partition("://")[2]
-    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    path = rest[end:].partition("?")[0] if rest[end : end + 1] == "/" else ""
-    return rest[:end].count("@") > 1 or "@" in path
+    authority, slash, path = rest.partition("/")
+    ats = authority.count("@")
+    return ats > 1 or (ats == 0 and bool(slash) and "@" in path.partition("?")[0])
 
 
 def _database_url(env: Mapping[str, str], pg_port: int) -> str:

@@ -35,6 +35,8 @@ def test_a_plain_url_is_used_exactly_as_given() -> None:
         "postgresql://app:pw@h1:5432,h2:5433/s?target_session_attrs=read-write",
         "postgresql://app@db/s?application_name=me@host",
         "postgresql:///s?host=/var/run/postgresql",
+        "postgresql://app@db/my@db",  # an '@' in the database name, after a user
+        "postgresql://app:p%23x@[::1]:5432/s",
     ):
         assert load_settings({"SCHEDULER_DATABASE_URL": url}).database_url == url
 
@@ -162,7 +164,13 @@ def test_the_displayed_url_drops_the_password_and_the_parameters(conninfo: str, 
                 {"SCHEDULER_DATABASE_URL": f"postgresql://app:{password}@db:5432/s"},
                 "SCHEDULER_DATABASE_URL has an '@' or '/' in its user name or password: percent-encode",
             )
-            for password in (f"S3c/{PASSWORD}", f"S3c@{PASSWORD}", f"{PASSWORD}/x", f"a/b@{PASSWORD}")
+            for password in (
+                f"S3c/{PASSWORD}",
+                f"S3c@{PASSWORD}",
+                f"{PASSWORD}/x",
+                f"a/b@{PASSWORD}",
+                f"p?a@{PASSWORD}",
+            )
         ),
         ({"SCHEDULER_DATABASE_SSLMODE": "strict"}, "SCHEDULER_DATABASE_SSLMODE='strict' must be one of"),
         (
