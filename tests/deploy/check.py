@@ -77,7 +77,7 @@ FILE_SETTINGS = frozenset(
 )
 
 # Folders of the image with files such a setting may name: Debian's CA bundle (ca-certificates).
-IMAGE_FILE_FOLDERS = ["/etc/ssl/certs/"]
+IMAGE_FILE_FOLDERS = ["/etc/ssl/certs"]
 
 
 @functools.cache
@@ -228,10 +228,11 @@ def workload_problems(objects: list[Object]) -> list[str]:
                 source.get("configMapRef", {}).get("name", "").startswith("scheduler-settings")
                 for source in container.get("envFrom", [])
             )
-            mounts = [m["mountPath"].rstrip("/") + "/" for m in container.get("volumeMounts", [])]
+            # A mount is a folder, or the file itself (a subPath mount).
+            mounts = [m["mountPath"].rstrip("/") for m in container.get("volumeMounts", [])]
             mounts += IMAGE_FILE_FOLDERS
             for key, path in files.items():
-                if loads and not any(path.startswith(mount) for mount in mounts):
+                if loads and not any(path == mount or path.startswith(mount + "/") for mount in mounts):
                     problems.append(f"{where}: {key}={path} is in no volume it mounts (it exits 2 at start)")
         component = _pod_labels(workload).get("app.kubernetes.io/component", "")
         selector = workload["spec"].get("selector", {}).get("matchLabels", {})
