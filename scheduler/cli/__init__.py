@@ -18,7 +18,7 @@ from click.exceptions import NoArgsIsHelpError
 from scheduler import __version__
 from scheduler.cli.apps import apps
 from scheduler.cli.audit import audit
-from scheduler.cli.common import fail
+from scheduler.cli.common import echo_json, fail
 from scheduler.cli.cron import cron
 from scheduler.cli.demo import demo
 from scheduler.cli.dev import dev
@@ -74,9 +74,13 @@ def main(ctx: click.Context) -> None:
 
 
 @main.command("version")
-def version() -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+def version(as_json: bool) -> None:
     """Print the version (as --version does)."""
-    click.echo(f"scheduler, version {__version__}")
+    if as_json:
+        echo_json({"version": __version__})
+    else:
+        click.echo(f"scheduler, version {__version__}")
 
 
 main.add_command(apps)
