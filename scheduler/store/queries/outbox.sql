@@ -12,7 +12,9 @@ select set_config('idle_in_transaction_session_timeout', %(timeout_ms)s::text, t
 -- available_at (a fire's jitter, a retry's delay) has passed. claimed_until is only ever set by a
 -- relay of an earlier version (which claimed by status); its claims are respected until they lapse.
 -- age_s counts from when the row became publishable: a jitter or a retry's delay is no lag. A row
--- published before without an answer counts from its creation, its back-offs included.
+-- published before without an answer counts from its creation, its back-offs included; one held
+-- for a missing topic (never produced) from its last hand-back, as nothing tells that wait from a
+-- jitter (the relay's held-topic metric and alert report it).
 -- A batch is bounded in message bytes too (the first row always goes): a thousand messages of a
 -- megabyte took the relay past its memory limit, again at every restart. Rows locked beyond the
 -- bound are skipped by other relays until this batch's transaction ends, then taken as usual.
