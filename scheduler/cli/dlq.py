@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 from uuid import UUID
 
 import click
@@ -30,12 +32,28 @@ def dlq() -> None:
     """The dead-letter queue, as mirrored in PostgreSQL."""
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _dead_letter_filters(command: F) -> F:
+    """The filters list and replay share: app, schedule, error class, since and until."""
+    for option in reversed(
+        (
+            click.option("--app"),
+            click.option("--schedule", "schedule_id", type=uuid_arg, metavar="ID"),
+            click.option(
+                "--error-class", help="Only runs whose error is of this class (e.g. PlannedFailure, HTTP503)."
+            ),
+            click.option("--since", help="ISO 8601: dead at or after."),
+            click.option("--until", help="ISO 8601: dead before."),
+        )
+    ):
+        command = option(command)
+    return command
+
+
 @dlq.command("list")
-@click.option("--app")
-@click.option("--schedule", "schedule_id", type=uuid_arg)
-@click.option("--error-class", help="Only runs whose error is of this class (e.g. PlannedFailure, HTTP503).")
-@click.option("--since", help="ISO 8601: dead at or after.")
-@click.option("--until", help="ISO 8601: dead before.")
+@_dead_letter_filters
 @click.option("--limit", type=click.IntRange(1, 1_000_000), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def list_(
@@ -74,11 +92,7 @@ def list_(
 
 
 @dlq.command("replay")
-@click.option("--app")
-@click.option("--schedule", "schedule_id", type=uuid_arg)
-@click.option("--error-class", help="Only runs whose error is of this class (e.g. PlannedFailure, HTTP503).")
-@click.option("--since", help="ISO 8601: dead at or after.")
-@click.option("--until", help="ISO 8601: dead before.")
+@_dead_letter_filters
 @click.option("--limit", type=click.IntRange(1, 10_000_000), default=100, show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print what would be replayed; change nothing.")
 @click.option(

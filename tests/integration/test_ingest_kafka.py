@@ -155,16 +155,9 @@ def test_a_rejection_too_large_for_the_rejected_topic_is_published_without_its_b
     settings: Settings,
 ) -> None:
     # The commands topic takes 4 MiB messages; the rejected topic keeps Kafka's default (about 1 MB).
-    admin = TopicAdmin(settings.kafka)
-    admin.ensure_topics([settings.schedules_topic], 1, config={"max.message.bytes": str(4 * 1024 * 1024)})
-    admin.ensure_topics([settings.rejected_topic], 1)
-    with connect(settings.database_url) as conn:
-        schedules.create_app(conn, APP, 1)
-        conn.commit()
+    _large_commands_topic(settings, 4 * 1024 * 1024)
     payload = json.dumps({"blob": os.urandom(900 * 1024).hex()})  # random, so compression cannot shrink it
-    with ScheduleClient(
-        settings.kafka, settings.topic_prefix, config={"message.max.bytes": 8 * 1024 * 1024}
-    ) as client:
+    with _large_client(settings) as client:
         big = client.send(
             ScheduleCommand(
                 command_id="big",
@@ -192,16 +185,9 @@ def test_a_command_quoting_megabytes_in_its_error_is_rejected_and_holds_nothing_
 ) -> None:
     """A 3 MB cron expression's error quoted it twice: a rejection too large for its topic even
     without the command's bytes, retried for ever while every later command waited."""
-    admin = TopicAdmin(settings.kafka)
-    admin.ensure_topics([settings.schedules_topic], 1, config={"max.message.bytes": str(8 * 1024 * 1024)})
-    admin.ensure_topics([settings.rejected_topic], 1)
-    with connect(settings.database_url) as conn:
-        schedules.create_app(conn, APP, 1)
-        conn.commit()
+    _large_commands_topic(settings, 8 * 1024 * 1024)
     field = os.urandom(1536 * 1024).hex()  # 3 MiB, random so that compression cannot shrink it
-    with ScheduleClient(
-        settings.kafka, settings.topic_prefix, config={"message.max.bytes": 8 * 1024 * 1024}
-    ) as client:
+    with _large_client(settings) as client:
         huge = client.send(
             ScheduleCommand(
                 command_id="huge-cron",
@@ -218,6 +204,23 @@ def test_a_command_quoting_megabytes_in_its_error_is_rejected_and_holds_nothing_
     assert (letter.command_id, letter.code) == (huge, "invalid")
     assert letter.reason.startswith("invalid cron expression '* * * * ") and len(letter.reason) < 1024
     assert "more characters)" in letter.reason
+
+
+def _large_commands_topic(settings: Settings, max_bytes: int) -> None:
+    """A commands topic of one partition that takes messages of ``max_bytes``, a rejected topic at
+    Kafka's default (about 1 MB), and the app."""
+    admin = TopicAdmin(settings.kafka)
+    admin.ensure_topics([settings.schedules_topic], 1, config={"max.message.bytes": str(max_bytes)})
+    admin.ensure_topics([settings.rejected_topic], 1)
+    with connect(settings.database_url) as conn:
+        schedules.create_app(conn, APP, 1)
+        conn.commit()
+
+
+def _large_client(settings: Settings) -> ScheduleClient:
+    return ScheduleClient(
+        settings.kafka, settings.topic_prefix, config={"message.max.bytes": 8 * 1024 * 1024}
+    )
 
 
 def _spec() -> Any:
