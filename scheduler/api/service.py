@@ -246,8 +246,13 @@ class SchedulerApi:
 
     def admit(self, method_name: str, authorization: str | None) -> None:
         """Raise what :meth:`call` would answer a caller who may not call ``method_name``: for a
-        transport to check before it lets a large request wait for its turn."""
-        self._admitted(METHODS[method_name], authorization)
+        transport to check before it lets a large request wait for its turn. A refusal is counted
+        as the call's outcome, as :meth:`call` counts it."""
+        try:
+            self._admitted(METHODS[method_name], authorization)
+        except ApiError as error:
+            REQUESTS.labels(method_name, error.code.value).inc()
+            raise
 
     def _admitted(self, method: Method, authorization: str | None) -> Principal:
         principal = self.authenticator.authenticate(authorization)

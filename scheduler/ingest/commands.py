@@ -10,7 +10,9 @@ rejected).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from scheduler.domain.storable import capped_text
 from scheduler.kafka.avro import AvroCodec, MessageDecodeError
@@ -78,19 +80,25 @@ def _storable(text: str | None) -> str | None:
 
 
 def rejection(
-    code: str, reason: str, consumed: Consumed, command: ScheduleCommand | None = None
+    code: str, reason: str, consumed: Consumed, command: ScheduleCommand | Mapping[str, Any] | None = None
 ) -> Rejection:
+    """``command`` names the rejected command: decoded, or its Avro record as read without logical
+    types (a field that is not text there is left out)."""
+    if isinstance(command, Mapping):
+        named = {name: command.get(name) for name in _IDENTITY}
+    else:
+        named = {name: getattr(command, name) if command else None for name in _IDENTITY}
     return Rejection(
         code=code,
         # Capped: the rejection must fit its topic without the command's bytes whatever it quotes.
         reason=capped_text(reason) or code,
-        command_id=_storable(command.command_id) if command else None,
-        schedule_key=_storable(command.schedule_key) if command else None,
-        app=_storable(command.app) if command else None,
-        operation=command.operation if command else None,
+        **{name: _storable(value) if isinstance(value, str) else None for name, value in named.items()},
         original_bytes=consumed.value,
         source=consumed.source,
     )
+
+
+_IDENTITY = ("command_id", "schedule_key", "app", "operation")
 
 
 def domain_spec(command: ScheduleCommand, spec: SpecMessage) -> ScheduleSpec:
@@ -161,20 +169,8 @@ def _beyond_python(codec: AvroCodec, consumed: Consumed) -> Rejection | None:
     ]
     if not beyond:
         return None
-
-    def text(name: str) -> str | None:
-        value = record.get(name)
-        return _storable(value) if isinstance(value, str) else None
-
-    return Rejection(
-        code="invalid",
-        reason=f"{' and '.join(beyond)} must be between the years 1 and 9999",
-        command_id=text("command_id"),
-        schedule_key=text("schedule_key"),
-        app=text("app"),
-        operation=text("operation"),
-        original_bytes=consumed.value,
-        source=consumed.source,
+    return rejection(
+        "invalid", f"{' and '.join(beyond)} must be between the years 1 and 9999", consumed, record
     )
 
 
