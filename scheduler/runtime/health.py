@@ -1,7 +1,8 @@
 """The health and metrics endpoints of a component process, on its own port.
 
 - ``/live``: the loop of every service in the process turned recently (a wedged loop is restarted
-  by whoever probes this; a loop backing off from a failed dependency is still turning).
+  by whoever probes this; a loop backing off from a failed dependency is still turning). The
+  worker's job loop counts too: an async handler that blocks it past the timeout wedges the worker.
 - ``/startup``: every service completed a first step.
 - ``/ready``: started, not stopping, and every dependency answers (PostgreSQL, Kafka, and for
   consumers an assigned or joining group).
@@ -69,7 +70,7 @@ class Health:
         self._lock = threading.Lock()
 
     def live(self) -> bool:
-        return all(s.status.seconds_since_turn() < self.live_timeout_s for s in self.services)
+        return all(s.seconds_since_turn() < self.live_timeout_s for s in self.services)
 
     def started(self) -> bool:
         return all(s.status.started for s in self.services)
@@ -96,10 +97,11 @@ class Health:
                 components[name]["detail"] = probe.detail
         for service in self.services:
             st = service.status
-            turning = st.seconds_since_turn() < self.live_timeout_s
+            since_turn = service.seconds_since_turn()
+            turning = since_turn < self.live_timeout_s
             entry: dict[str, Any] = {
                 "status": "up" if turning and st.started and not st.stopping else "down",
-                "latency_ms": round(st.seconds_since_turn() * 1000, 2),
+                "latency_ms": round(since_turn * 1000, 2),
                 "started": st.started,
                 "stopping": st.stopping,
                 "consecutive_failures": st.failures,

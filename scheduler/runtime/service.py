@@ -124,6 +124,12 @@ class Service(ABC):
         """The dependencies ``/ready`` probes for this service."""
         return ()
 
+    def seconds_since_turn(self) -> float:
+        """How long the service has gone without turning, which ``/live`` holds to its timeout. A
+        service with a loop of its own besides :meth:`step`'s (the worker's job loop, where
+        handlers run) reports that one too: either one wedged is a process to restart."""
+        return self.status.seconds_since_turn()
+
     def run(self, stop: threading.Event) -> None:
         """Step until ``stop`` is set, retrying transient failures; then drain and close."""
 

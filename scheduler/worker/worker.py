@@ -200,7 +200,8 @@ DELIVERIES_POLL_S = 0.2
 # The longest wait for the job loop to drop the held jobs of revoked partitions.
 DROP_WAIT_S = 1.0
 # The job loop answers the main thread's ping within this, or the worker is not ready: an async
-# handler that blocks the loop stops every job's timeout and heartbeats on this worker.
+# handler that blocks the loop stops every job's timeout and heartbeats on this worker. Blocked
+# past /live's timeout, the worker is not live either (see seconds_since_turn).
 LOOP_STALL_S = 10.0
 ConsumerFactory = Callable[..., Consumer]
 """Builds the worker's consumer, given its callbacks (``on_assign``, ``on_revoke``, ``on_lost``,
@@ -413,6 +414,12 @@ class Worker(Service):
             return None
 
         return (self.kafka_check, Check("consumer_group", group), Check("job_loop", job_loop))
+
+    def seconds_since_turn(self) -> float:
+        # Not ready after LOOP_STALL_S (the job loop's check); not live once past /live's timeout,
+        # so that a handler blocking the loop for good gets the worker restarted, and its jobs
+        # (their offsets uncommitted, their leases lapsing) go to another member.
+        return max(super().seconds_since_turn(), self._loop_stalled_s())
 
     def _loop_stalled_s(self) -> float:
         """How long the job loop has left the main thread's ping unanswered (0 when it answered)."""

@@ -28,12 +28,14 @@ import pytest
 from confluent_kafka import Consumer as RawConsumer
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka import Producer as RawProducer
+from prometheus_client import CollectorRegistry
 
 from scheduler.config import Settings
 from scheduler.domain.storable import MAX_ERROR_CHARS, MAX_HISTORY_ERROR_CHARS, MAX_RESULT_BYTES
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import JobDeadLetter, JobMessage, JobResult, JobRetry, RetryPolicy
 from scheduler.kafka.transport import Consumer, TopicAdmin, consumer_config
+from scheduler.runtime.health import Health
 from scheduler.runtime.service import Check
 from scheduler.wiring import Wiring
 from scheduler.worker.handlers import HandlerRegistry, JobContext
@@ -636,8 +638,11 @@ def test_a_fenced_worker_rebuilds_its_consumer_and_takes_its_partitions_back(
 def test_an_async_handler_blocking_the_job_loop_makes_the_worker_not_ready_until_it_lets_go(
     topics: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Not ready after LOOP_STALL_S, and not live once blocked past /live's timeout (here set to
+    LOOP_STALL_S, 90 s in service), so that whoever probes /live restarts a worker blocked for good."""
     worker = in_process_worker(topics, "blocked-worker", concurrency=2, grace_s=5)
     [loop_check] = [check for check in worker.checks() if check.name == "job_loop"]
+    health = Health("worker", [worker], CollectorRegistry(), live_timeout_s=LOOP_STALL_S)
 
     def loop_answers() -> bool:
         try:
@@ -652,10 +657,14 @@ def test_an_async_handler_blocking_the_job_loop_makes_the_worker_not_ready_until
     thread.start()
     try:
         assert loop_answers()
+        wait_for(health.live, 10, "the worker to be live")
         publish(topics, [blocker])
         wait_for(lambda: not loop_answers(), 60, "the worker to say its job loop is blocked")
+        wait_for(lambda: not health.live(), 10, "the blocked worker to stop being live")
+        assert health.document()["components"]["loop:worker"]["status"] == "down"
         wait_for(lambda: "an async handler is blocking it" in caplog.text, 10, "the worker to say so")
         wait_for(loop_answers, 30, "the job loop to answer again")
+        wait_for(health.live, 10, "the worker to be live again")
         wait_for(lambda: blocker.run_id in read_outcomes(topics).succeeded, 30, "the blocker's outcome")
     finally:
         stop.set()

@@ -151,6 +151,30 @@ def test_live_needs_every_loop_turning(serve: Serve) -> None:
     assert client.get("/live").status_code == 503
 
 
+def test_a_wedged_inner_loop_is_not_live_though_the_service_turns(serve: Serve) -> None:
+    """A service's own second loop (the worker's job loop) counts: the step loop turning is not
+    enough for /live, and /health shows the loop down with how long it has not turned."""
+    inner_stalled_s = 0.0
+
+    class TwoLoops(FakeService):
+        def seconds_since_turn(self) -> float:
+            return max(super().seconds_since_turn(), inner_stalled_s)
+
+    service = started(TwoLoops("worker"))
+    client = serve([service])
+    assert client.get("/live").status_code == 200
+
+    inner_stalled_s = 10 * health_module.LIVE_TIMEOUT_S
+    service.status.turned()
+    assert client.get("/live").status_code == 503
+    loop = client.get("/health").json()["components"]["loop:worker"]
+    assert loop["status"] == "down"
+    assert loop["latency_ms"] >= inner_stalled_s * 1000
+
+    inner_stalled_s = 0.0
+    assert client.get("/live").status_code == 200
+
+
 def test_live_fails_when_no_turn_within_a_tiny_timeout(serve: Serve) -> None:
     service = FakeService("scan")
     client = serve([service], live_timeout_s=0.05)
