@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from scheduler.telemetry.tracing import TRACEPARENT_HEADER, child_traceparent, new_traceparent
+from scheduler.telemetry.tracing import (
+    TRACEPARENT_HEADER,
+    child_traceparent,
+    new_traceparent,
+    run_traceparent,
+)
 
-__all__ = ["HEADER", "child_traceparent", "new_traceparent", "traceparent_of"]
+__all__ = ["HEADER", "child_traceparent", "new_traceparent", "run_traceparent", "traceparent_of"]
 
 HEADER = TRACEPARENT_HEADER
 

@@ -73,6 +73,7 @@ class BufferRelease(Service):
                     scheduled_for=row["scheduled_for"],
                     attempt=1,
                     deadline=attempt_deadline(row["now"], row["timeout_ms"]),
+                    traceparent=row["creation_traceparent"],
                 )
                 released.append(
                     NewRun(

@@ -258,6 +258,7 @@ class LeaseSweeper(Service):
             attempt=attempt,
             deadline=attempt_deadline(row["now"], row["timeout_ms"]),
             previous_attempts=self._history(row),
+            traceparent=row["creation_traceparent"],
         )
         return NextAttempt(row["id"], attempt, None, message)
 
@@ -272,6 +273,7 @@ class LeaseSweeper(Service):
             attempt=row["attempt"],
             deadline=attempt_deadline(finished, row["timeout_ms"]),
             previous_attempts=history[:-1],
+            traceparent=row["creation_traceparent"],
         )
         letter = JobDeadLetter(
             event_id=new_event_id(),

@@ -482,6 +482,8 @@ class Relay(Service):
                 SpanKind.PRODUCER,
                 kafka_attributes("send", row.topic, key=row.key) | _job_of(row),
                 start_time=now_ns - int(row.age_s * 1e9),
+                # A first attempt in its run's own trace is that trace's root.
+                root_of=row.run_id if row.attempt == 1 else None,
             )
             spans.append(span)
             headers = dict(row.headers) | {HEADER: traceparent_of_span(span)}

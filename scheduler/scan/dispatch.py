@@ -28,7 +28,7 @@ from scheduler.kafka.messages import (
     RetryPolicy,
     idempotency_key_for,
 )
-from scheduler.kafka.tracing import HEADER, new_traceparent
+from scheduler.kafka.tracing import HEADER, run_traceparent
 from scheduler.store.scan import Message
 
 # An attempt whose `attempts` row has no end yet travels with this one.
@@ -83,9 +83,10 @@ class JobDispatcher:
             # Keyed by schedule: the runs of one schedule stay in order on one partition.
             key=str(schedule_id).encode(),
             value=self.codec.encode(message),
-            # The trace to continue (a one-shot's creation), or a trace of the run's own.
+            # The trace to continue (a one-shot's creation), or the run's own, whose id is the
+            # run's: every attempt of the run is in it.
             headers={
-                HEADER: traceparent or new_traceparent(),
+                HEADER: traceparent or run_traceparent(run_id),
                 RUN_ID_HEADER: str(run_id),
                 ATTEMPT_HEADER: str(attempt),
             },

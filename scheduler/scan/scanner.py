@@ -269,5 +269,6 @@ class Scanner(Service):
             attempt=attempt,
             deadline=attempt_deadline(retry.now, retry.job.timeout_ms),
             previous_attempts=retry.history,
+            traceparent=retry.creation_traceparent,
         )
         return NextAttempt(run.id, attempt, None, message)

@@ -31,6 +31,8 @@ class ResendableRun:
     budget: int
     """The schedule's max_attempts: how many more attempts a replay grants."""
     now: datetime
+    creation_traceparent: str | None = None
+    """A one-shot schedule's creation trace, which every attempt of its run continues."""
 
 
 def dead_runs_for_replay(
@@ -63,7 +65,10 @@ def dead_runs_for_replay(
         },
     ).fetchall()
     return [
-        ResendableRun(run_from_row(row), execution_from_row(row), row["budget"], row["now"]) for row in rows
+        ResendableRun(
+            run_from_row(row), execution_from_row(row), row["budget"], row["now"], row["creation_traceparent"]
+        )
+        for row in rows
     ]
 
 
@@ -75,7 +80,10 @@ def lost_runs_for_redispatch(
         query("lost_runs_for_redispatch"), {"before": before, "app": app, "limit": limit}
     ).fetchall()
     return [
-        ResendableRun(run_from_row(row), execution_from_row(row), row["budget"], row["now"]) for row in rows
+        ResendableRun(
+            run_from_row(row), execution_from_row(row), row["budget"], row["now"], row["creation_traceparent"]
+        )
+        for row in rows
     ]
 
 

@@ -106,6 +106,8 @@ class DueRetry:
     history: tuple[FailedAttempt, ...]
     """The attempts that failed so far, oldest first."""
     now: datetime
+    creation_traceparent: str | None = None
+    """A one-shot schedule's creation trace, which every attempt of its run continues."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +212,7 @@ def lease_due_retries(
             job=execution_from_row(row),
             history=failed_attempts_from_json(row["history"]),
             now=row["scan_now"],
+            creation_traceparent=row["creation_traceparent"],
         )
         for row in rows
     ]

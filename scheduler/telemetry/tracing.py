@@ -1,7 +1,11 @@
 """Traces: W3C trace context on every message, and the spans a run leaves on its way through.
 
-A run's trace starts with ``job.scheduling`` in the scanner, continues through the relay's ``send``
-span and the worker's ``job.execution`` (and ``job.failure`` when an attempt fails) to the
+A run's trace holds every attempt of the run. A cron run's trace is its own and its id is the run
+id, so the run id alone finds it; the relay's ``job.scheduling`` span of the first attempt is its
+root, with ids derived from the run id (``run_traceparent``, ``message_span(root_of=...)``). A
+one-shot run continues the trace its schedule was created in. A retry, a sweeper's re-dispatch
+after an expired lease and a replay continue the run's trace. Each attempt goes through the relay's
+``job.scheduling``, the worker's ``job.execution`` (and ``job.failure`` when it fails) and the
 reconciler's ``process`` span; the ``traceparent`` header of each message links one hop to the
 next. A message always gets a valid ``traceparent``: the current span's, or a fresh random one when
 there is none, so the header is there even with tracing unconfigured. (``scheduler.kafka.tracing``
@@ -30,6 +34,7 @@ import traceback
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Final, Literal
@@ -56,6 +61,7 @@ from scheduler.telemetry.redact import redact_text
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 __all__ = [
     "JOB_EXECUTION",
@@ -80,6 +86,7 @@ __all__ = [
     "messaging_span_name",
     "new_traceparent",
     "record_failure",
+    "run_traceparent",
     "shutdown_tracing",
     "span_context_from_traceparent",
     "start_span_from_traceparent",
@@ -135,6 +142,33 @@ def new_traceparent() -> str:
     """The ``traceparent`` for a message that starts here: the current span's (a scanner inside
     ``job.scheduling``), or a new trace when no span is current."""
     return current_traceparent()
+
+
+def run_traceparent(run_id: uuid.UUID) -> str:
+    """The ``traceparent`` of a run's job message when it continues no creation's trace: the
+    current span's when there is one (a trigger inside its API call), or else the run's own trace.
+
+    A run's own trace has the run's id for its trace id, so an operator finds it by the run id,
+    and every attempt of the run (retries, an expired lease's next attempt, a replay) lands in it.
+    Its parent span id is the run's root span (:func:`_run_root_span_id`), which the relay records
+    as the first attempt's ``job.scheduling`` (``message_span``'s ``root_of``); the later attempts'
+    spans are its children. Sampled, as a new trace's is.
+    """
+    current = trace.get_current_span().get_span_context()
+    if current.is_valid:
+        return _compose(current)
+    return _compose(_run_root(run_id))
+
+
+def _run_root(run_id: uuid.UUID) -> SpanContext:
+    return SpanContext(
+        run_id.int, _run_root_span_id(run_id), is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED)
+    )
+
+
+def _run_root_span_id(run_id: uuid.UUID) -> int:
+    # The run id's last 64 bits (random in a UUIDv7); never the invalid all-zero span id.
+    return (run_id.int & 0xFFFF_FFFF_FFFF_FFFF) or 1
 
 
 def child_traceparent(parent: str | bytes | None) -> str:
@@ -366,14 +400,55 @@ def message_span(
     kind: SpanKind,
     attributes: Attributes = None,
     start_time: datetime | int | None = None,
+    root_of: uuid.UUID | None = None,
 ) -> Span:
     """A started, not current, span in the trace a message's ``traceparent`` names, for the spans
     of a batch that are open together (one per message) and end when the batch is done
-    (:func:`ending`). Not current, so that they neither parent nor link each other."""
-    parent = context_from_traceparent(traceparent) or Context()
+    (:func:`ending`). Not current, so that they neither parent nor link each other.
+
+    With ``root_of`` (a run's first attempt) and a ``traceparent`` naming that run's own trace
+    (:func:`run_traceparent`), the span is the trace's root, with the very ids the ``traceparent``
+    names: the parent that the run's later spans name is then a span that was recorded."""
+    parent = context_from_traceparent(traceparent)
+    if root_of is not None and parent is not None:
+        root = _run_root(root_of)
+        named = trace.get_current_span(parent).get_span_context()
+        if (named.trace_id, named.span_id) == (root.trace_id, root.span_id):
+            token = _CHOSEN_IDS.set((root.trace_id, root.span_id))
+            try:
+                return _TRACER.start_span(
+                    name, context=Context(), kind=kind, attributes=attributes, start_time=_ns(start_time)
+                )
+            finally:
+                _CHOSEN_IDS.reset(token)
     return _TRACER.start_span(
-        name, context=parent, kind=kind, attributes=attributes, start_time=_ns(start_time)
+        name, context=parent or Context(), kind=kind, attributes=attributes, start_time=_ns(start_time)
     )
+
+
+# The trace and span ids the next span started in this context takes, for a run's root span;
+# read by the id generator configure_tracing gives the SDK.
+_CHOSEN_IDS: ContextVar[tuple[int, int] | None] = ContextVar("scheduler_chosen_span_ids", default=None)
+
+
+def _id_generator() -> IdGenerator:
+    """The SDK's random ids, but those of ``_CHOSEN_IDS`` while they are set."""
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class ChosenOrRandomIds(RandomIdGenerator):
+        def generate_trace_id(self) -> int:
+            chosen = _CHOSEN_IDS.get()
+            return chosen[0] if chosen is not None else super().generate_trace_id()
+
+        def generate_span_id(self) -> int:
+            chosen = _CHOSEN_IDS.get()
+            return chosen[1] if chosen is not None else super().generate_span_id()
+
+        def is_trace_id_random(self) -> bool:
+            # A run id's first bits are its creation time, not random (W3C's random flag).
+            return _CHOSEN_IDS.get() is None
+
+    return ChosenOrRandomIds()
 
 
 @contextmanager
@@ -525,7 +600,7 @@ def configure_tracing(component: str) -> None:
             }
         )
         service = resource.attributes[SERVICE_NAME]
-        provider = TracerProvider(resource=resource)
+        provider = TracerProvider(resource=resource, id_generator=_id_generator())
         if traces_export_requested(os.environ):
             # Only a process that exports pays for the exporter and its HTTP stack (~60 ms).
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

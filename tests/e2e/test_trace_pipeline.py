@@ -6,6 +6,7 @@ would to a collector; the spans are read from what it received."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,3 +190,78 @@ def test_a_failing_run_adds_a_job_failure_span_to_its_trace(traced: Traced) -> N
     for span in (failure, chain.execution):
         [event] = [e for e in span["events"] if e["name"] == "exception"]
         assert "scheduler/worker/handlers.py" in event["attributes"]["exception.stacktrace"], event
+
+
+def attempts_in(spans: list[ReceivedSpan], trace_id: str, attempts: int) -> list[ReceivedSpan] | None:
+    """The trace once each attempt's scheduling, execution and processed outcome have arrived."""
+    trace = [s for s in spans if s["trace_id"] == trace_id]
+    for name in ("job.scheduling", "job.execution"):
+        if len([s for s in trace if s["name"] == name]) < attempts:
+            return None
+    processed = [s for s in trace if s["name"].startswith("process ")]
+    return trace if len(processed) >= attempts else None
+
+
+def wait_for_attempts(traced: Traced, trace_id: str, attempts: int) -> list[ReceivedSpan]:
+    try:
+        spans = traced.receiver.wait_for(lambda s: attempts_in(s, trace_id, attempts) is not None, 60)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{traced.logs()}") from None
+    trace = attempts_in(spans, trace_id, attempts)
+    assert trace is not None
+    return trace
+
+
+def check_one_tree(trace: list[ReceivedSpan], root_name: str) -> ReceivedSpan:
+    """One root, named ``root_name``, and every other span's parent recorded in the trace: what a
+    trace backend shows as one tree, with no "missing parent"."""
+    roots = [s for s in trace if s["parent_span_id"] == ""]
+    assert [s["name"] for s in roots] == [root_name], roots
+    recorded = {s["span_id"] for s in trace}
+    orphans = [s for s in trace if s["parent_span_id"] and s["parent_span_id"] not in recorded]
+    assert not orphans, orphans
+    return roots[0]
+
+
+def scheduling_by_attempt(trace: list[ReceivedSpan]) -> dict[int, ReceivedSpan]:
+    return {int(s["attributes"]["job.retry_count"]): s for s in trace if s["name"] == "job.scheduling"}
+
+
+def test_a_retried_one_shot_run_keeps_every_attempt_in_its_creation_trace(traced: Traced) -> None:
+    schedule = create_now(
+        traced, "builtin:fail", "--payload", '{"times": 1}', "--max-attempts", "2", "--backoff-base", "0.1"
+    )
+    run = the_run(traced, schedule["id"], "succeeded")
+    [create] = wait_for(
+        lambda: [s for s in traced.receiver.spans() if s["name"] == "schedule.create"] or None, 30, "create"
+    )
+    trace = wait_for_attempts(traced, create["trace_id"], 2)
+    assert check_one_tree(trace, "schedule.create") == create
+    scheduling = scheduling_by_attempt(trace)
+    assert sorted(scheduling) == [0, 1], "both attempts' scheduling spans are in the creation's trace"
+    assert all(s["parent_span_id"] == create["span_id"] for s in scheduling.values())
+    assert {s["attributes"].get("job.id") for s in scheduling.values()} == {run["id"]}
+
+
+def test_a_cron_run_is_a_trace_of_its_own_whose_id_is_the_run_id_with_every_attempt(traced: Traced) -> None:
+    schedule = cli_json(
+        traced.env, "schedules", "create", "--app", APP, "--cron", "* * * * * *",
+        "--handler", "builtin:fail", "--payload", '{"times": 1}', "--max-attempts", "2",
+        "--backoff-base", "0.1",
+    )  # fmt: skip
+
+    def a_run_succeeded() -> dict[str, Any] | None:
+        runs = cli_json(traced.env, "runs", "list", "--schedule", schedule["id"], "--json")
+        return next((r for r in runs if r["state"] == "succeeded"), None)
+
+    run = wait_for(a_run_succeeded, 60, "a fire of the cron schedule to succeed on its second attempt", 0.5)
+    cli(traced.env, "schedules", "pause", schedule["id"])
+    trace = wait_for_attempts(traced, uuid.UUID(run["id"]).hex, 2)
+    root = check_one_tree(trace, "job.scheduling")
+    assert root["service_name"] == "scheduler-relay"
+    assert root["attributes"]["job.retry_count"] == 0, "the first attempt's scheduling is the root"
+    scheduling = scheduling_by_attempt(trace)
+    assert sorted(scheduling) == [0, 1]
+    assert scheduling[1]["parent_span_id"] == root["span_id"], "a retry hangs from the run's root"
+    executions = sorted((s for s in trace if s["name"] == "job.execution"), key=lambda s: s["start_ns"])
+    assert [s["status"] == "error" for s in executions] == [True, False]

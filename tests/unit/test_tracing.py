@@ -17,7 +17,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from scheduler.domain.run_state import RunState
-from scheduler.kafka.tracing import HEADER, child_traceparent, new_traceparent, traceparent_of
+from scheduler.kafka.tracing import (
+    HEADER,
+    child_traceparent,
+    new_traceparent,
+    run_traceparent,
+    traceparent_of,
+)
 from scheduler.telemetry import tracing
 from scheduler.telemetry.tracing import (
     JOB_EXECUTION,
@@ -414,3 +420,60 @@ def test_the_spans_of_a_batch_are_each_in_their_message_trace_and_never_linked_t
     assert sorted(hex_trace(s) for s in spans) == sorted([TRACE_ID, "ab" * 16])
     assert all(not s.links for s in spans), "spans open together must not link each other"
     assert all(s.status.status_code is StatusCode.ERROR for s in spans), "a failed batch fails each"
+
+
+# A run's own trace -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def run_tracer(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
+    """The module's tracer on a provider built as configure_tracing builds it (its id generator)."""
+    provider = TracerProvider(id_generator=tracing._id_generator())
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    monkeypatch.setattr(tracing, "_TRACER", provider.get_tracer("test"))
+    yield memory
+    provider.shutdown()
+
+
+def test_a_run_without_a_trace_to_continue_is_in_a_trace_whose_id_is_the_run_id() -> None:
+    run_id = uuid.uuid4()
+    trace_id, span_id, flags = ids(run_traceparent(run_id))
+    assert trace_id == run_id.hex, "an operator finds a run's trace by the run's id"
+    assert span_id == f"{run_id.int & (2**64 - 1):016x}"
+    assert flags == "01"
+    assert run_traceparent(run_id) == run_traceparent(run_id), "every attempt of the run: one trace"
+
+
+def test_a_run_made_inside_a_span_continues_that_span(finished: Finished) -> None:
+    with child_span("api call") as span:
+        assert run_traceparent(uuid.uuid4()) == traceparent_of_span(span)
+
+
+def test_a_first_attempt_is_its_run_trace_root_and_later_attempts_are_its_children(
+    run_tracer: InMemorySpanExporter,
+) -> None:
+    run_id = uuid.uuid4()
+    header = run_traceparent(run_id)
+    first = tracing.message_span(JOB_SCHEDULING, header, SpanKind.PRODUCER, root_of=run_id)
+    first.end()
+    second = tracing.message_span(JOB_SCHEDULING, header, SpanKind.PRODUCER)  # attempt 2: no root_of
+    second.end()
+    root, child = run_tracer.get_finished_spans()
+    assert root.parent is None, "the first attempt's job.scheduling is the trace's root"
+    assert (hex_trace(root), hex_span(root)) == ids(header)[:2], "with the very ids its header names"
+    assert child.parent is not None and child.parent.span_id == root.context.span_id
+    assert hex_trace(child) == run_id.hex
+    # Ids are chosen only for that span: the next ones are random again.
+    other = tracing.message_span(JOB_SCHEDULING, None, SpanKind.PRODUCER)
+    other.end()
+    assert hex_trace(run_tracer.get_finished_spans()[-1]) != run_id.hex
+
+
+def test_root_of_leaves_a_trace_that_is_not_the_runs_own_alone(run_tracer: InMemorySpanExporter) -> None:
+    """A one-shot's first attempt continues its creation's trace: root_of changes nothing there."""
+    span = tracing.message_span(JOB_SCHEDULING, PARENT, SpanKind.PRODUCER, root_of=uuid.uuid4())
+    span.end()
+    [finished_span] = run_tracer.get_finished_spans()
+    assert finished_span.parent is not None and hex_trace(finished_span) == TRACE_ID
+    assert f"{finished_span.parent.span_id:016x}" == SPAN_ID

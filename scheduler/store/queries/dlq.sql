@@ -35,7 +35,8 @@ limit %(limit)s::int;
 -- next chunk).
 with leased as (
     select r.*, s.handler, s.payload, s.timeout_ms, s.max_attempts as budget, s.backoff_base_ms,
-           s.backoff_max_ms, now() as now, octet_length(s.payload::text) as payload_bytes
+           s.backoff_max_ms, now() as now, octet_length(s.payload::text) as payload_bytes,
+           case when s.kind <> 'cron' then s.traceparent end as creation_traceparent
       from runs r
       join schedules s on s.id = r.schedule_id
      where r.state = 'dead'
@@ -67,7 +68,7 @@ select l.*
 -- or Kafka's acknowledgement in earlier versions), else the run's creation. Locked like
 -- dead_runs_for_replay.
 select r.*, s.handler, s.payload, s.timeout_ms, s.max_attempts as budget, s.backoff_base_ms,
-       s.backoff_max_ms, now() as now
+       s.backoff_max_ms, now() as now, case when s.kind <> 'cron' then s.traceparent end as creation_traceparent
   from runs r
   join schedules s on s.id = r.schedule_id
  where r.state in ('pending', 'dispatched')

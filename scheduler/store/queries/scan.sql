@@ -111,7 +111,9 @@ select count(*)::int as n from schedules where state = 'error';
 -- Bounded in payload bytes as lease_due_schedules is.
 with leased as (
     select r.*, s.handler, s.payload, s.timeout_ms, s.backoff_base_ms, s.backoff_max_ms,
-           octet_length(s.payload::text) as payload_bytes
+           octet_length(s.payload::text) as payload_bytes,
+           -- A one-shot's attempts continue the trace of its creation, as its first did.
+           case when s.kind <> 'cron' then s.traceparent end as creation_traceparent
       from runs r
       join schedules s on s.id = r.schedule_id
      where r.state = 'retry_wait'
