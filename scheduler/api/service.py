@@ -17,7 +17,7 @@ import asyncio
 import ctypes
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar, cast
@@ -480,10 +480,12 @@ class SchedulerApi:
     def _replay_dead_letters(
         self, conn: Conn, principal: Principal, request: pb.ReplayDeadLettersRequest
     ) -> pb.ReplayDeadLettersResponse:
-        limit = m.page_limit(request.limit, default=100, maximum=MAX_REPLAY)
+        run_ids = self._dead_runs(conn, principal, request.run_ids)
+        limit = m.page_limit(request.limit, default=len(run_ids) if run_ids else 100, maximum=MAX_REPLAY)
         app = request.app or None
         apps = self._app_filter(conn, principal, request.app)
-        if app is None and apps is not None:
+        # Runs named are each in the caller's scope already; otherwise one app bounds the replay.
+        if app is None and apps is not None and not run_ids:
             if len(apps) != 1:
                 raise invalid("name the app whose dead letters to replay", field="app")
             app = apps[0]
@@ -497,6 +499,7 @@ class SchedulerApi:
             since=m.moment_of(request, "since"),
             until=m.moment_of(request, "until"),
             force=request.force,
+            run_ids=run_ids,
         )
         if request.dry_run:
             candidates = self.replayer.candidates(conn, where, limit)
@@ -505,6 +508,27 @@ class SchedulerApi:
             )
         replayed = self.replayer.replay(conn, where, limit, principal.actor)
         return pb.ReplayDeadLettersResponse(replayed=replayed)
+
+    def _dead_runs(self, conn: Conn, principal: Principal, texts: Sequence[str]) -> tuple[UUID, ...] | None:
+        """The runs a replay names, each one the caller sees and dead (NOT_FOUND or
+        FAILED_PRECONDITION for the first that is not, before anything changes); None: no names."""
+        if not texts:
+            return None
+        if len(texts) > MAX_REPLAY:
+            raise invalid(f"name at most {MAX_REPLAY} runs", field="run_ids")
+        run_ids = tuple(dict.fromkeys(m.uuid_of(text, "run_ids") for text in texts))
+        found = run_store.states_of_runs(conn, run_ids)
+        for run_id in run_ids:
+            run = found.get(run_id)
+            if run is None or not principal.sees(run["app"]):
+                raise not_found(f"run {run_id}")
+            if run["state"] != "dead":
+                raise ApiError(
+                    Code.FAILED_PRECONDITION,
+                    f"run {run_id} is {run['state']}, not dead: only dead runs are replayed",
+                    {"field": "run_ids"},
+                )
+        return run_ids
 
     # --- audit ------------------------------------------------------------------------------------
 

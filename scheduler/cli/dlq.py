@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import click
+import psycopg
 from rich.console import Console
 from rich.progress import Progress, TextColumn
 from rich.table import Table
@@ -17,6 +18,7 @@ from scheduler.cli.common import (
     actor,
     database,
     echo_json,
+    fail,
     known_app,
     known_schedule,
     time_range,
@@ -92,8 +94,20 @@ def list_(
 
 
 @dlq.command("replay")
+@click.option(
+    "--run",
+    "run_ids",
+    type=uuid_arg,
+    metavar="ID",
+    multiple=True,
+    help="Only this dead run (repeat for more); the other filters still apply.",
+)
 @_dead_letter_filters
-@click.option("--limit", type=click.IntRange(1, 10_000_000), default=100, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 10_000_000),
+    help="At most this many runs.  [default: 100, or as many as --run names]",
+)
 @click.option("--dry-run", is_flag=True, help="Print what would be replayed; change nothing.")
 @click.option(
     "--rate",
@@ -103,12 +117,13 @@ def list_(
 @click.option("--force", is_flag=True, help="Also replay runs that were replayed before.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print JSON only.")
 def replay(
+    run_ids: tuple[UUID, ...],
     app: str | None,
     schedule_id: UUID | None,
     error_class: str | None,
     since: str | None,
     until: str | None,
-    limit: int,
+    limit: int | None,
     dry_run: bool,
     rate: float | None,
     force: bool,
@@ -116,14 +131,25 @@ def replay(
 ) -> None:
     """Send dead runs through the pipeline again, each with a fresh attempt budget."""
     start, end = time_range(since, until)
+    named = tuple(dict.fromkeys(run_ids)) or None
+    if limit is None:
+        limit = len(named) if named else 100
     wiring = wiring_or_exit()
     where = ReplayFilter(
-        app=app, schedule_id=schedule_id, error_class=error_class, since=start, until=end, force=force
+        app=app,
+        schedule_id=schedule_id,
+        error_class=error_class,
+        since=start,
+        until=end,
+        force=force,
+        run_ids=named,
     )
     replayer = Replayer(wiring.settings, wiring.dispatcher)
     with database(wiring) as conn:
         known_app(conn, app)
         known_schedule(conn, schedule_id)
+        if named:
+            _dead_runs_named(conn, named)
         candidates = replayer.candidates(conn, where, limit)
         if dry_run:
             if as_json:
@@ -159,6 +185,24 @@ def replay(
             replayed = replayer.replay(conn, where, limit, actor(), chunk=chunk, after_chunk=paced)
     elapsed = max(time.monotonic() - started, 1e-6)
     click.echo(f"replayed {replayed} runs in {elapsed:.1f} s ({replayed / elapsed:.0f}/s)")
+    if named and replayed < min(len(named), limit):
+        click.echo(
+            f"note: {min(len(named), limit) - replayed} of the runs named were not replayed: replayed "
+            "before (--force replays them again) or outside the other filters",
+            err=True,
+        )
+
+
+def _dead_runs_named(conn: psycopg.Connection[dict[str, Any]], run_ids: tuple[UUID, ...]) -> None:
+    """Refuse (exit 2, before anything changes) a --run that names no run, or one not dead: a
+    replay that quietly left it out would read as done."""
+    with conn.transaction():
+        found = store.states_of_runs(conn, run_ids)
+    for run_id in run_ids:
+        if run_id not in found:
+            fail(f"unknown run {run_id} (`scheduler dlq list` shows the dead runs)", code=2)
+        if found[run_id]["state"] != "dead":
+            fail(f"run {run_id} is {found[run_id]['state']}, not dead: only dead runs are replayed", code=2)
 
 
 DRY_RUN_FIELDS = ("id", "schedule_id", "app", "scheduled_for", "attempt", "error", "finished_at")

@@ -42,6 +42,8 @@ class ReplayFilter:
     since: datetime | None = None
     until: datetime | None = None
     force: bool = False
+    run_ids: tuple[UUID, ...] | None = None
+    """Only these runs (each still has to be dead and match the other filters); None: any."""
 
 
 class Replayer:
@@ -125,6 +127,7 @@ class Replayer:
             force=where.force,
             replayed_since=began,
             max_bytes=max_bytes,
+            run_ids=where.run_ids,
             limit=limit,
         )
 

@@ -47,9 +47,11 @@ def dead_runs_for_replay(
     limit: int,
     replayed_since: datetime | None = None,
     max_bytes: int | None = None,
+    run_ids: Sequence[UUID] | None = None,
 ) -> list[ResendableRun]:
-    """``replayed_since``: leave out runs replayed at or after it, even when forced. ``max_bytes``:
-    no more payload bytes after the first run (None: no bound, for a dry run's whole list)."""
+    """``run_ids``: only these runs (None: any). ``replayed_since``: leave out runs replayed at or
+    after it, even when forced. ``max_bytes``: no more payload bytes after the first run (None: no
+    bound, for a dry run's whole list)."""
     rows = conn.execute(
         query("dead_runs_for_replay"),
         {
@@ -61,6 +63,7 @@ def dead_runs_for_replay(
             "force": force,
             "replayed_since": replayed_since,
             "max_bytes": max_bytes,
+            "run_ids": list(run_ids) if run_ids is not None else None,
             "limit": limit,
         },
     ).fetchall()

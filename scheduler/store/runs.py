@@ -33,6 +33,12 @@ def get_run(conn: psycopg.Connection[Row], run_id: UUID) -> Row | None:
     return None if run is None else with_attempts(conn, [run])[0]
 
 
+def states_of_runs(conn: psycopg.Connection[Row], run_ids: Sequence[UUID]) -> dict[UUID, Row]:
+    """The ``app`` and ``state`` of each of the runs that exists, by id."""
+    rows = conn.execute(query("states_of_runs"), {"ids": list(run_ids)}).fetchall()
+    return {row["id"]: row for row in rows}
+
+
 def with_attempts(conn: psycopg.Connection[Row], rows: list[Row]) -> list[Row]:
     """Each run row with its ``attempts``: what `attempts` recorded and what the run's row holds
     (its applied start and success), in the order they happened."""

@@ -383,7 +383,7 @@ class ListDeadLettersResponse(_message.Message):
     def __init__(self, dead_letters: _Optional[_Iterable[_Union[DeadLetter, _Mapping]]] = ...) -> None: ...
 
 class ReplayDeadLettersRequest(_message.Message):
-    __slots__ = ("app", "schedule_id", "error_class", "since", "until", "limit", "force", "dry_run", "idempotency_key")
+    __slots__ = ("app", "schedule_id", "error_class", "since", "until", "limit", "force", "dry_run", "idempotency_key", "run_ids")
     APP_FIELD_NUMBER: _ClassVar[int]
     SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
@@ -393,6 +393,7 @@ class ReplayDeadLettersRequest(_message.Message):
     FORCE_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    RUN_IDS_FIELD_NUMBER: _ClassVar[int]
     app: str
     schedule_id: str
     error_class: str
@@ -402,7 +403,8 @@ class ReplayDeadLettersRequest(_message.Message):
     force: bool
     dry_run: bool
     idempotency_key: str
-    def __init__(self, app: _Optional[str] = ..., schedule_id: _Optional[str] = ..., error_class: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., limit: _Optional[int] = ..., force: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    run_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, app: _Optional[str] = ..., schedule_id: _Optional[str] = ..., error_class: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., limit: _Optional[int] = ..., force: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., run_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReplayDeadLettersResponse(_message.Message):
     __slots__ = ("replayed", "run_ids", "dry_run")

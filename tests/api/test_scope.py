@@ -148,6 +148,10 @@ def test_another_apps_objects_answer_as_missing(
     # Filters that name beta's schedule are no way round it either.
     assert_missing_alike(caller, "ListDeadLetters", ALPHA_USER, {}, "schedule_id", schedule, unknown)
     assert_missing_alike(caller, "ReplayDeadLetters", ALPHA_ADMIN, {}, "schedule_id", schedule, unknown)
+    named = caller.call("ReplayDeadLetters", {"run_ids": [objects.beta_dead_run]}, ALPHA_ADMIN)
+    nameless = caller.call("ReplayDeadLetters", {"run_ids": [unknown]}, ALPHA_ADMIN)
+    assert named.code == "NOT_FOUND", named
+    assert shape(named, objects.beta_dead_run) == shape(nameless, unknown), (named.body, nameless.body)
 
     tag = uuid.uuid4().hex[:8]
     by_app: list[tuple[str, str, dict[str, Any]]] = [
@@ -262,6 +266,25 @@ def test_a_token_for_every_app_sees_both(caller: Caller, objects: Objects, api_s
     with api_stack.connect() as conn:
         state = conn.execute("select state from runs where id = %s", (objects.beta_dead_run,)).fetchone()
     assert state == {"state": "dead"}, "a dry run changes nothing"
+
+
+def test_a_replay_may_name_its_dead_runs(caller: Caller, objects: Objects, api_stack: ApiStack) -> None:
+    """Runs named are replayed whatever app each is of (within the caller's scope), and only if
+    dead; a name that is not an id is refused."""
+    before = snapshot(api_stack)
+    alpha = {"run_ids": [objects.alpha_dead_run], "dry_run": True}
+    dry = caller.call("ReplayDeadLetters", alpha, ALPHA_ADMIN)
+    assert (dry.code, dry.body.get("run_ids")) == ("OK", [objects.alpha_dead_run]), dry
+    every_admin = token(subject="root-too", roles=(ADMIN,), apps=["*"])
+    both = [objects.alpha_dead_run, objects.beta_dead_run]
+    dry = caller.call("ReplayDeadLetters", {"run_ids": both, "dry_run": True}, every_admin)
+    assert dry.code == "OK" and sorted(dry.body["run_ids"]) == sorted(both), dry
+    pending = caller.call("ReplayDeadLetters", {"run_ids": [objects.beta_run]}, every_admin)
+    assert pending.code == "FAILED_PRECONDITION", pending
+    assert f"run {objects.beta_run} is pending, not dead" in pending.body["message"]
+    nonsense = caller.call("ReplayDeadLetters", {"run_ids": ["nonsense"]}, every_admin)
+    assert nonsense.code == "INVALID_ARGUMENT", nonsense
+    assert snapshot(api_stack) == before
 
 
 @pytest.mark.parametrize("apps", [None, [], "", {"alpha": True}], ids=["null", "empty", "blank", "object"])

@@ -100,3 +100,50 @@ def test_the_dead_letters_are_listed_by_error_class_as_they_are_replayed(
         [SCHEDULER, "dlq", "list", "--app", APP, "--error-class", "HandlerFailed", "--json"],
         env=settings_env, capture_output=True, text=True, timeout=60, check=True,
     ).stdout)) == DEAD - 4  # fmt: skip
+
+
+def test_a_replay_may_name_the_dead_runs_it_takes(
+    conn: psycopg.Connection[Row], settings_env: dict[str, str]
+) -> None:
+    """`dlq replay --run ID` takes only the runs named; one that is unknown or not dead is refused
+    with one line before anything changes."""
+    first, second, other = (row["id"] for row in conn.execute("select id from runs limit 3").fetchall())
+    conn.execute("update runs set state = 'succeeded' where id = %s", (other,))
+    conn.commit()
+
+    def replay(*args: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [SCHEDULER, "dlq", "replay", *map(str, args)],
+            env=settings_env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    unknown = uuid.uuid4()
+    for args, refusal in (
+        (("--run", first, "--run", unknown), f"error: unknown run {unknown}"),
+        (("--run", other, "--run", first), f"error: run {other} is succeeded, not dead"),
+        (("--run", "nonsense"), "'nonsense' is not an id"),
+    ):
+        refused = replay(*args)
+        assert refused.returncode == 2, refused
+        assert refusal in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    assert replays(conn) == Counter(), "a refused replay changes nothing"
+
+    dry = replay("--run", first, "--run", second, "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert {row["id"] for row in json.loads(dry.stdout)} == {str(first), str(second)}
+    done = replay("--run", first, "--run", second, "--run", first)
+    assert done.returncode == 0 and done.stdout.startswith("replayed 2 runs"), (done.stdout, done.stderr)
+    assert replays(conn) == Counter({str(first): 1, str(second): 1})
+    states = conn.execute("select state, count(*) as n from runs group by state order by state").fetchall()
+    assert states == [
+        {"state": "dead", "n": DEAD - 3},
+        {"state": "pending", "n": 2},
+        {"state": "succeeded", "n": 1},
+    ]
+    conn.commit()
+    # Replayed already: named again without --force, it is left out and the command says so.
+    die_again(conn)
+    again = replay("--run", first)
+    assert again.returncode == 0 and again.stdout.startswith("replayed 0 runs"), again
+    assert "--force" in again.stderr, again.stderr
+    assert replay("--run", first, "--force").stdout.startswith("replayed 1 runs")

@@ -27,8 +27,8 @@ order by dead_at desc nulls last
 limit %(limit)s::int;
 
 -- name: dead_runs_for_replay
--- Dead runs matching the operator's filters, oldest death first, with what their next message
--- needs. A run replayed before (audit_log says so) is left out unless forced, and one replayed
+-- Dead runs matching the operator's filters (`run_ids` null: any run), oldest death first, with
+-- what their next message needs. A run replayed before (audit_log says so) is left out unless forced, and one replayed
 -- since replayed_since (by an earlier chunk of the same replay) even then. Locked while the
 -- replay of this chunk commits, so two operators cannot replay the same run at once. Bounded in
 -- payload bytes after the first run, as the scanner's lease is (the runs beyond stay dead, for the
@@ -40,6 +40,7 @@ with leased as (
       from runs r
       join schedules s on s.id = r.schedule_id
      where r.state = 'dead'
+       and (%(run_ids)s::uuid[] is null or r.id = any(%(run_ids)s::uuid[]))
        and (%(app)s::text is null or r.app = %(app)s::text)
        and (%(schedule_id)s::uuid is null or r.schedule_id = %(schedule_id)s::uuid)
        and (%(error_class)s::text is null or split_part(r.error, ':', 1) = %(error_class)s::text)

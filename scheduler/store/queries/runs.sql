@@ -37,6 +37,10 @@ select r.id, r.schedule_id, s.name as schedule_name, r.app, r.scheduled_for, r.s
 -- name: get_run
 select * from runs where id = %(id)s::uuid;
 
+-- name: states_of_runs
+-- The app and state of each run named that exists.
+select id, app, state from runs where id = any(%(ids)s::uuid[]);
+
 -- name: history_of_runs
 -- Each run's attempts as a user reads them: the events recorded in `attempts`, and the two that
 -- the run's own row holds instead of a row (apply_outcomes records only the events that say more
