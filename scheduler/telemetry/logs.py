@@ -32,9 +32,11 @@ import logging
 import os
 import sys
 import time
+import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import date, datetime
 from types import MappingProxyType
 from typing import IO, Any, Final
@@ -227,6 +229,35 @@ def _mask_record(record: logging.LogRecord, payload: _JobPayload) -> None:
     for key, value in list(record.__dict__.items()):
         if key not in _NOT_EXTRA and not key.startswith("_") and isinstance(value, str):
             setattr(record, key, payload.mask(value))
+    if record.exc_info and record.exc_info[1] is not None:
+        # log.exception("charge failed") inside a job: the exception's text (and the traceback's
+        # last line, and any chained exception's) may quote the payload as an error does.
+        record._masked_exception = _MaskedException(
+            payload.mask(_text_of(record.exc_info[1])),
+            payload.mask("".join(traceback.format_exception(*record.exc_info)).rstrip("\n")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _MaskedException:
+    """A handler's exception as its job's line shows it, the payload's values masked; the
+    formatters render it in place of the exception itself."""
+
+    message: str
+    text: str
+    """The formatted traceback."""
+
+
+def _text_of(error: BaseException) -> str:
+    try:
+        return str(error)
+    except Exception:
+        return "(an exception whose text could not be formatted)"
+
+
+def _masked_exception(record: logging.LogRecord) -> _MaskedException | None:
+    masked = record.__dict__.get("_masked_exception")
+    return masked if isinstance(masked, _MaskedException) else None
 
 
 def _env(name: str, default: str) -> str:
@@ -296,10 +327,11 @@ class _Fields:
         name = (
             kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
         )
+        masked = _masked_exception(record)
         return {
             "type": name,
-            "message": self.redactor.text(str(exc)),
-            "stack_trace": self.redactor.text(stack_trace),
+            "message": self.redactor.text(masked.message if masked else _text_of(exc)),
+            "stack_trace": self.redactor.text(masked.text if masked else stack_trace),
         }
 
     def json_default(self, value: object) -> object:
@@ -371,7 +403,9 @@ class HumanFormatter(logging.Formatter):
         if context:
             line += "  " + " ".join(context)
         if record.exc_info:
-            line += "\n" + fields.redactor.text(self.formatException(record.exc_info))
+            masked = _masked_exception(record)
+            text = masked.text if masked else self.formatException(record.exc_info)
+            line += "\n" + fields.redactor.text(text)
         if record.stack_info:
             line += "\n" + fields.redactor.text(self.formatStack(record.stack_info))
         return line

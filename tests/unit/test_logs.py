@@ -337,3 +337,33 @@ def test_a_handlers_lines_inside_its_job_mask_its_payload_and_never_raise(
     assert lines[2]["message"] == "(a message that could not be formatted)"
     assert lines[3]["message"] == "topic billing-SKU-000042 assigned", "the scheduler's own lines are left"
     assert all(line["run_id"] == "r1" for line in lines)
+
+
+@pytest.mark.parametrize("fmt", ["json", "human"])
+def test_an_exception_a_handler_logs_inside_its_job_has_its_payload_masked(
+    monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    stream = io.StringIO()
+    configure_logging("worker", fmt=fmt, stream=stream)
+    root = logging.getLogger()
+    ours = [h for h in root.handlers if type(h).__module__ == "scheduler.telemetry.logs"]
+    monkeypatch.setattr(root, "handlers", ours)
+    card = "5500005555555559"
+    with log_context(app="billing", run_id="r1", attempt=1, payload=json.dumps({"card": card})):
+        try:
+            try:
+                raise KeyError(card)
+            except KeyError as exc:
+                raise ValueError(f"card {card} declined") from exc
+        except ValueError:
+            logging.getLogger("billing.charges").exception("charge failed")
+    logging.getLogger("billing.charges").error("outside a job", exc_info=ValueError(f"card {card} declined"))
+    out = stream.getvalue()
+    job_line, other_line = out.split("outside a job")
+    assert card not in job_line, job_line
+    assert "card *** declined" in job_line and "ValueError" in job_line and "KeyError" in job_line
+    assert card in other_line, "outside a job there is no payload to mask"
+    if fmt == "json":
+        error = json.loads(job_line.splitlines()[0])["error"]
+        assert error["type"] == "ValueError" and error["message"] == "card *** declined"
+        assert error["stack_trace"].endswith("ValueError: card *** declined")
