@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry, Gauge
 
 from scheduler import __version__
-from scheduler.runtime.health import Health, HealthServer
+from scheduler.runtime.health import LIVE_TIMEOUT_S, Health, HealthServer
 from scheduler.runtime.service import Service
 
 log = logging.getLogger("scheduler.process")
@@ -32,6 +32,8 @@ log = logging.getLogger("scheduler.process")
 EXIT_MARGIN_S = 5.0
 # How soon the main thread notices a signal (see run_component's handler).
 SIGNAL_POLL_S = 0.1
+# How often a component under ``run all`` checks that it is live (see run_component).
+LIVE_CHECK_S = 1.0
 
 
 SUPERVISOR_ENV = "SCHEDULER_SUPERVISOR_PID"
@@ -81,8 +83,14 @@ def run_component(
     metrics_port: int | None,
     metrics_host: str = "0.0.0.0",
     grace_s: float = 30.0,
+    live_timeout_s: float = LIVE_TIMEOUT_S,
 ) -> int:
-    """Run ``services`` until a signal (0) or a service's failure (1)."""
+    """Run ``services`` until a signal (0) or a service's failure (1).
+
+    Under ``run all`` a process that stops being live (a service loop wedged past
+    ``live_timeout_s``, as ``/live`` judges it) stops itself and exits 1, so that the supervisor,
+    which watches only for exits, restarts it as a liveness probe would have.
+    """
     stop = threading.Event()
     # The handler only notes the signal: it runs on the main thread between two of its bytecodes,
     # and setting the event there takes the event's lock, which the main thread may be holding in
@@ -95,11 +103,13 @@ def run_component(
 
     for signum in stop_signals():
         signal.signal(signum, on_signal)
+    supervised = os.environ.get(SUPERVISOR_ENV, "").isdigit()
     stop_with_supervisor()  # after the handlers: the supervisor's death is then a clean stop
     build_info(registry, component)
+    health = Health(component, services, registry, live_timeout_s=live_timeout_s)
     server: HealthServer | None = None
     if metrics_port is not None:
-        server = HealthServer(Health(component, services, registry), metrics_port, metrics_host)
+        server = HealthServer(health, metrics_port, metrics_host)
         server.start()
         log.info("health and metrics on port %d", server.port)
 
@@ -122,8 +132,20 @@ def run_component(
     threads = [threading.Thread(target=guarded, args=(s,), name=s.name, daemon=True) for s in services]
     for thread in threads:
         thread.start()
+    next_live_check = time.monotonic() + LIVE_CHECK_S
     while not stop.is_set() and not received and any(t.is_alive() for t in threads):
         stop.wait(SIGNAL_POLL_S)
+        if supervised and time.monotonic() >= next_live_check:
+            next_live_check = time.monotonic() + LIVE_CHECK_S
+            if not health.live():
+                wedged = [s.name for s in services if s.seconds_since_turn() >= live_timeout_s]
+                log.error(
+                    "not live: %s has not turned for %.0f s; stopping, for run all to restart the process",
+                    " and ".join(wedged) or "a service",
+                    live_timeout_s,
+                )
+                failed.append("liveness")
+                stop.set()
     if received:
         log.info("received %s, stopping", signal.Signals(received[0]).name)
     stop.set()

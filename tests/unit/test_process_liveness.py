@@ -1,0 +1,146 @@
+"""A component under ``run all`` that stops being live exits, so that the supervisor restarts it.
+
+``run all`` watches its children only for exits; without this, a process whose service loop is
+wedged (what ``/live`` reports to Kubernetes) would sit there for good. Each case runs a small
+component in a subprocess (``run_component`` installs signal handlers, and a wedged process ends
+with ``os._exit``), with a live timeout of 1.5 s instead of 90 s. The test process plays the
+supervisor: it is named in ``SCHEDULER_SUPERVISOR_PID``, as ``run all`` names itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from scheduler.runtime.process import SUPERVISOR_ENV
+from tests.support import wait_for
+
+LIVE_TIMEOUT_S = 1.5
+
+COMPONENT = r"""
+import logging, sys, time
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from scheduler.runtime.process import run_component
+from scheduler.runtime.service import Service
+
+mode, turns_file, port = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+
+
+class Loop(Service):
+    def __init__(self) -> None:
+        super().__init__("loop")
+        self.turns = 0
+
+    def step(self) -> bool:
+        self.turns += 1
+        turns_file.write_text(str(self.turns))
+        if mode == "wedged" and self.turns == 3:
+            time.sleep(600)  # a loop stuck for good: it never turns again, nor sees the stop
+        return False
+
+    def idle(self, stop) -> None:
+        stop.wait(0.1)
+
+
+code = run_component(
+    "demo", [Loop()], CollectorRegistry(), metrics_port=int(port) if port else None,
+    grace_s=0.5, live_timeout_s=%(live)s,
+)
+sys.exit(code)
+""".replace("%(live)s", str(LIVE_TIMEOUT_S))
+
+
+def start(tmp_path: Path, mode: str, *, supervised: bool, port: int | None = None) -> subprocess.Popen[str]:
+    script = tmp_path / "component.py"
+    script.write_text(COMPONENT)
+    env = {k: v for k, v in os.environ.items() if k != SUPERVISOR_ENV}
+    if supervised:
+        env[SUPERVISOR_ENV] = str(os.getpid())
+    return subprocess.Popen(
+        [sys.executable, str(script), mode, str(tmp_path / "turns"), str(port or "")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def turns(tmp_path: Path) -> int:
+    try:
+        return int((tmp_path / "turns").read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def finish(proc: subprocess.Popen[str], timeout_s: float = 30) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"the component did not exit within {timeout_s} s: {err}")
+    return proc.returncode, err
+
+
+def test_a_supervised_component_that_is_wedged_exits_1_saying_which_loop(tmp_path: Path) -> None:
+    proc = start(tmp_path, "wedged", supervised=True)
+    began = time.monotonic()
+    code, err = finish(proc)
+    assert code == 1, err
+    assert "not live: loop has not turned for 2 s; stopping, for run all to restart the process" in err
+    assert "did not stop within the grace period" in err, "the wedged loop never stops: it is left"
+    # Live timeout, one check, the grace period and its margin: it does not linger.
+    assert time.monotonic() - began < 20, err
+
+
+def test_a_supervised_component_that_keeps_turning_stays_up_until_told_to_stop(tmp_path: Path) -> None:
+    proc = start(tmp_path, "healthy", supervised=True)
+    try:
+        # Turns every 0.1 s: past three live timeouts it has had three chances to be wrongly stopped.
+        wait_for(lambda: turns(tmp_path) >= 3 * LIVE_TIMEOUT_S / 0.1 + 10, 30, "the loop to keep turning")
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, err = finish(proc)
+    assert code == 0 and "not live" not in err, err
+
+
+def test_an_unsupervised_wedged_component_is_left_to_its_liveness_probe(tmp_path: Path) -> None:
+    """Outside ``run all`` the platform's probe of /live decides: the process does not exit itself."""
+    port = free_port()
+    proc = start(tmp_path, "wedged", supervised=False, port=port)
+
+    def live_status() -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/live", timeout=2) as answer:
+                return int(answer.status)
+        except urllib.error.HTTPError as error:
+            return error.code
+        except OSError:
+            return 0
+
+    try:
+        wait_for(lambda: live_status() == 200, 30, "/live to answer")
+        wait_for(lambda: live_status() == 503, 30, "/live to report the wedged loop")
+        wait_for(lambda: live_status() == 503 and turns(tmp_path) == 3, 5, "/live to go on reporting it")
+        assert proc.poll() is None, "not supervised: it waits for the probe's restart"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, err = finish(proc)
+    assert code == 1 and "not live" not in err, err
