@@ -151,6 +151,13 @@ def replay(
         if named:
             _dead_runs_named(conn, named)
         candidates = replayer.candidates(conn, where, limit)
+        left_out = replayer.left_out_as_cancelled(conn, where)
+        if left_out:
+            click.echo(
+                f"note: {left_out} dead runs of cancelled schedules match and are left out; name the "
+                "schedule (--schedule) or the runs (--run) to replay them",
+                err=True,
+            )
         if dry_run:
             if as_json:
                 echo_json([{k: getattr(dead.run, k) for k in DRY_RUN_FIELDS} for dead in candidates])

@@ -4,7 +4,9 @@ A replayed run is not a new run: it keeps its id and fire time (UNIQUE (schedule
 scheduled_for) stays true), gets the next attempt number as its fencing token and a fresh budget
 of its schedule's ``max_attempts``, and its message goes to the outbox, from where the relay,
 a worker and the reconciler treat it like any other attempt. Each replay is written to
-``audit_log`` with who did it; a run replayed once is not replayed again unless forced.
+``audit_log`` with who did it; a run replayed once is not replayed again unless forced. A run of
+a cancelled schedule is replayed only when the operator names its schedule or the run: a job its
+owner cancelled does not run again as part of a replay of everything that failed.
 
 Redispatching is the same move for runs whose job messages are gone (Kafka's topics were lost and
 rebuilt): runs whose message left the outbox, queued before a cut-off the operator gives, that no
@@ -89,6 +91,21 @@ class Replayer:
             if after_chunk is not None:
                 after_chunk(replayed)
         return replayed
+
+    def left_out_as_cancelled(self, conn: psycopg.Connection[Row], where: ReplayFilter) -> int:
+        """How many dead runs matching ``where`` a replay leaves out because their schedule is
+        cancelled (it takes them only when ``where`` names their schedule or the runs)."""
+        with conn.transaction():
+            return dlq.count_dead_of_cancelled(
+                conn,
+                app=where.app,
+                schedule_id=where.schedule_id,
+                error_class=where.error_class,
+                since=where.since,
+                until=where.until,
+                force=where.force,
+                run_ids=where.run_ids,
+            )
 
     def lost(
         self, conn: psycopg.Connection[Row], before: datetime, app: str | None, limit: int

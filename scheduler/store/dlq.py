@@ -75,6 +75,34 @@ def dead_runs_for_replay(
     ]
 
 
+def count_dead_of_cancelled(
+    conn: psycopg.Connection[Row],
+    *,
+    app: str | None,
+    schedule_id: UUID | None,
+    error_class: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    force: bool,
+    run_ids: Sequence[UUID] | None = None,
+) -> int:
+    """How many dead runs matching the filters :func:`dead_runs_for_replay` leaves out because
+    their schedule is cancelled."""
+    row = conn.execute(
+        query("count_dead_of_cancelled"),
+        {
+            "app": app,
+            "schedule_id": schedule_id,
+            "error_class": error_class,
+            "since": since,
+            "until": until,
+            "force": force,
+            "run_ids": list(run_ids) if run_ids is not None else None,
+        },
+    ).fetchone()
+    return int(row["left_out"]) if row else 0
+
+
 def lost_runs_for_redispatch(
     conn: psycopg.Connection[Row], *, before: datetime, app: str | None, limit: int
 ) -> list[ResendableRun]:

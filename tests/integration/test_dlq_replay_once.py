@@ -147,3 +147,34 @@ def test_a_replay_may_name_the_dead_runs_it_takes(
     assert again.returncode == 0 and again.stdout.startswith("replayed 0 runs"), again
     assert "--force" in again.stderr, again.stderr
     assert replay("--run", first, "--force").stdout.startswith("replayed 1 runs")
+
+
+def test_a_replay_leaves_out_the_runs_of_cancelled_schedules_unless_it_names_them(
+    conn: psycopg.Connection[Row], settings_env: dict[str, str]
+) -> None:
+    """A job its owner cancelled is not run again by a replay of everything that failed; naming its
+    schedule or the run replays it."""
+    row = conn.execute("select id, schedule_id from runs order by id limit 1").fetchone()
+    assert row is not None
+    run_id, schedule_id = str(row["id"]), row["schedule_id"]
+    service.cancel(conn, schedule_id, "owner")
+    conn.commit()
+
+    def dry(*args: str) -> tuple[set[str], str]:
+        done = subprocess.run(
+            [SCHEDULER, "dlq", "replay", "--dry-run", "--json", "--limit", "1000", *args],
+            env=settings_env, capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        return {r["id"] for r in json.loads(done.stdout)}, done.stderr
+
+    everything, said = dry("--app", APP)
+    assert len(everything) == DEAD - 1 and run_id not in everything
+    assert "note: 1 dead runs of cancelled schedules match and are left out" in said, said
+    assert dry("--schedule", str(schedule_id)) == ({run_id}, "")
+    assert dry("--run", run_id) == ({run_id}, "")
+    replayed = subprocess.run(
+        [SCHEDULER, "dlq", "replay", "--app", APP, "--limit", "1000"],
+        env=settings_env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert replayed.stdout.startswith(f"replayed {DEAD - 1} runs"), replayed.stdout
+    assert conn.execute("select state from runs where id = %s", (run_id,)).fetchone() == {"state": "dead"}

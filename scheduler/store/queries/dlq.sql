@@ -28,7 +28,8 @@ limit %(limit)s::int;
 
 -- name: dead_runs_for_replay
 -- Dead runs matching the operator's filters (`run_ids` null: any run), oldest death first, with
--- what their next message needs. A run replayed before (audit_log says so) is left out unless forced, and one replayed
+-- what their next message needs. Runs of cancelled schedules only when the filters name their
+-- schedule or the runs: a cancelled job is not run again by a replay of everything that failed. A run replayed before (audit_log says so) is left out unless forced, and one replayed
 -- since replayed_since (by an earlier chunk of the same replay) even then. Locked while the
 -- replay of this chunk commits, so two operators cannot replay the same run at once. Bounded in
 -- payload bytes after the first run, as the scanner's lease is (the runs beyond stay dead, for the
@@ -41,6 +42,7 @@ with leased as (
       join schedules s on s.id = r.schedule_id
      where r.state = 'dead'
        and (%(run_ids)s::uuid[] is null or r.id = any(%(run_ids)s::uuid[]))
+       and (s.state <> 'cancelled' or %(schedule_id)s::uuid is not null or %(run_ids)s::uuid[] is not null)
        and (%(app)s::text is null or r.app = %(app)s::text)
        and (%(schedule_id)s::uuid is null or r.schedule_id = %(schedule_id)s::uuid)
        and (%(error_class)s::text is null or split_part(r.error, ':', 1) = %(error_class)s::text)
@@ -60,6 +62,24 @@ select l.*
           from leased) l
  where %(max_bytes)s::bigint is null or l.bytes_before < %(max_bytes)s::bigint
  order by l.finished_at, l.id;
+
+-- name: count_dead_of_cancelled
+-- The dead runs dead_runs_for_replay leaves out because their schedule is cancelled (when the
+-- filters name neither the schedule nor the runs), for the operator to hear of them.
+select count(*)::bigint as left_out
+  from runs r
+  join schedules s on s.id = r.schedule_id
+ where r.state = 'dead'
+   and s.state = 'cancelled'
+   and %(schedule_id)s::uuid is null
+   and %(run_ids)s::uuid[] is null
+   and (%(app)s::text is null or r.app = %(app)s::text)
+   and (%(error_class)s::text is null or split_part(r.error, ':', 1) = %(error_class)s::text)
+   and (%(since)s::timestamptz is null or r.finished_at >= %(since)s::timestamptz)
+   and (%(until)s::timestamptz is null or r.finished_at < %(until)s::timestamptz)
+   and (%(force)s::bool or not exists (select 1 from audit_log a
+                                        where a.entity = 'run' and a.entity_id = r.id::text
+                                          and a.action = 'replay'));
 
 -- name: lost_runs_for_redispatch
 -- Runs whose job message left the outbox before the cut-off (Kafka acknowledged it) and that no
