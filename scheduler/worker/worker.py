@@ -382,6 +382,10 @@ class Worker(Service):
         # (run, attempt) of every job started lately, oldest first, as one int each (_attempt_key);
         # the jobs thread only.
         self._started_attempts: OrderedDict[int, None] = OrderedDict()
+        # (topic, partition, offset) of every job whose handler runs now, its start on record in
+        # Kafka: written by the jobs thread only, copied whole (atomic) by a drain that finds the job
+        # loop blocked (see _commit_past_blocked).
+        self._in_handler: dict[tuple[str, int, int], None] = {}
         self._abandoned: list[threading.Thread] = []  # guarded by _counts_lock
         self._last_commit = time.monotonic()
         self._last_metrics = 0.0
@@ -860,7 +864,33 @@ class Worker(Service):
                 self.grace_s,
             )
         self._serve_outcomes()
+        self._commit_past_blocked()
         self._commit_now()
+
+    def _commit_past_blocked(self) -> None:
+        """A drain that finds the job loop blocked (an async handler that never lets go) counts the
+        jobs whose handlers it started as finished, so that the final commit passes them. Left
+        uncommitted, the blocking job would go to the next member with the same attempt (whose
+        in-memory record of started attempts is empty) and block it too, for ever, every restart;
+        committed past, each started job's lease lapses and the lease sweeper gives the run its next
+        attempt or, its attempts spent, its dead letter (``LeaseExpired``): a job that blocks every
+        time ends dead. Their starts are on record in Kafka (a handler runs only once its start is
+        acknowledged), so none of them is lost."""
+        stalled = self._loop_stalled_s()
+        if stalled < LOOP_STALL_S:
+            return
+        blocked = self._in_handler.copy()  # one C call: the jobs thread cannot change it meanwhile
+        for topic, partition, offset in blocked:
+            self.progress.finished(topic, partition, offset)
+        if blocked:
+            log.warning(
+                "the job loop has not answered for %.0f s: committing past the %d jobs whose handlers "
+                "it started (offsets %s); their leases lapse, and the lease sweeper gives each run its "
+                "next attempt or its dead letter",
+                stalled,
+                len(blocked),
+                ", ".join(f"{topic}[{partition}]@{offset}" for topic, partition, offset in blocked),
+            )
 
     def _shutdown(self) -> None:
         self._draining = True
@@ -1117,6 +1147,8 @@ class Worker(Service):
         # Never before its instant, however early Kafka answered.
         await _at(started, entry_due)
         self._enter(fetched)
+        position = (delivery.topic, delivery.partition, delivery.offset)
+        self._in_handler[position] = None
         try:
             result = await self._run_handler(delivery, job, started)
         except asyncio.CancelledError:
@@ -1136,6 +1168,8 @@ class Worker(Service):
                 # task that holds the exception: a cycle only the cycle collector would free, late
                 # for a run of failing jobs. Nothing reads the traceback once the outcome is built.
                 _drop_tracebacks(exc)
+        finally:
+            self._in_handler.pop(position, None)
         self._succeeded(delivery, job, started, result)
         return "succeeded", None
 

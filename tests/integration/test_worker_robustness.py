@@ -671,6 +671,54 @@ def test_an_async_handler_blocking_the_job_loop_makes_the_worker_not_ready_until
         thread.join(30)
 
 
+def test_a_worker_stopped_with_its_job_loop_blocked_commits_past_the_blocking_job(
+    topics: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stopped (a liveness restart) while an async handler blocks its job loop, the worker commits
+    past the started job: the next member does not run that attempt again and block in turn (the
+    lease sweeper gives the run its next attempt), and the jobs behind it on its partition run."""
+    blocker = job(f"{FIXTURES}:blocks_the_loop", {"seconds": LOOP_STALL_S + 40})
+    behind = [job(f"{FIXTURES}:record") for _ in range(3)]
+    first = in_process_worker(topics, "wedged-worker", concurrency=1, grace_s=2)
+    [loop_check] = [check for check in first.checks() if check.name == "job_loop"]
+
+    def loop_blocked() -> bool:
+        try:
+            loop_check.probe()
+        except RuntimeError:
+            return True
+        return False
+
+    EXECUTED.clear()
+    stop = threading.Event()
+    thread = threading.Thread(target=first.run, args=(stop,))
+    thread.start()
+    try:
+        publish(topics, [blocker], partition=0)
+        wait_for(lambda: blocker.run_id in read_outcomes(topics).started, 60, "the blocker to start")
+        wait_for(loop_blocked, 60, "the job loop to be blocked")
+        publish(topics, behind, partition=0)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive()
+    assert "committing past the 1 jobs whose handlers it started" in caplog.text
+    committed, _ = group_offsets(topics)
+    assert committed[0] == 1, "past the blocker, not past the jobs it held up"
+
+    second = in_process_worker(topics, "next-worker", concurrency=2, grace_s=5)
+    stop = threading.Event()
+    thread = threading.Thread(target=second.run, args=(stop,))
+    thread.start()
+    try:
+        ran = {j.run_id for j in behind}
+        wait_for(lambda: ran <= set(read_outcomes(topics).succeeded), 60, "the jobs behind it")
+        assert len(read_outcomes(topics).started[blocker.run_id]) == 1, "the blocker ran once, not again"
+    finally:
+        stop.set()
+        thread.join(30)
+
+
 def test_a_failed_job_is_freed_at_once_not_left_to_the_cycle_collector(topics: Settings) -> None:
     """A failure's traceback must not tie the job's context (and its payload) into a reference cycle:
     such cycles wait for the collector, and a run of failures with big payloads would pile up there."""
