@@ -145,8 +145,9 @@ def new_traceparent() -> str:
 
 
 def run_traceparent(run_id: uuid.UUID) -> str:
-    """The ``traceparent`` of a run's job message when it continues no creation's trace: the
-    current span's when there is one (a trigger inside its API call), or else the run's own trace.
+    """The ``traceparent`` of a run's job message when it continues no creation's trace: the run's
+    own trace, also for a run made inside a span (a trigger inside its API call), since its later
+    attempts know only the run's id.
 
     A run's own trace has the run's id for its trace id, so an operator finds it by the run id,
     and every attempt of the run (retries, an expired lease's next attempt, a replay) lands in it.
@@ -154,9 +155,6 @@ def run_traceparent(run_id: uuid.UUID) -> str:
     as the first attempt's ``job.scheduling`` (``message_span``'s ``root_of``); the later attempts'
     spans are its children. Sampled, as a new trace's is.
     """
-    current = trace.get_current_span().get_span_context()
-    if current.is_valid:
-        return _compose(current)
     return _compose(_run_root(run_id))
 
 

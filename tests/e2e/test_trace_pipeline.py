@@ -243,6 +243,26 @@ def test_a_retried_one_shot_run_keeps_every_attempt_in_its_creation_trace(traced
     assert {s["attributes"].get("job.id") for s in scheduling.values()} == {run["id"]}
 
 
+def test_a_triggered_one_shot_run_keeps_every_attempt_in_its_creation_trace(traced: Traced) -> None:
+    """A trigger makes the run a fire would have made: its first attempt and its retry are both in
+    the trace the schedule was created in."""
+    schedule = cli_json(
+        traced.env, "schedules", "create", "--app", APP, "--at", "2099-01-01T00:00:00Z",
+        "--handler", "builtin:fail", "--payload", '{"times": 1}', "--max-attempts", "2",
+        "--backoff-base", "0.1",
+    )  # fmt: skip
+    cli(traced.env, "schedules", "trigger", schedule["id"])
+    run = the_run(traced, schedule["id"], "succeeded")
+    [create] = wait_for(
+        lambda: [s for s in traced.receiver.spans() if s["name"] == "schedule.create"] or None, 30, "create"
+    )
+    trace = wait_for_attempts(traced, create["trace_id"], 2)
+    assert check_one_tree(trace, "schedule.create") == create
+    scheduling = scheduling_by_attempt(trace)
+    assert sorted(scheduling) == [0, 1], "both attempts of the triggered run are in the creation's trace"
+    assert {s["attributes"].get("job.id") for s in scheduling.values()} == {run["id"]}
+
+
 def test_a_cron_run_is_a_trace_of_its_own_whose_id_is_the_run_id_with_every_attempt(traced: Traced) -> None:
     schedule = cli_json(
         traced.env, "schedules", "create", "--app", APP, "--cron", "* * * * * *",
