@@ -151,6 +151,12 @@ def replay(
         if named:
             _dead_runs_named(conn, named)
         candidates = replayer.candidates(conn, where, limit)
+        if named and len(candidates) < min(len(named), limit):
+            click.echo(
+                f"note: {min(len(named), limit) - len(candidates)} of the runs named are left out: "
+                "replayed before (--force replays them again) or outside the other filters",
+                err=True,
+            )
         left_out = replayer.left_out_as_cancelled(conn, where)
         if left_out:
             click.echo(
@@ -192,12 +198,6 @@ def replay(
             replayed = replayer.replay(conn, where, limit, actor(), chunk=chunk, after_chunk=paced)
     elapsed = max(time.monotonic() - started, 1e-6)
     click.echo(f"replayed {replayed} runs in {elapsed:.1f} s ({replayed / elapsed:.0f}/s)")
-    if named and replayed < min(len(named), limit):
-        click.echo(
-            f"note: {min(len(named), limit) - replayed} of the runs named were not replayed: replayed "
-            "before (--force replays them again) or outside the other filters",
-            err=True,
-        )
 
 
 def _dead_runs_named(conn: psycopg.Connection[dict[str, Any]], run_ids: tuple[UUID, ...]) -> None:
