@@ -358,6 +358,13 @@ def _quotable_values(decoded: object, longest: int) -> Iterator[tuple[str, bool]
         elif isinstance(value, str):
             if MIN_MASKED_CHARS <= len(value) <= longest:
                 yield value, False
+            if not value.isprintable() or not value.isascii() or any(c in value for c in "\\'\""):
+                # Also as repr() and JSON write it: a KeyError, an OSError's file name or a dict in
+                # an exception's text shows a value escaped (C:\\Users, line one\\nline two).
+                escaped = {json.dumps(value, ensure_ascii=ascii)[1:-1] for ascii in (True, False)}
+                for shown in (escaped | {repr(value)[1:-1]}) - {value}:
+                    if MIN_MASKED_CHARS <= len(shown) <= longest:
+                        yield shown, False
         elif isinstance(value, int | float) and not isinstance(value, bool):
             shown = repr(value)  # as JSON and Python write it (NaN and Infinity aside: words)
             if MIN_MASKED_CHARS <= len(shown) <= longest and shown[-1].isdigit():

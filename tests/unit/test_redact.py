@@ -225,6 +225,19 @@ def test_a_payload_with_many_keys_names_only_the_first() -> None:
             "many short values first: ***",
         ),
         ("", '{"a": "abcd"}', ""),
+        # Escaped as repr() and JSON show them: an OSError's file name, a KeyError, a dict.
+        (
+            str(OSError(2, "No such file or directory", "C:\\Users\\alice\\salary.xlsx")),
+            json.dumps({"path": "C:\\Users\\alice\\salary.xlsx"}),
+            "[Errno 2] No such file or directory: '***'",
+        ),
+        (str(KeyError("line one\nline two")), json.dumps({"note": "line one\nline two"}), "'***'"),
+        (
+            str(ValueError({"note": "line one\nline two", "who": "Zoë Ünal"})),
+            json.dumps({"note": "line one\nline two", "who": "Zoë Ünal"}),
+            "{'note': '***', 'who': '***'}",
+        ),
+        ('bad: {"who": "Zo\\u00eb \\u00dcnal"}', json.dumps({"who": "Zoë Ünal"}), 'bad: {"who": "***"}'),
     ],
 )
 def test_a_handler_error_quoting_its_payload_has_those_values_masked(
