@@ -841,7 +841,14 @@ class Worker(Service):
                 consumer.pause(consumer.assignment())
             except TransportError as exc:
                 log.warning("pausing for the drain failed: %s", exc)
+        # The job loop is asked to answer during the drain too, so that a handler blocking it from
+        # just before the stop, or from a job started in the drain, is seen (_commit_past_blocked).
+        self._ping_loop()
+        last_ping = time.monotonic()
         while self._busy() and time.monotonic() < deadline:
+            if time.monotonic() - last_ping >= METRICS_EVERY_S:  # as _observe pings
+                self._ping_loop()
+                last_ping = time.monotonic()
             self._serve_outcomes(0.05)
             if consumer is not None:
                 try:

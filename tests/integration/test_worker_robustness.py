@@ -671,15 +671,19 @@ def test_an_async_handler_blocking_the_job_loop_makes_the_worker_not_ready_until
         thread.join(30)
 
 
+@pytest.mark.parametrize("blocked", ["before the stop", "in the drain"])
 def test_a_worker_stopped_with_its_job_loop_blocked_commits_past_the_blocking_job(
-    topics: Settings, caplog: pytest.LogCaptureFixture
+    topics: Settings, caplog: pytest.LogCaptureFixture, blocked: str
 ) -> None:
     """Stopped (a liveness restart) while an async handler blocks its job loop, the worker commits
     past the started job: the next member does not run that attempt again and block in turn (the
-    lease sweeper gives the run its next attempt), and the jobs behind it on its partition run."""
+    lease sweeper gives the run its next attempt), and the jobs behind it on its partition run. So
+    too when the blocking job starts in the drain (due within its first half)."""
     blocker = job(f"{FIXTURES}:blocks_the_loop", {"seconds": LOOP_STALL_S + 40})
+    if blocked == "in the drain":
+        blocker = replace(blocker, scheduled_for=datetime.now(UTC) + timedelta(seconds=6))
     behind = [job(f"{FIXTURES}:record") for _ in range(3)]
-    first = in_process_worker(topics, "wedged-worker", concurrency=1, grace_s=2)
+    first = in_process_worker(topics, "wedged-worker", concurrency=1, grace_s=24)
     [loop_check] = [check for check in first.checks() if check.name == "job_loop"]
 
     def loop_blocked() -> bool:
@@ -689,19 +693,27 @@ def test_a_worker_stopped_with_its_job_loop_blocked_commits_past_the_blocking_jo
             return True
         return False
 
+    def held() -> float:
+        return REGISTRY.get_sample_value("scheduler_worker_held_jobs", {"app": APP}) or 0.0
+
     EXECUTED.clear()
     stop = threading.Event()
     thread = threading.Thread(target=first.run, args=(stop,))
     thread.start()
     try:
         publish(topics, [blocker], partition=0)
-        wait_for(lambda: blocker.run_id in read_outcomes(topics).started, 60, "the blocker to start")
-        wait_for(loop_blocked, 60, "the job loop to be blocked")
-        publish(topics, behind, partition=0)
+        if blocked == "before the stop":
+            wait_for(lambda: blocker.run_id in read_outcomes(topics).started, 60, "the blocker to start")
+            wait_for(loop_blocked, 60, "the job loop to be blocked")
+            publish(topics, behind, partition=0)  # fetched, and held up behind the blocker
+        else:
+            wait_for(lambda: held() == 1, 60, "the blocker to be held until its instant")
     finally:
         stop.set()
         thread.join(60)
     assert not thread.is_alive()
+    if blocked == "in the drain":
+        publish(topics, behind, partition=0)
     assert "committing past the 1 jobs whose handlers it started" in caplog.text
     committed, _ = group_offsets(topics)
     assert committed[0] == 1, "past the blocker, not past the jobs it held up"
