@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from uuid import UUID
 
 import psycopg
 
 from scheduler.config import Settings
 from scheduler.scan.dispatch import JobDispatcher, attempt_deadline
 from scheduler.store import dlq, scan
-from scheduler.store.dlq import ResendableRun
+from scheduler.store.dlq import DeadRunFilter, ResendableRun
 from scheduler.store.scan import MAX_BATCH_PAYLOAD_BYTES, NextAttempt
 
 Row = dict[str, Any]
@@ -36,16 +34,8 @@ REPLAY_CHUNK = 500
 """Dead runs replayed in one transaction."""
 
 
-@dataclass(frozen=True)
-class ReplayFilter:
-    app: str | None = None
-    schedule_id: UUID | None = None
-    error_class: str | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    force: bool = False
-    run_ids: tuple[UUID, ...] | None = None
-    """Only these runs (each still has to be dead and match the other filters); None: any."""
+ReplayFilter = DeadRunFilter
+"""The dead runs a replay takes (see :class:`scheduler.store.dlq.DeadRunFilter`)."""
 
 
 class Replayer:
@@ -96,16 +86,7 @@ class Replayer:
         """How many dead runs matching ``where`` a replay leaves out because their schedule is
         cancelled (it takes them only when ``where`` names their schedule or the runs)."""
         with conn.transaction():
-            return dlq.count_dead_of_cancelled(
-                conn,
-                app=where.app,
-                schedule_id=where.schedule_id,
-                error_class=where.error_class,
-                since=where.since,
-                until=where.until,
-                force=where.force,
-                run_ids=where.run_ids,
-            )
+            return dlq.count_dead_of_cancelled(conn, where)
 
     def lost(
         self, conn: psycopg.Connection[Row], before: datetime, app: str | None, limit: int
@@ -134,19 +115,7 @@ class Replayer:
         began: datetime | None = None,
         max_bytes: int | None = None,
     ) -> list[ResendableRun]:
-        return dlq.dead_runs_for_replay(
-            conn,
-            app=where.app,
-            schedule_id=where.schedule_id,
-            error_class=where.error_class,
-            since=where.since,
-            until=where.until,
-            force=where.force,
-            replayed_since=began,
-            max_bytes=max_bytes,
-            run_ids=where.run_ids,
-            limit=limit,
-        )
+        return dlq.dead_runs_for_replay(conn, where, limit=limit, replayed_since=began, max_bytes=max_bytes)
 
     def _next_attempt(self, dead: ResendableRun, budget: int | None = None) -> tuple[NextAttempt, int]:
         run = dead.run

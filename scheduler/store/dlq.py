@@ -21,6 +21,32 @@ from scheduler.store.sql import query
 Row = dict[str, Any]
 
 
+@dataclass(frozen=True)
+class DeadRunFilter:
+    """Which dead runs an operator means: every field left None (False) filters nothing."""
+
+    app: str | None = None
+    schedule_id: UUID | None = None
+    error_class: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    force: bool = False
+    """Also runs replayed before."""
+    run_ids: tuple[UUID, ...] | None = None
+    """Only these runs (each still has to be dead and match the other filters); None: any."""
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "app": self.app,
+            "schedule_id": self.schedule_id,
+            "error_class": self.error_class,
+            "since": self.since,
+            "until": self.until,
+            "force": self.force,
+            "run_ids": list(self.run_ids) if self.run_ids is not None else None,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class ResendableRun:
     """A run a replay (dead) or a redispatch (lost) may take, locked until its transaction ends."""
@@ -37,35 +63,17 @@ class ResendableRun:
 
 def dead_runs_for_replay(
     conn: psycopg.Connection[Row],
+    where: DeadRunFilter,
     *,
-    app: str | None,
-    schedule_id: UUID | None,
-    error_class: str | None,
-    since: datetime | None,
-    until: datetime | None,
-    force: bool,
     limit: int,
     replayed_since: datetime | None = None,
     max_bytes: int | None = None,
-    run_ids: Sequence[UUID] | None = None,
 ) -> list[ResendableRun]:
-    """``run_ids``: only these runs (None: any). ``replayed_since``: leave out runs replayed at or
-    after it, even when forced. ``max_bytes``: no more payload bytes after the first run (None: no
-    bound, for a dry run's whole list)."""
+    """``replayed_since``: leave out runs replayed at or after it, even when forced. ``max_bytes``:
+    no more payload bytes after the first run (None: no bound, for a dry run's whole list)."""
     rows = conn.execute(
         query("dead_runs_for_replay"),
-        {
-            "app": app,
-            "schedule_id": schedule_id,
-            "error_class": error_class,
-            "since": since,
-            "until": until,
-            "force": force,
-            "replayed_since": replayed_since,
-            "max_bytes": max_bytes,
-            "run_ids": list(run_ids) if run_ids is not None else None,
-            "limit": limit,
-        },
+        where.params() | {"replayed_since": replayed_since, "max_bytes": max_bytes, "limit": limit},
     ).fetchall()
     return [
         ResendableRun(
@@ -75,31 +83,10 @@ def dead_runs_for_replay(
     ]
 
 
-def count_dead_of_cancelled(
-    conn: psycopg.Connection[Row],
-    *,
-    app: str | None,
-    schedule_id: UUID | None,
-    error_class: str | None,
-    since: datetime | None,
-    until: datetime | None,
-    force: bool,
-    run_ids: Sequence[UUID] | None = None,
-) -> int:
-    """How many dead runs matching the filters :func:`dead_runs_for_replay` leaves out because
-    their schedule is cancelled."""
-    row = conn.execute(
-        query("count_dead_of_cancelled"),
-        {
-            "app": app,
-            "schedule_id": schedule_id,
-            "error_class": error_class,
-            "since": since,
-            "until": until,
-            "force": force,
-            "run_ids": list(run_ids) if run_ids is not None else None,
-        },
-    ).fetchone()
+def count_dead_of_cancelled(conn: psycopg.Connection[Row], where: DeadRunFilter) -> int:
+    """How many dead runs matching ``where`` :func:`dead_runs_for_replay` leaves out because their
+    schedule is cancelled."""
+    row = conn.execute(query("count_dead_of_cancelled"), where.params()).fetchone()
     return int(row["left_out"]) if row else 0
 
 

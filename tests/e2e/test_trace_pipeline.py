@@ -232,6 +232,15 @@ def test_a_retried_one_shot_run_keeps_every_attempt_in_its_creation_trace(traced
         traced, "builtin:fail", "--payload", '{"times": 1}', "--max-attempts", "2", "--backoff-base", "0.1"
     )
     run = the_run(traced, schedule["id"], "succeeded")
+    create, scheduling = both_attempts_in_the_creation_trace(traced, run)
+    assert all(s["parent_span_id"] == create["span_id"] for s in scheduling.values())
+
+
+def both_attempts_in_the_creation_trace(
+    traced: Traced, run: dict[str, Any]
+) -> tuple[ReceivedSpan, dict[int, ReceivedSpan]]:
+    """The schedule.create span, and the job.scheduling span of each of the run's two attempts,
+    all in one tree under it."""
     [create] = wait_for(
         lambda: [s for s in traced.receiver.spans() if s["name"] == "schedule.create"] or None, 30, "create"
     )
@@ -239,8 +248,8 @@ def test_a_retried_one_shot_run_keeps_every_attempt_in_its_creation_trace(traced
     assert check_one_tree(trace, "schedule.create") == create
     scheduling = scheduling_by_attempt(trace)
     assert sorted(scheduling) == [0, 1], "both attempts' scheduling spans are in the creation's trace"
-    assert all(s["parent_span_id"] == create["span_id"] for s in scheduling.values())
     assert {s["attributes"].get("job.id") for s in scheduling.values()} == {run["id"]}
+    return create, scheduling
 
 
 def test_a_triggered_one_shot_run_keeps_every_attempt_in_its_creation_trace(traced: Traced) -> None:
@@ -252,15 +261,7 @@ def test_a_triggered_one_shot_run_keeps_every_attempt_in_its_creation_trace(trac
         "--backoff-base", "0.1",
     )  # fmt: skip
     cli(traced.env, "schedules", "trigger", schedule["id"])
-    run = the_run(traced, schedule["id"], "succeeded")
-    [create] = wait_for(
-        lambda: [s for s in traced.receiver.spans() if s["name"] == "schedule.create"] or None, 30, "create"
-    )
-    trace = wait_for_attempts(traced, create["trace_id"], 2)
-    assert check_one_tree(trace, "schedule.create") == create
-    scheduling = scheduling_by_attempt(trace)
-    assert sorted(scheduling) == [0, 1], "both attempts of the triggered run are in the creation's trace"
-    assert {s["attributes"].get("job.id") for s in scheduling.values()} == {run["id"]}
+    both_attempts_in_the_creation_trace(traced, the_run(traced, schedule["id"], "succeeded"))
 
 
 def test_a_cron_run_is_a_trace_of_its_own_whose_id_is_the_run_id_with_every_attempt(traced: Traced) -> None:

@@ -90,10 +90,8 @@ def test_a_replay_chunk_takes_payloads_up_to_its_bound_and_a_dry_run_lists_all(
             (schedule["id"],),
         )
     conn.commit()
-    where: dict[str, Any] = {
-        "app": "big", "schedule_id": None, "error_class": None, "since": None, "until": None, "force": False,
-    }  # fmt: skip
+    where = dlq.DeadRunFilter(app="big")
     with conn.transaction(force_rollback=True):
-        assert len(dlq.dead_runs_for_replay(conn, **where, limit=500, max_bytes=1000)) == 2
+        assert len(dlq.dead_runs_for_replay(conn, where, limit=500, max_bytes=1000)) == 2
     with conn.transaction(force_rollback=True):
-        assert len(dlq.dead_runs_for_replay(conn, **where, limit=500)) == 4
+        assert len(dlq.dead_runs_for_replay(conn, where, limit=500)) == 4

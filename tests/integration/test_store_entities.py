@@ -138,9 +138,7 @@ def test_a_dead_run_for_replay_carries_the_budget_a_replay_grants(conn: psycopg.
     )
     conn.commit()
     with conn.transaction(force_rollback=True):
-        [dead] = dlq.dead_runs_for_replay(
-            conn, app="ent", schedule_id=None, error_class=None, since=None, until=None, force=False, limit=10
-        )
+        [dead] = dlq.dead_runs_for_replay(conn, dlq.DeadRunFilter(app="ent"), limit=10)
     assert dead.run == run_from_row(run_of(conn, schedule["id"]))
     assert (dead.run.state, dead.run.attempt, dead.budget, dead.job.max_attempts) == (RunState.DEAD, 4, 4, 4)
 
