@@ -40,6 +40,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from uuid import UUID
 
 import psycopg
 from opentelemetry.trace import Span, SpanKind
@@ -482,13 +483,19 @@ class Relay(Service):
                 SpanKind.PRODUCER,
                 kafka_attributes("send", row.topic, key=row.key) | _job_of(row),
                 start_time=now_ns - int(row.age_s * 1e9),
-                # A first attempt in its run's own trace is that trace's root.
-                root_of=row.run_id if row.attempt == 1 else None,
+                root_of=_root_of(row),
             )
             spans.append(span)
             headers = dict(row.headers) | {HEADER: traceparent_of_span(span)}
             messages.append(OutgoingMessage(row.topic, row.value, row.key, list(headers.items())))
         return messages, spans
+
+
+def _root_of(row: OutboxRow) -> UUID | None:
+    """The run whose trace root this row's ``job.scheduling`` span is: a first attempt's, the first
+    time it is produced. Produced again (Kafka did not answer, or refused it for a while), its span
+    is a child of that root, not a second span with the root's ids."""
+    return row.run_id if row.attempt == 1 and row.publish_count == 0 else None
 
 
 # The outcome of a message Kafka did not answer in time (neither acknowledged nor refused).

@@ -24,6 +24,8 @@ from scheduler.kafka.tracing import (
     run_traceparent,
     traceparent_of,
 )
+from scheduler.relay.relay import _root_of
+from scheduler.store.outbox import OutboxRow
 from scheduler.telemetry import tracing
 from scheduler.telemetry.tracing import (
     JOB_EXECUTION,
@@ -478,3 +480,25 @@ def test_root_of_leaves_a_trace_that_is_not_the_runs_own_alone(run_tracer: InMem
     [finished_span] = run_tracer.get_finished_spans()
     assert finished_span.parent is not None and hex_trace(finished_span) == TRACE_ID
     assert f"{finished_span.parent.span_id:016x}" == SPAN_ID
+
+
+def test_a_first_attempt_produced_again_is_a_child_of_its_run_root_not_a_second_root(
+    run_tracer: InMemorySpanExporter,
+) -> None:
+    """The relay records a first attempt's job.scheduling as its run's root only the first time it
+    produces it; produced again (Kafka did not answer), the span hangs from that root."""
+    run_id = uuid.uuid4()
+    header = run_traceparent(run_id)
+
+    def row(attempt: int, publish_count: int) -> OutboxRow:
+        return OutboxRow(
+            1, "t.jobs.a", None, b"", {"traceparent": header}, run_id, attempt, publish_count, 0.0
+        )
+
+    for outbox_row in (row(1, 0), row(1, 1)):
+        span = tracing.message_span(JOB_SCHEDULING, header, SpanKind.PRODUCER, root_of=_root_of(outbox_row))
+        span.end()
+    first, again = run_tracer.get_finished_spans()
+    assert first.parent is None and again.parent is not None
+    assert again.parent.span_id == first.context.span_id != again.context.span_id
+    assert _root_of(row(2, 0)) is None, "a later attempt is never a root"
