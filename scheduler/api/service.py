@@ -36,7 +36,7 @@ from scheduler.api.metrics import REQUEST_SECONDS, REQUESTS
 from scheduler.config import Settings
 from scheduler.domain.run_state import RunState
 from scheduler.domain.schedule import ScheduleState
-from scheduler.reconcile.replay import Replayer, ReplayFilter
+from scheduler.reconcile.replay import Replayer, ReplayFilter, first_not_dead
 from scheduler.scan.dispatch import JobDispatcher
 from scheduler.schedule import service
 from scheduler.schedule.service import (
@@ -517,17 +517,15 @@ class SchedulerApi:
         if len(texts) > MAX_REPLAY:
             raise invalid(f"name at most {MAX_REPLAY} runs", field="run_ids")
         run_ids = tuple(dict.fromkeys(m.uuid_of(text, "run_ids") for text in texts))
-        found = run_store.states_of_runs(conn, run_ids)
-        for run_id in run_ids:
-            run = found.get(run_id)
-            if run is None or not principal.sees(run["app"]):
-                raise not_found(f"run {run_id}")
-            if run["state"] != "dead":
-                raise ApiError(
-                    Code.FAILED_PRECONDITION,
-                    f"run {run_id} is {run['state']}, not dead: only dead runs are replayed",
-                    {"field": "run_ids"},
-                )
+        refused = first_not_dead(conn, run_ids, principal.sees)
+        if refused is not None and refused.state is None:
+            raise not_found(f"run {refused.run_id}")
+        if refused is not None:
+            raise ApiError(
+                Code.FAILED_PRECONDITION,
+                f"run {refused.run_id} is {refused.state}, not dead: only dead runs are replayed",
+                {"field": "run_ids"},
+            )
         return run_ids
 
     # --- audit ------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import click
-import psycopg
 from rich.console import Console
 from rich.progress import Progress, TextColumn
 from rich.table import Table
@@ -25,7 +24,7 @@ from scheduler.cli.common import (
     uuid_arg,
     wiring_or_exit,
 )
-from scheduler.reconcile.replay import Replayer, ReplayFilter
+from scheduler.reconcile.replay import Replayer, ReplayFilter, first_not_dead
 from scheduler.store import runs as store
 
 
@@ -148,8 +147,11 @@ def replay(
     with database(wiring) as conn:
         known_app(conn, app)
         known_schedule(conn, schedule_id)
-        if named:
-            _dead_runs_named(conn, named)
+        refused = first_not_dead(conn, named) if named else None
+        if refused is not None and refused.state is None:
+            fail(f"unknown run {refused.run_id} (`scheduler dlq list` shows the dead runs)", code=2)
+        if refused is not None:
+            fail(f"run {refused.run_id} is {refused.state}, not dead: only dead runs are replayed", code=2)
         candidates = replayer.candidates(conn, where, limit)
         if named and len(candidates) < min(len(named), limit):
             click.echo(
@@ -198,18 +200,6 @@ def replay(
             replayed = replayer.replay(conn, where, limit, actor(), chunk=chunk, after_chunk=paced)
     elapsed = max(time.monotonic() - started, 1e-6)
     click.echo(f"replayed {replayed} runs in {elapsed:.1f} s ({replayed / elapsed:.0f}/s)")
-
-
-def _dead_runs_named(conn: psycopg.Connection[dict[str, Any]], run_ids: tuple[UUID, ...]) -> None:
-    """Refuse (exit 2, before anything changes) a --run that names no run, or one not dead: a
-    replay that quietly left it out would read as done."""
-    with conn.transaction():
-        found = store.states_of_runs(conn, run_ids)
-    for run_id in run_ids:
-        if run_id not in found:
-            fail(f"unknown run {run_id} (`scheduler dlq list` shows the dead runs)", code=2)
-        if found[run_id]["state"] != "dead":
-            fail(f"run {run_id} is {found[run_id]['state']}, not dead: only dead runs are replayed", code=2)
 
 
 DRY_RUN_FIELDS = ("id", "schedule_id", "app", "scheduled_for", "attempt", "error", "finished_at")

@@ -136,6 +136,13 @@ class Schedule:
     """What the schedule is for, in its owner's words; nothing the scheduler acts on."""
 
     @property
+    def creation_traceparent(self) -> str | None:
+        """The trace its runs' attempts continue: a one-shot's creation trace (its one run belongs
+        to it); None for a cron schedule, whose every run is a trace of its own. The SQL that
+        leases retries and re-dispatches reads it by the same rule."""
+        return None if self.kind is ScheduleKind.CRON else self.traceparent
+
+    @property
     def execution(self) -> ExecutionSettings:
         """The settings the first attempt of each of its runs is dispatched with."""
         return ExecutionSettings(

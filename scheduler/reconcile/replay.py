@@ -16,15 +16,17 @@ worker started. Their budget grows by one, since the lost attempt never ran.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 import psycopg
 
 from scheduler.config import Settings
 from scheduler.scan.dispatch import JobDispatcher, attempt_deadline
-from scheduler.store import dlq, scan
+from scheduler.store import dlq, runs, scan
 from scheduler.store.dlq import DeadRunFilter, ResendableRun
 from scheduler.store.scan import MAX_BATCH_PAYLOAD_BYTES, NextAttempt
 
@@ -36,6 +38,32 @@ REPLAY_CHUNK = 500
 
 ReplayFilter = DeadRunFilter
 """The dead runs a replay takes (see :class:`scheduler.store.dlq.DeadRunFilter`)."""
+
+
+@dataclass(frozen=True)
+class NotReplayable:
+    """A run an operator named that a replay cannot take."""
+
+    run_id: UUID
+    state: str | None
+    """Its state; None when there is no such run (or none the caller may see)."""
+
+
+def first_not_dead(
+    conn: psycopg.Connection[Row], run_ids: Sequence[UUID], sees: Callable[[str], bool] = lambda _app: True
+) -> NotReplayable | None:
+    """The first of the runs named that is missing, not the caller's to see (``sees`` its app), or
+    not dead; None when a replay can take them all. Asked before anything changes: a replay that
+    quietly left a named run out would read as done."""
+    with conn.transaction():
+        found = runs.states_of_runs(conn, run_ids)
+    for run_id in run_ids:
+        run = found.get(run_id)
+        if run is None or not sees(run["app"]):
+            return NotReplayable(run_id, None)
+        if run["state"] != "dead":
+            return NotReplayable(run_id, run["state"])
+    return None
 
 
 class Replayer:

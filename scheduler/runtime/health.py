@@ -69,8 +69,12 @@ class Health:
         self._cache: tuple[float, dict[str, Probe]] | None = None
         self._lock = threading.Lock()
 
+    def wedged(self) -> list[str]:
+        """The services that have not turned within the live timeout."""
+        return [s.name for s in self.services if s.seconds_since_turn() >= self.live_timeout_s]
+
     def live(self) -> bool:
-        return all(s.seconds_since_turn() < self.live_timeout_s for s in self.services)
+        return not self.wedged()
 
     def started(self) -> bool:
         return all(s.status.started for s in self.services)

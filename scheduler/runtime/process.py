@@ -137,11 +137,11 @@ def run_component(
         stop.wait(SIGNAL_POLL_S)
         if supervised and time.monotonic() >= next_live_check:
             next_live_check = time.monotonic() + LIVE_CHECK_S
-            if not health.live():
-                wedged = [s.name for s in services if s.seconds_since_turn() >= live_timeout_s]
+            wedged = health.wedged()
+            if wedged:
                 log.error(
                     "not live: %s has not turned for %.0f s; stopping, for run all to restart the process",
-                    " and ".join(wedged) or "a service",
+                    " and ".join(wedged),
                     live_timeout_s,
                 )
                 failed.append("liveness")

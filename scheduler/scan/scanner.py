@@ -216,8 +216,7 @@ class Scanner(Service):
                     attempt=1,
                     # Informational: a fire leased ahead is not dispatched before its instant.
                     deadline=attempt_deadline(max(leased.now, at), schedule.timeout_ms),
-                    # A cron schedule's fires are traces of their own, not its creation's.
-                    traceparent=None if schedule.kind is ScheduleKind.CRON else schedule.traceparent,
+                    traceparent=schedule.creation_traceparent,
                 )
             runs.append(
                 NewRun(

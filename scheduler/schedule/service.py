@@ -476,9 +476,7 @@ def trigger(
             scheduled_for=now,
             attempt=1,
             deadline=attempt_deadline(now, schedule.timeout_ms),
-            # As the scanner's fires: a one-shot's run continues its creation's trace, which its
-            # retries continue too; a cron schedule's run is a trace of its own.
-            traceparent=None if schedule.kind is ScheduleKind.CRON else schedule.traceparent,
+            traceparent=schedule.creation_traceparent,  # as the scanner's fires
         )
         scan.create_runs(
             conn,

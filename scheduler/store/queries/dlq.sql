@@ -29,7 +29,8 @@ limit %(limit)s::int;
 -- name: dead_runs_for_replay
 -- Dead runs matching the operator's filters (`run_ids` null: any run), oldest death first, with
 -- what their next message needs. Runs of cancelled schedules only when the filters name their
--- schedule or the runs: a cancelled job is not run again by a replay of everything that failed. A run replayed before (audit_log says so) is left out unless forced, and one replayed
+-- schedule or the runs: a cancelled job is not run again by a replay of everything that failed.
+-- A run replayed before (audit_log says so) is left out unless forced, and one replayed
 -- since replayed_since (by an earlier chunk of the same replay) even then. Locked while the
 -- replay of this chunk commits, so two operators cannot replay the same run at once. Bounded in
 -- payload bytes after the first run, as the scanner's lease is (the runs beyond stay dead, for the
@@ -89,7 +90,8 @@ select count(*)::bigint as left_out
 -- or Kafka's acknowledgement in earlier versions), else the run's creation. Locked like
 -- dead_runs_for_replay.
 select r.*, s.handler, s.payload, s.timeout_ms, s.max_attempts as budget, s.backoff_base_ms,
-       s.backoff_max_ms, now() as now, case when s.kind <> 'cron' then s.traceparent end as creation_traceparent
+       s.backoff_max_ms, now() as now,
+       case when s.kind <> 'cron' then s.traceparent end as creation_traceparent
   from runs r
   join schedules s on s.id = r.schedule_id
  where r.state in ('pending', 'dispatched')

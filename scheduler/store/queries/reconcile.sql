@@ -276,7 +276,8 @@ with expired as (
 )
 select w.id, w.schedule_id, w.app, w.attempt, w.max_attempts, w.state, w.scheduled_for, w.worker,
        w.started_at, s.handler, s.payload, s.timeout_ms, s.backoff_base_ms, s.backoff_max_ms,
-       coalesce(%(now)s::timestamptz, now()) as now, case when s.kind <> 'cron' then s.traceparent end as creation_traceparent,
+       coalesce(%(now)s::timestamptz, now()) as now,
+       case when s.kind <> 'cron' then s.traceparent end as creation_traceparent,
        (select coalesce(jsonb_agg(jsonb_build_object(
                    'attempt', a.attempt, 'worker', a.worker, 'started_at', a.started_at,
                    'finished_at', a.finished_at, 'error', a.error, 'error_class', a.error_class)
