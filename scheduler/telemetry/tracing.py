@@ -7,10 +7,11 @@ one-shot run continues the trace its schedule was created in. A retry, a sweeper
 after an expired lease and a replay continue the run's trace. Each attempt goes through the relay's
 ``job.scheduling``, the worker's ``job.execution`` (and ``job.failure`` when it fails) and the
 reconciler's ``process`` span; the ``traceparent`` header of each message links one hop to the
-next. A message always gets a valid ``traceparent``: the current span's, or a fresh random one when
-there is none, so the header is there even with tracing unconfigured. (``scheduler.kafka.tracing``
-puts it on Kafka messages; this module sits below the Kafka layer and knows nothing of Kafka but
-the conventions' attribute names.)
+next, and its sampled flag, decided once per run (``_samples_run``), keeps a run's trace whole or
+drops it whole. A message always gets a valid ``traceparent``: the current span's, or a fresh
+random one when there is none, so the header is there even with tracing unconfigured.
+(``scheduler.kafka.tracing`` puts it on Kafka messages; this module sits below the Kafka layer and
+knows nothing of Kafka but the conventions' attribute names.)
 
 Export follows the standard ``OTEL_*`` variables and is off unless they ask for it. With export
 off a component still runs the SDK, only without span processors. Measured on the development
@@ -50,6 +51,7 @@ from opentelemetry.trace import (
     Status,
     StatusCode,
     TraceFlags,
+    TraceState,
     format_span_id,
     format_trace_id,
 )
@@ -60,6 +62,7 @@ import scheduler
 from scheduler.telemetry.redact import redact_text
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.id_generator import IdGenerator
 
@@ -159,9 +162,23 @@ def run_traceparent(run_id: uuid.UUID) -> str:
 
 
 def _run_root(run_id: uuid.UUID) -> SpanContext:
-    return SpanContext(
-        run_id.int, _run_root_span_id(run_id), is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED)
-    )
+    flags = TraceFlags(TraceFlags.SAMPLED if _samples_run(run_id) else TraceFlags.DEFAULT)
+    return SpanContext(run_id.int, _run_root_span_id(run_id), is_remote=False, trace_flags=flags)
+
+
+def _samples_run(run_id: uuid.UUID) -> bool:
+    """Whether a run's own trace is recorded: this process's sampler asked as for a new trace whose
+    id is the run id (a ratio sampler decides on the id's hash, see :func:`_spread`). Decided the
+    same way wherever a run's message is made, and carried in every attempt's ``traceparent``, so
+    a run's trace is recorded whole or not at all. Sampled when tracing is not configured here, as
+    a new trace's is."""
+    provider = _provider
+    if provider is None:
+        return True
+    # An empty context, not the current one: a run made inside a span (a trigger's API call) is
+    # not that span's child, and its later attempts, made elsewhere, must decide alike.
+    decision = provider.sampler.should_sample(Context(), run_id.int, JOB_SCHEDULING).decision
+    return bool(decision.is_sampled())  # type: ignore[no-untyped-call]
 
 
 def _run_root_span_id(run_id: uuid.UUID) -> int:
@@ -409,10 +426,10 @@ def message_span(
     names: the parent that the run's later spans name is then a span that was recorded."""
     parent = context_from_traceparent(traceparent)
     if root_of is not None and parent is not None:
-        root = _run_root(root_of)
         named = trace.get_current_span(parent).get_span_context()
-        if (named.trace_id, named.span_id) == (root.trace_id, root.span_id):
-            token = _CHOSEN_IDS.set((root.trace_id, root.span_id))
+        if (named.trace_id, named.span_id) == (root_of.int, _run_root_span_id(root_of)):
+            # Recorded as the header says: the run's later spans follow the same flag.
+            token = _CHOSEN_IDS.set((named.trace_id, named.span_id, named.trace_flags.sampled))
             try:
                 return _TRACER.start_span(
                     name, context=Context(), kind=kind, attributes=attributes, start_time=_ns(start_time)
@@ -424,9 +441,9 @@ def message_span(
     )
 
 
-# The trace and span ids the next span started in this context takes, for a run's root span;
-# read by the id generator configure_tracing gives the SDK.
-_CHOSEN_IDS: ContextVar[tuple[int, int] | None] = ContextVar("scheduler_chosen_span_ids", default=None)
+# The trace and span ids the next span started in this context takes, and whether it is sampled,
+# for a run's root span; read by the id generator and the sampler configure_tracing gives the SDK.
+_CHOSEN_IDS: ContextVar[tuple[int, int, bool] | None] = ContextVar("scheduler_chosen_span_ids", default=None)
 
 
 def _id_generator() -> IdGenerator:
@@ -447,6 +464,61 @@ def _id_generator() -> IdGenerator:
             return _CHOSEN_IDS.get() is None
 
     return ChosenOrRandomIds()
+
+
+def _spread(trace_id: int) -> int:
+    """The trace id with its low 64 bits replaced by a hash of all 128 (splitmix64's finaliser of
+    their two halves' exclusive or), for the sampler to decide on. A ratio sampler reads the low 64
+    bits as a uniform number, and a run id's are not: its variant bits are always 10, and the next
+    ones count up within a millisecond. Left as they are, a rate of 0.5 or below recorded no run's
+    trace and one of 0.9 recorded every one. A random id stays uniform, since the hash is one to one."""
+    low = (trace_id ^ (trace_id >> 64)) & _LOW_64
+    low = ((low ^ (low >> 30)) * 0xBF58476D1CE4E5B9) & _LOW_64
+    low = ((low ^ (low >> 27)) * 0x94D049BB133111EB) & _LOW_64
+    return (trace_id & ~_LOW_64) | (low ^ (low >> 31))
+
+
+_LOW_64: Final = (1 << 64) - 1
+
+
+def _new_provider(resource: Resource | None = None) -> TracerProvider:
+    """An SDK provider with the sampler ``OTEL_TRACES_SAMPLER`` names, deciding on the spread trace
+    id (:func:`_spread`) and giving a run's root the decision its ``traceparent`` carries, and with
+    the id generator that gives a run's root its ids."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+
+    class RunAwareSampler(Sampler):
+        def __init__(self, configured: Sampler) -> None:
+            self._configured = configured
+
+        def should_sample(
+            self,
+            parent_context: Context | None,
+            trace_id: int,
+            name: str,
+            kind: SpanKind | None = None,
+            attributes: Attributes = None,
+            links: Sequence[Link] | None = None,
+            trace_state: TraceState | None = None,
+        ) -> SamplingResult:
+            chosen = _CHOSEN_IDS.get()
+            if chosen is not None:  # a run's root: recorded exactly when its later spans are
+                sampled = chosen[2]
+                return SamplingResult(Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP,
+                                      attributes if sampled else None)  # fmt: skip
+            return self._configured.should_sample(
+                parent_context, _spread(trace_id), name, kind, attributes, links, trace_state
+            )
+
+        def get_description(self) -> str:
+            return self._configured.get_description()
+
+    provider = TracerProvider(resource=resource, id_generator=_id_generator())
+    # The SDK reads OTEL_TRACES_SAMPLER (and its argument) when no sampler is given; its tracers
+    # read the provider's sampler when they are made, and none is made yet.
+    provider.sampler = RunAwareSampler(provider.sampler)
+    return provider
 
 
 @contextmanager
@@ -586,7 +658,6 @@ def configure_tracing(component: str) -> None:
         # Imported here, not at the top: every module that puts a traceparent on a message
         # imports this one, and only a component's start needs the SDK (~35 ms to import).
         from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, OTELResourceDetector, Resource
-        from opentelemetry.sdk.trace import TracerProvider
 
         # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win over these defaults, as the spec asks;
         # Resource.create alone would let the code's attributes win.
@@ -598,7 +669,7 @@ def configure_tracing(component: str) -> None:
             }
         )
         service = resource.attributes[SERVICE_NAME]
-        provider = TracerProvider(resource=resource, id_generator=_id_generator())
+        provider = _new_provider(resource)
         if traces_export_requested(os.environ):
             # Only a process that exports pays for the exporter and its HTTP stack (~60 ms).
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

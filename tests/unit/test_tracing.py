@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from scheduler.domain.ids import new_id
 from scheduler.domain.run_state import RunState
 from scheduler.kafka.tracing import (
     HEADER,
@@ -429,8 +430,8 @@ def test_the_spans_of_a_batch_are_each_in_their_message_trace_and_never_linked_t
 
 @pytest.fixture
 def run_tracer(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
-    """The module's tracer on a provider built as configure_tracing builds it (its id generator)."""
-    provider = TracerProvider(id_generator=tracing._id_generator())
+    """The module's tracer on a provider built as configure_tracing builds it."""
+    provider = tracing._new_provider()
     memory = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(memory))
     monkeypatch.setattr(tracing, "_TRACER", provider.get_tracer("test"))
@@ -502,3 +503,37 @@ def test_a_first_attempt_produced_again_is_a_child_of_its_run_root_not_a_second_
     assert first.parent is None and again.parent is not None
     assert again.parent.span_id == first.context.span_id != again.context.span_id
     assert _root_of(row(2, 0)) is None, "a later attempt is never a root"
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.25, 0.75])
+def test_a_ratio_sampler_records_its_share_of_run_traces_each_whole(
+    rate: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run id's low bits are not uniform (UUIDv7: fixed variant bits, a counter within the
+    millisecond); a ratio sampler deciding on them recorded no run at 0.5 or below. Each run's
+    trace is decided once, and its root, its later attempts and the worker's spans all follow."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", str(rate))
+    provider = tracing._new_provider()
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    monkeypatch.setattr(tracing, "_provider", provider)
+    monkeypatch.setattr(tracing, "_TRACER", provider.get_tracer("test"))
+    runs = [new_id() for _ in range(4000)]  # made in a burst, as a scan makes them
+    sampled = set()
+    for run_id in runs:
+        header = run_traceparent(run_id)
+        assert run_traceparent(run_id) == header, "every attempt of a run carries one decision"
+        if header.endswith("-01"):
+            sampled.add(run_id.hex)
+        tracing.message_span(JOB_SCHEDULING, header, SpanKind.PRODUCER, root_of=run_id).end()
+        tracing.message_span(JOB_SCHEDULING, header, SpanKind.PRODUCER).end()  # a retry
+        with start_span_from_traceparent(JOB_EXECUTION, header, SpanKind.CONSUMER):
+            pass
+    assert abs(len(sampled) / len(runs) - rate) < 0.03, f"{len(sampled)} of {len(runs)} runs sampled"
+    recorded: dict[str, int] = {}
+    for span in memory.get_finished_spans():
+        recorded[hex_trace(span)] = recorded.get(hex_trace(span), 0) + 1
+    assert set(recorded) == sampled, "a run's spans are recorded exactly when its header says sampled"
+    assert set(recorded.values()) == {3}, "root, retry and execution: each recorded run's trace is whole"
+    provider.shutdown()
