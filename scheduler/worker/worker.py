@@ -53,6 +53,7 @@ a worker killed while holding jobs loses none: the group redelivers them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import inspect
@@ -70,7 +71,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, Span, SpanKind, use_span
 
@@ -206,6 +207,9 @@ LOOP_STALL_S = 10.0
 ConsumerFactory = Callable[..., Consumer]
 """Builds the worker's consumer, given its callbacks (``on_assign``, ``on_revoke``, ``on_lost``,
 ``on_commit``)."""
+
+
+T = TypeVar("T")
 
 
 class _TimedOut(Exception):
@@ -811,10 +815,11 @@ class Worker(Service):
         if not self._loop_thread.is_alive():
             return 0
         keep_until = datetime.now(UTC) + timedelta(seconds=keep_within_s)
+        dropped = self._on_loop(partial(self._drop_unstarted, keys, keep_until))
         try:
-            dropped = asyncio.run_coroutine_threadsafe(self._drop_unstarted(keys, keep_until), self._loop)
             return dropped.result(DROP_WAIT_S)
         except Exception:
+            dropped.cancel()  # not to drop them later, when the caller counts on them running
             log.warning("the job loop did not drop the jobs not started in time", exc_info=True)
             return 0
 
@@ -902,11 +907,13 @@ class Worker(Service):
     def _shutdown(self) -> None:
         self._draining = True
         if self._loop_thread.is_alive():
+            # Cancelled on the loop and awaited there, so each job's own cleanup runs in its own
+            # context rather than when the loop is torn down.
+            cancelled = self._on_loop(self._cancel_jobs)
             try:
-                # Cancelled on the loop and awaited there, so each job's own cleanup runs in its
-                # own context rather than when the loop is torn down.
-                asyncio.run_coroutine_threadsafe(self._cancel_jobs(), self._loop).result(CANCEL_WAIT_S + 1)
-            except Exception:  # a job that ignores cancellation: the loop is stopped regardless
+                cancelled.result(CANCEL_WAIT_S + 1)
+            except Exception:  # a job that ignores cancellation, or a blocked loop: stopped regardless
+                cancelled.cancel()  # a loop that gets to it only now stops without starting it
                 log.debug("cancelling the jobs", exc_info=True)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop_thread.join(CANCEL_WAIT_S)
@@ -918,6 +925,21 @@ class Worker(Service):
         self._settle()
         self._commit_now()
         self._slot.close()
+
+    def _on_loop(self, call: Callable[[], Awaitable[T]]) -> concurrent.futures.Future[T]:
+        """``call()`` awaited on the job loop, as a future another thread can wait on. Unlike
+        ``asyncio.run_coroutine_threadsafe`` the coroutine is made on the loop, when it gets to
+        it: a loop a handler blocks never does, and a coroutine made here would be collected
+        unawaited, with a warning."""
+        answer: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def start() -> None:
+            if answer.set_running_or_notify_cancel():  # False: the caller gave up and cancelled it
+                asyncio.ensure_future(call()).add_done_callback(partial(_settle, answer))
+
+        with contextlib.suppress(RuntimeError):  # a closed loop: the future never settles
+            self._loop.call_soon_threadsafe(start)
+        return answer
 
     # --- event loop thread --------------------------------------------------------------------
 
@@ -1604,6 +1626,16 @@ class Worker(Service):
             return self.codec.encode(dead)
 
         self._send_outcome(delivery, self.topics.dlq, run_id, build)
+
+
+def _settle(answer: concurrent.futures.Future[T], task: asyncio.Future[T]) -> None:
+    """Hands a task's outcome on the job loop to the future another thread waits on."""
+    if task.cancelled():
+        answer.set_exception(concurrent.futures.CancelledError())
+    elif (error := task.exception()) is not None:
+        answer.set_exception(error)
+    else:
+        answer.set_result(task.result())
 
 
 def _attempt_key(job: JobMessage) -> int:
