@@ -168,6 +168,10 @@ class Settings:
         (name, count, period) for name, (count, period) in DEFAULT_RATE_LIMITS.items()
     )
     api_pool_size: int = 10
+    # Bounds on an API call's database work, so that a held row lock or a stuck statement answers
+    # UNAVAILABLE instead of holding the call (and its thread) as long as it lasts; 0: none.
+    api_statement_timeout_s: float = 30.0
+    api_lock_timeout_s: float = 5.0
 
     def __repr__(self) -> str:
         # database_url may hold a password; KafkaConnection's own repr leaves its secrets out.
@@ -519,4 +523,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         jwt=_jwt_settings(env),
         rate_limits=_rate_limits(env),
         api_pool_size=_int(env, "SCHEDULER_API_POOL_SIZE", 10, 1, 200),
+        api_statement_timeout_s=_float(env, "SCHEDULER_API_STATEMENT_TIMEOUT_S", 30.0, 0.0, 3600.0),
+        api_lock_timeout_s=_float(env, "SCHEDULER_API_LOCK_TIMEOUT_S", 5.0, 0.0, 3600.0),
     )

@@ -247,11 +247,18 @@ class Wiring:
 
         s = self.settings
         authenticator = Authenticator(s.jwt)
-        pool = self.database.pool(s.api_pool_size)
+        pool = self.database.pool(
+            s.api_pool_size,
+            statement_timeout_s=s.api_statement_timeout_s,
+            lock_timeout_s=s.api_lock_timeout_s,
+        )
         api = SchedulerApi(s, pool, authenticator, self.dispatcher)
         grpc_host = f"[{s.api_host}]" if ":" in s.api_host else s.api_host
+        # Twice as many call threads as connections: a call beyond the pool waits for a connection
+        # at most the pool's timeout and answers UNAVAILABLE, where it would otherwise queue for a
+        # thread without bound behind calls that PostgreSQL holds up.
         server = ApiServer(
-            api, pool, http_socket, f"{grpc_host}:{s.grpc_port}", self.database, workers=s.api_pool_size
+            api, pool, http_socket, f"{grpc_host}:{s.grpc_port}", self.database, workers=2 * s.api_pool_size
         )
         return [server, RetentionSweep(self.database)]
 

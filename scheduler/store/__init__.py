@@ -12,11 +12,12 @@ import sys
 from typing import Any, LiteralString
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from scheduler.store.sql import query
 
-__all__ = ["CONNECTION_OPTIONS", "connect", "execute_prepared", "query"]
+__all__ = ["CONNECTION_OPTIONS", "connect", "connection_options", "execute_prepared", "query"]
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,16 @@ def connect(
     None leaves the URL's own, or none."""
     # Keyword arguments are merged into the connection string, over the URL's own.
     extra: dict[str, Any] = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
-    return psycopg.connect(url, autocommit=autocommit, **CONNECTION_OPTIONS, **extra)
+    return psycopg.connect(url, autocommit=autocommit, **connection_options(url), **extra)
+
+
+def connection_options(url: str) -> dict[str, Any]:
+    """:data:`CONNECTION_OPTIONS`, and :data:`TCP_OPTIONS` but those the URL sets itself."""
+    try:
+        given = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:  # psycopg.connect says what is wrong with it
+        given = {}
+    return CONNECTION_OPTIONS | {name: value for name, value in TCP_OPTIONS.items() if name not in given}
 
 
 # How every connection is made, alone (connect) or in a pool (Database.pool).
@@ -40,6 +50,17 @@ CONNECTION_OPTIONS: dict[str, Any] = {
     # executemany, which none of ours uses) is, where a small batch's plan costs more than the
     # batch: see store.reconcile.apply_outcomes.
     "prepare_threshold": sys.maxsize,
+}
+
+# How a connection notices that PostgreSQL's host is gone without a word (a crash, a network cut):
+# a keepalive after 30 s of silence, and sent data unacknowledged for 30 s, end it with an error
+# the component retries on a new connection. Left to the system (keepalives after two hours), a
+# statement would wait that long. A URL's own values win; over a Unix socket they do nothing.
+TCP_OPTIONS: dict[str, Any] = {
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,  # ms
 }
 
 # Whether the server keeps this process's prepared statements; a pooler in transaction mode (or an

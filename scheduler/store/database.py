@@ -7,16 +7,22 @@ URL themselves. ``display`` is the connection target without credentials, for lo
 from __future__ import annotations
 
 import threading
+import time
+import weakref
 from typing import Any, LiteralString
 
 import psycopg
 import psycopg_pool
+from psycopg import sql
 
 from scheduler.runtime.service import Check
-from scheduler.store import CONNECTION_OPTIONS, connect
+from scheduler.store import connect, connection_options
 from scheduler.store.listen import Wakeup
 
 PROBE_TIMEOUT_S = 2
+# A pooled connection idle for longer is checked before use (see Database.pool).
+CHECK_IDLE_S = 1.0
+Conn = psycopg.Connection[dict[str, Any]]
 
 
 class Database:
@@ -30,17 +36,49 @@ class Database:
         return connect(self.conninfo, autocommit=autocommit, connect_timeout=connect_timeout)
 
     def pool(
-        self, size: int, timeout_s: float = 5.0
-    ) -> psycopg_pool.ConnectionPool[psycopg.Connection[dict[str, Any]]]:
+        self, size: int, timeout_s: float = 5.0, statement_timeout_s: float = 0.0, lock_timeout_s: float = 0.0
+    ) -> psycopg_pool.ConnectionPool[Conn]:
         """A pool of autocommit connections for request-serving components (the API), opened at
         once; a connection waited for longer than ``timeout_s`` raises ``PoolTimeout``. Its
-        connections are made as :meth:`connect` makes them."""
+        connections are made as :meth:`connect` makes them, with PostgreSQL's
+        ``statement_timeout`` and ``lock_timeout`` set for the session when given (0: none).
+
+        A connection idle for over :data:`CHECK_IDLE_S` is checked (one empty round trip) before
+        it is handed out: after PostgreSQL restarted, or its backends were ended, each pooled
+        connection would otherwise fail the next call made on it. One in steady use is not, so
+        the check costs at most a round trip per connection a second."""
+        returned: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
+
+        def configure(conn: Conn) -> None:
+            # SET rather than libpq's `options`, which PgBouncer refuses ("unsupported startup
+            # parameter in options").
+            for name, seconds in (
+                ("statement_timeout", statement_timeout_s),
+                ("lock_timeout", lock_timeout_s),
+            ):
+                if seconds > 0:
+                    conn.execute(
+                        sql.SQL("set {} = {}").format(
+                            sql.Identifier(name), sql.Literal(f"{round(seconds * 1000)}ms")
+                        )
+                    )
+
+        def check(conn: Conn) -> None:
+            if time.monotonic() - returned.get(conn, 0.0) > CHECK_IDLE_S:
+                psycopg_pool.ConnectionPool.check_connection(conn)
+
+        def reset(conn: Conn) -> None:
+            returned[conn] = time.monotonic()
+
         return psycopg_pool.ConnectionPool(
             self.conninfo,
             min_size=min(2, size),
             max_size=size,
             timeout=timeout_s,
-            kwargs={"autocommit": True, **CONNECTION_OPTIONS},
+            kwargs={"autocommit": True, **connection_options(self.conninfo)},
+            configure=configure,
+            check=check,
+            reset=reset,
             open=True,
             name="api",
         )

@@ -8,6 +8,8 @@ from typing import Any, LiteralString
 
 import psycopg
 
+from scheduler.store import connect
+
 STOP_CHECK_S = 0.25
 
 
@@ -15,7 +17,8 @@ class Wakeup:
     """A dedicated autocommit connection listening on one channel."""
 
     def __init__(self, url: str, channel: LiteralString) -> None:
-        self._conn: psycopg.Connection[Any] = psycopg.connect(url, autocommit=True)
+        # Made as every connection is (TCP keepalives: a listener on a vanished host notices).
+        self._conn: psycopg.Connection[Any] = connect(url, autocommit=True)
         self._conn.execute("listen " + channel)
 
     def wait(self, timeout_s: float, stop: threading.Event | None = None) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.config import ConfigError, load_settings
+from scheduler.store import TCP_OPTIONS, connection_options
 
 
 def test_defaults_point_at_the_local_stack() -> None:
@@ -52,6 +53,8 @@ def test_ports_move_the_default_urls() -> None:
         ({"SCHEDULER_HISTORY_RETENTION_DAYS": "-1"}, "SCHEDULER_HISTORY_RETENTION_DAYS=-1.0 is out of range"),
         ({"SCHEDULER_HISTORY_RETENTION_DAYS": "30d"}, "RETENTION_DAYS='30d' is not a number"),
         ({"SCHEDULER_HISTORY_RETENTION_DAYS": "0.5"}, "must be 0 (keep everything) or at least 1 day"),
+        ({"SCHEDULER_API_LOCK_TIMEOUT_S": "-1"}, "SCHEDULER_API_LOCK_TIMEOUT_S=-1.0 is out of range"),
+        ({"SCHEDULER_API_STATEMENT_TIMEOUT_S": "1m"}, "STATEMENT_TIMEOUT_S='1m' is not a number"),
     ],
 )
 def test_a_bad_value_names_its_variable(env: dict[str, str], message: str) -> None:
@@ -59,3 +62,10 @@ def test_a_bad_value_names_its_variable(env: dict[str, str], message: str) -> No
         load_settings(env)
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_connections_notice_a_vanished_host_unless_the_url_says_otherwise() -> None:
+    assert connection_options("postgresql://u@db.example/scheduler").items() >= TCP_OPTIONS.items()
+    own = connection_options("postgresql://u@db.example/scheduler?keepalives_idle=5&tcp_user_timeout=0")
+    assert "keepalives_idle" not in own and "tcp_user_timeout" not in own, "the URL's own values win"
+    assert own["keepalives_count"] == TCP_OPTIONS["keepalives_count"]
