@@ -337,6 +337,9 @@ def _retry(spec: dict[str, Any], retry: pb.RetryConfig) -> None:
 def spec_of_create(request: pb.CreateScheduleRequest) -> ScheduleSpec:
     """The spec a create asks for: cron when it has an expression, delayed when it has run_at,
     immediate otherwise."""
+    if not request.app:
+        # Before the caller's scope is checked: a token scoped to apps would answer "no app ''".
+        raise ApiError(Code.INVALID_SCHEDULE, "app is required", {"field": "app"})
     run_at = moment_of(request, "run_at")
     if request.cron_expression and run_at is not None:
         raise ApiError(Code.INVALID_SCHEDULE, "give cron_expression or run_at, not both", {"field": "run_at"})

@@ -8,7 +8,9 @@ refused here, with the reason, rather than failing later in a component.
 
 An app may declare the handlers its schedules may name (:func:`validate_handler_refs`,
 :func:`check_declared_handler`); the workers refuse anything their operator did not register
-anyway, so a declaration only moves that refusal forward to the moment the schedule is made.
+anyway, so a declaration only moves that refusal forward to the moment the schedule is made. A
+built-in handler's payload is checked here as its handler checks it (``builtin_payloads``): a
+``builtin:sleep`` without ``seconds`` is refused now, not dead-lettered at every fire.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 from scheduler.domain.cron import CronSchedule, InvalidCronExpression, UnknownTimeZone, time_zone
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind
 from scheduler.domain.storable import quoted
+from scheduler.worker.builtin_payloads import payload_problem
 
 APP_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,47}")
 BUILTIN_MODULE = "builtin"
@@ -282,6 +285,8 @@ def validate_encoded(spec: ScheduleSpec) -> str:
     if spec.start_at and spec.end_at and spec.end_at <= spec.start_at:
         raise InvalidSchedule("end_at must be after start_at")
     payload = encoded_payload(spec.payload)
+    if problem := payload_problem(spec.handler, spec.payload):
+        raise InvalidSchedule(problem)  # every fire would fail with it
     if not 1 <= spec.max_attempts <= 100:
         raise InvalidSchedule(f"max_attempts must be 1 to 100, got {spec.max_attempts}")
     if not 1 <= spec.timeout_ms <= 86_400_000:

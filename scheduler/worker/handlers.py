@@ -18,9 +18,8 @@ import asyncio
 import importlib
 import importlib.metadata
 import inspect
-import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib.metadata import EntryPoint
@@ -28,7 +27,7 @@ from types import ModuleType
 from typing import Any
 from uuid import UUID
 
-from scheduler.telemetry.redact import describe_payload
+from scheduler.worker.builtin_payloads import fail_problem, sleep_problem
 
 # Long sleeps tell the scheduler they are alive this often, well inside any sensible lease.
 HEARTBEAT_INTERVAL_S = 5.0
@@ -127,13 +126,9 @@ def noop(ctx: JobContext) -> None:
 async def sleep(ctx: JobContext) -> None:
     """Sleep ``payload["seconds"]``, heartbeating so a long sleep keeps its lease."""
     # Errors say what the payload is shaped like, never what is in it: they are stored and logged.
-    seconds = _payload_field(ctx, "builtin:sleep", "seconds")
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
-        raise NonRetryableError(
-            f'builtin:sleep needs {{"seconds": a number >= 0}}, got {_not_a_number(seconds)}'
-        )
-    if seconds < 0:
-        raise NonRetryableError("builtin:sleep cannot sleep a negative time")
+    if problem := sleep_problem(ctx.payload):
+        raise NonRetryableError(problem)
+    seconds = ctx.payload["seconds"]
     loop = asyncio.get_running_loop()
     wake_at = loop.time() + seconds
     while (remaining := wake_at - loop.time()) > 0:
@@ -145,20 +140,11 @@ async def sleep(ctx: JobContext) -> None:
 def fail(ctx: JobContext) -> dict[str, int]:
     """Fail while ``ctx.attempt <= payload["times"]``, then succeed: a way to exercise retries and the
     dead-letter path on purpose. Without ``times`` it fails every attempt."""
+    if problem := fail_problem(ctx.payload):
+        raise NonRetryableError(problem)
     payload = ctx.payload if ctx.payload is not None else {}
-    if not isinstance(payload, Mapping):
-        raise NonRetryableError(
-            f'builtin:fail needs a JSON object payload like {{"times": 2}}, got {describe_payload(payload)}'
-        )
     times = payload.get("times")
     retryable = payload.get("retryable", True)
-    if times is not None and (isinstance(times, bool) or not isinstance(times, int) or times < 0):
-        shown = "a negative integer" if isinstance(times, int) and not isinstance(times, bool) else None
-        raise NonRetryableError(
-            f"builtin:fail needs an integer times >= 0, got {shown or describe_payload(times)}"
-        )
-    if not isinstance(retryable, bool):
-        raise NonRetryableError(f"builtin:fail needs a boolean retryable, got {describe_payload(retryable)}")
     if times is None or ctx.attempt <= times:
         planned = "every attempt" if times is None else f"the first {times}"
         raise HandlerError(
@@ -167,20 +153,6 @@ def fail(ctx: JobContext) -> dict[str, int]:
             error_class="PlannedFailure",
         )
     return {"attempt": ctx.attempt}
-
-
-def _payload_field(ctx: JobContext, handler: str, name: str) -> Any:
-    if not isinstance(ctx.payload, Mapping) or name not in ctx.payload:
-        raise NonRetryableError(
-            f'{handler} needs a JSON object payload with "{name}", got {describe_payload(ctx.payload)}'
-        )
-    return ctx.payload[name]
-
-
-def _not_a_number(value: Any) -> str:
-    if isinstance(value, float):
-        return "a number that is not finite"
-    return describe_payload(value)
 
 
 _BUILTINS: dict[str, Handler] = {"noop": noop, "sleep": sleep, "fail": fail}

@@ -24,17 +24,15 @@ import asyncio
 import functools
 import ipaddress
 import json
-import math
-import re
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from scheduler.telemetry.redact import describe_payload
+from scheduler.worker.builtin_payloads import http_problem
 from scheduler.worker.handlers import HandlerError, JobContext, NonRetryableError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -50,8 +48,6 @@ MAX_BODY_BYTES = 64 * 1024
 USER_AGENT = "kafka-pg-scheduler (builtin:http)"
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_TOKEN_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-_BAD_HEADER_VALUE_RE = re.compile(r"[\r\n\x00]")
 # Credentials are for the origin the author wrote; a redirect elsewhere must not carry them along.
 _CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie")
 _CONTENT_HEADERS = ("content-type", "content-length", "content-encoding", "transfer-encoding")
@@ -263,10 +259,8 @@ class HttpRequest:
 
         Errors name the field and say what is wrong with it, never its value: they are stored in
         the run, the dead letter and the logs, and a payload may carry a token in any field."""
-        if not isinstance(payload, Mapping) or not isinstance(payload.get("url"), str):
-            raise NonRetryableError(
-                f'builtin:http needs a JSON object payload with a "url", got {describe_payload(payload)}'
-            )
+        if problem := http_problem(payload):  # the checks a schedule's creation makes too
+            raise NonRetryableError(problem)
         try:
             url = httpx.URL(payload["url"])
         except httpx.InvalidURL as exc:
@@ -275,26 +269,8 @@ class HttpRequest:
             raise NonRetryableError(f"builtin:http: the url is not a valid URL ({reason})") from None
         _check_scheme(url)
         method = payload.get("method", "GET")
-        if not isinstance(method, str) or not _TOKEN_RE.match(method):
-            raise NonRetryableError(
-                f"builtin:http: the method is not an HTTP method name (got {describe_payload(method)})"
-            )
         headers = httpx.Headers({"User-Agent": USER_AGENT})
-        raw_headers = payload.get("headers") or {}
-        if not isinstance(raw_headers, Mapping):
-            raise NonRetryableError(
-                f"builtin:http: headers must be a JSON object, got {describe_payload(raw_headers)}"
-            )
-        for name, value in raw_headers.items():
-            if not isinstance(name, str) or not _TOKEN_RE.match(name):
-                raise NonRetryableError("builtin:http: a header name is not an HTTP token")
-            if not isinstance(value, str):
-                raise NonRetryableError(
-                    f"builtin:http: header {name!r} must be a string, got {describe_payload(value)}"
-                )
-            if _BAD_HEADER_VALUE_RE.search(value):
-                raise NonRetryableError(f"builtin:http: header {name!r} holds a line break or NUL character")
-            headers[name] = value
+        headers.update(payload.get("headers") or {})
         body = payload.get("body")
         content: bytes | None
         if body is None:
@@ -305,11 +281,6 @@ class HttpRequest:
             content = json.dumps(body, separators=(",", ":")).encode()
             headers.setdefault("Content-Type", "application/json")
         timeout = payload.get("timeout", DEFAULT_TIMEOUT_S)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout):
-            shown = "a number that is not finite" if isinstance(timeout, float) else describe_payload(timeout)
-            raise NonRetryableError(f"builtin:http: timeout must be a number of seconds, got {shown}")
-        if timeout <= 0:
-            raise NonRetryableError("builtin:http: timeout must be positive")
         return cls(url, method.upper(), headers, content, float(timeout))
 
 

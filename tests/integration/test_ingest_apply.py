@@ -458,7 +458,11 @@ def test_an_app_that_declares_its_handlers_refuses_commands_naming_others(
         [
             topic.message(command("1", "ok", spec=spec(handler="billing.jobs:invoice"))),
             topic.message(command("2", "exit", spec=spec(handler="sys:exit"))),
-            topic.message(command("3", "http", spec=spec(handler="builtin:http"))),
+            topic.message(
+                command(
+                    "3", "http", spec=spec(handler="builtin:http", payload='{"url": "https://example.test"}')
+                )
+            ),
             topic.message(command("4", "ok", "update", spec=spec(handler="os:system"))),
             topic.message(command("5", "ok", "update", spec=spec(handler="builtin:noop"))),
         ],

@@ -276,7 +276,9 @@ def test_an_app_that_declares_its_handlers_refuses_any_other(cli: Cli, settings:
     assert listed["handlers"] == ["builtin:noop", "payments.jobs"]
 
     def create(handler: str) -> subprocess.CompletedProcess[str]:
-        return cli("schedules", "create", "--app", "payments", "--now", "--handler", handler)
+        # builtin:http is refused without a URL to call, whatever the app declares.
+        payload = ["--payload", '{"url": "https://example.test"}'] if handler == "builtin:http" else []
+        return cli("schedules", "create", "--app", "payments", "--now", "--handler", handler, *payload)
 
     assert create("builtin:noop").returncode == 0
     assert create("payments.jobs:charge").returncode == 0, "a function of a declared module"
