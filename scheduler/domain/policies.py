@@ -127,6 +127,30 @@ def fires_of(
     )
 
 
+def next_fire_on_resume(schedule: Schedule, now: datetime) -> datetime | None:
+    """The next fire time a paused schedule resumes with at ``now``.
+
+    A cron schedule's fires due while it was paused are misfires however short the pause: the
+    catch-up window forgives an outage of the scanner, not a pause someone asked for. ``fire_all``
+    keeps them all (the scanner runs each), ``fire_once`` only the latest (the scanner runs it at
+    once), ``skip`` none (the next fire after ``now``). The fires left out are not recorded as
+    skipped runs. A one-shot, or a schedule with nothing missed, keeps its next fire time. None:
+    nothing is left to fire (``skip``, and no fire after ``now`` within its end bound): the
+    schedule is completed, as the scanner completes one."""
+    due = schedule.next_fire_at
+    if schedule.kind is not ScheduleKind.CRON or due is None or due > now:
+        return due
+    if schedule.misfire_policy is MisfirePolicy.FIRE_ALL or schedule.cron is None:
+        return due
+    cron = CronSchedule.of(schedule.cron, schedule.tz, schedule_id=schedule.id)
+    if schedule.misfire_policy is MisfirePolicy.FIRE_ONCE:
+        return _latest_fire_at_or_before(cron, due, now)
+    following = _next_or_none(cron, now)
+    if following is None or (schedule.end_at is not None and following > schedule.end_at):
+        return None
+    return following
+
+
 def lookahead_of(schedule: Schedule, lookahead: timedelta) -> timedelta:
     """How far ahead of its fires ``schedule`` may be planned: ``lookahead`` when its overlap policy
     is ``allow``, else none (the previous run's state decides its fires, and only at their instant)."""

@@ -24,7 +24,7 @@ import psycopg
 from scheduler.config import Settings
 from scheduler.domain.cron import CronSchedule, NoFireTime
 from scheduler.domain.ids import new_id
-from scheduler.domain.policies import fires_of
+from scheduler.domain.policies import fires_of, next_fire_on_resume
 from scheduler.domain.run_state import RunState
 from scheduler.domain.schedule import OverlapPolicy, ScheduleKind, ScheduleState
 from scheduler.kafka.topics import ensure_sized_topics
@@ -389,8 +389,13 @@ def _transition(
             raise InvalidTransition(f"cannot {action} schedule {schedule_id}: it is {old['state']}")
         if old["state"] == ScheduleState.ERROR and target == ScheduleState.ACTIVE:
             _check_computes(conn, old, action)
-        # A paused schedule keeps its next fire time: on resume the misfire policy judges what was missed.
+        # A paused schedule keeps its next fire time; on resume its misfire policy judges what was
+        # missed meanwhile, before the scanner sees it.
         next_fire_at = None if target == ScheduleState.CANCELLED else old["next_fire_at"]
+        if old["state"] == ScheduleState.PAUSED and target == ScheduleState.ACTIVE:
+            next_fire_at = next_fire_on_resume(schedule_from_row(old), schedules.db_now(conn))
+            if next_fire_at is None:  # skipped what it missed, and has nothing more to fire
+                target = ScheduleState.COMPLETED
         new = schedules.set_schedule_state(conn, schedule_id, old["version"], target, next_fire_at)
         schedules.audit(conn, actor, action, "schedule", str(schedule_id), old, new)
         if target == ScheduleState.ACTIVE:

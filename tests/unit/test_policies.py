@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.domain.cron import CronSchedule
-from scheduler.domain.policies import OverlapAction, SkippedFire, fires_of, overlap_action, plan_fires
+from scheduler.domain.policies import (
+    OverlapAction,
+    SkippedFire,
+    fires_of,
+    next_fire_on_resume,
+    overlap_action,
+    plan_fires,
+)
 from scheduler.domain.schedule import (
     MisfirePolicy,
     OverlapPolicy,
@@ -369,3 +376,44 @@ def test_a_negative_look_ahead_or_a_horizon_before_now_is_refused() -> None:
         fires_of(schedule(ScheduleKind.DELAYED, NOON), NOON, lookahead=-LOOKAHEAD)
     with pytest.raises(ValueError, match="horizon"):
         plan_fires(EVERY_SECOND, NOON, NOON, horizon=NOON - LOOKAHEAD)
+
+
+class TestResumedAfterAPause:
+    """Paused with its next fire at 12:00:10, resumed at 12:00:35: three fires were missed, well
+    within the catch-up window, yet a pause is not an outage. Its misfire policy judges them."""
+
+    NEXT = at(0, 10)
+    NOW = at(0, 35)
+
+    def resumed(self, policy: MisfirePolicy, **fields: Any) -> datetime | None:
+        paused = schedule(ScheduleKind.CRON, self.NEXT, misfire_policy=policy, **fields)
+        return next_fire_on_resume(paused, self.NOW)
+
+    def test_skip_runs_none_of_them(self) -> None:
+        assert self.resumed(MisfirePolicy.SKIP) == at(0, 40)
+
+    def test_fire_once_runs_the_latest_only(self) -> None:
+        latest = self.resumed(MisfirePolicy.FIRE_ONCE)
+        assert latest == at(0, 30)
+        plan = fires_of(schedule(ScheduleKind.CRON, latest), self.NOW)
+        assert plan.fires == (at(0, 30),) and plan.next_fire_at == at(0, 40), "the scanner runs just it"
+
+    def test_fire_all_runs_every_one(self) -> None:
+        assert self.resumed(MisfirePolicy.FIRE_ALL) == self.NEXT
+
+    def test_nothing_missed_keeps_the_next_fire(self) -> None:
+        ahead = schedule(ScheduleKind.CRON, at(0, 40), misfire_policy=MisfirePolicy.SKIP)
+        assert next_fire_on_resume(ahead, self.NOW) == at(0, 40)
+
+    def test_a_one_shot_keeps_its_time(self) -> None:
+        one_shot = schedule(ScheduleKind.DELAYED, self.NEXT, misfire_policy=MisfirePolicy.SKIP)
+        assert next_fire_on_resume(one_shot, self.NOW) == self.NEXT
+
+    def test_skipping_with_no_fire_left_before_its_end_leaves_nothing_to_fire(self) -> None:
+        assert self.resumed(MisfirePolicy.SKIP, end_at=at(0, 36)) is None
+        assert self.resumed(MisfirePolicy.FIRE_ONCE, end_at=at(0, 36)) == at(0, 30)
+
+    def test_a_year_of_an_every_second_pause_is_found_at_once(self) -> None:
+        paused = schedule(ScheduleKind.CRON, NOON, cron="* * * * * *", misfire_policy=MisfirePolicy.FIRE_ONCE)
+        later = NOON + timedelta(days=365, milliseconds=500)
+        assert next_fire_on_resume(paused, later) == NOON + timedelta(days=365)
