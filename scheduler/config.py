@@ -320,6 +320,12 @@ def _unescaped_userinfo(url: str) -> bool:
     return ats > 1 or (ats == 0 and bool(slash) and "@" in path.partition("?")[0])
 
 
+_WHOLE_NUMBER_PARAMETERS = (
+    "port", "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+    "tcp_user_timeout",
+)  # fmt: skip
+
+
 def _database_url(env: Mapping[str, str], pg_port: int) -> str:
     raw = env.get("SCHEDULER_DATABASE_URL") or f"postgresql://scheduler@127.0.0.1:{pg_port}/scheduler"
     is_url = raw.startswith(("postgresql://", "postgres://"))
@@ -349,6 +355,12 @@ def _database_url(env: Mapping[str, str], pg_port: int) -> str:
         raise ConfigError(
             f"SCHEDULER_DATABASE_URL has sslmode={sslmode!r}; it must be one of {', '.join(SSL_MODES)}"
         )
+    for name in _WHOLE_NUMBER_PARAMETERS:
+        # libpq checks these only when it connects, and psycopg then raises an error of its own
+        # (with the URL's parameters) instead of a connection failure: checked here, by name.
+        value = params.get(name)
+        if value is not None and not all(part.strip().isdigit() for part in value.split(",")):
+            raise ConfigError(f"SCHEDULER_DATABASE_URL has {name}={value!r}; it must be a whole number")
     extra: dict[str, str] = {}
     mode = env.get(DATABASE_VARIABLES["sslmode"]) or None
     if mode is not None:

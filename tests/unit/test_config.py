@@ -53,6 +53,11 @@ def test_ports_move_the_default_urls() -> None:
         ({"SCHEDULER_HISTORY_RETENTION_DAYS": "-1"}, "SCHEDULER_HISTORY_RETENTION_DAYS=-1.0 is out of range"),
         ({"SCHEDULER_HISTORY_RETENTION_DAYS": "30d"}, "RETENTION_DAYS='30d' is not a number"),
         ({"SCHEDULER_HISTORY_RETENTION_DAYS": "0.5"}, "must be 0 (keep everything) or at least 1 day"),
+        (
+            {"SCHEDULER_DATABASE_URL": "postgresql://u:pw@h/db?connect_timeout=abc"},
+            "SCHEDULER_DATABASE_URL has connect_timeout='abc'; it must be a whole number",
+        ),
+        ({"SCHEDULER_DATABASE_URL": "host=h port=5432,x password=pw"}, "has port='5432,x'"),
         ({"SCHEDULER_API_LOCK_TIMEOUT_S": "-1"}, "SCHEDULER_API_LOCK_TIMEOUT_S=-1.0 is out of range"),
         ({"SCHEDULER_API_STATEMENT_TIMEOUT_S": "1m"}, "STATEMENT_TIMEOUT_S='1m' is not a number"),
     ],
