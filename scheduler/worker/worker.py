@@ -368,7 +368,7 @@ class Worker(Service):
         )
         self._assigned: frozenset[Partition] = frozenset()
         self._loop = asyncio.new_event_loop()
-        self._loop_thread = threading.Thread(target=self._loop.run_forever, name="jobs", daemon=True)
+        self._loop_thread = threading.Thread(target=self._run_jobs_loop, name="jobs", daemon=True)
         # Serves the producer's delivery reports as they come, so that a job whose handler waits
         # for Kafka to acknowledge its start is not also waiting for the main thread, which spends
         # up to a fetch's wait (50 ms) in the consumer between two polls of the producer.
@@ -942,6 +942,18 @@ class Worker(Service):
         return answer
 
     # --- event loop thread --------------------------------------------------------------------
+
+    def _run_jobs_loop(self) -> None:
+        """The jobs thread: the loop, until the stop ends it. A task still there then (its handler
+        blocked the loop through the stop, or ignored its cancellation) is cancelled and given a
+        moment to unwind here, so that it is not destroyed pending when the worker is collected
+        (which reported it as a job that failed)."""
+        self._loop.run_forever()
+        left = asyncio.all_tasks(self._loop)
+        for task in left:
+            task.cancel()
+        if left:
+            self._loop.run_until_complete(asyncio.wait(left, timeout=CANCEL_WAIT_S))
 
     async def _cancel_jobs(self) -> None:
         tasks = list(self._tasks)
