@@ -359,7 +359,7 @@ def _database_url(env: Mapping[str, str], pg_port: int) -> str:
         # libpq checks these only when it connects, and psycopg then raises an error of its own
         # (with the URL's parameters) instead of a connection failure: checked here, by name.
         value = params.get(name)
-        if value is not None and not all(part.strip().isdigit() for part in value.split(",")):
+        if value is not None and not all(part.strip().isdigit() for part in str(value).split(",")):
             raise ConfigError(f"SCHEDULER_DATABASE_URL has {name}={value!r}; it must be a whole number")
     extra: dict[str, str] = {}
     mode = env.get(DATABASE_VARIABLES["sslmode"]) or None
