@@ -26,14 +26,16 @@ from scheduler.wiring import Wiring
 
 
 class FiniteFloatRange(click.FloatRange):
-    """click's FloatRange without NaN, which compares false with both bounds and so passes them."""
+    """click's FloatRange without NaN, which compares false with both bounds and so passes them.
+    Every float option has one with both bounds, so infinity is out of range too: unbounded, a
+    value would reach the code as NaN or infinity, or overflow where it becomes milliseconds."""
 
     name = "float"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = super().convert(value, param, ctx)
         if math.isnan(number):
-            self.fail(f"{value!r} is not a number", param, ctx)
+            self.fail(f"{number} is not in the range {self._describe_range()}.", param, ctx)
         return number
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import click
 
-from scheduler.cli.common import fail, settings_or_exit
+from scheduler.cli.common import FiniteFloatRange, fail, settings_or_exit
 from scheduler.config import Settings
 from scheduler.runtime.process import run_component
 from scheduler.runtime.service import Service
@@ -166,7 +166,11 @@ handler_option = click.option(
 @click.option("--app", required=True, help="The app whose jobs to execute.")
 @click.option("--concurrency", type=click.IntRange(1, 10_000), default=16, show_default=True)
 @click.option(
-    "--grace", type=float, default=30.0, show_default=True, help="Seconds to finish jobs on SIGTERM."
+    "--grace",
+    type=FiniteFloatRange(0, 3600),
+    default=30.0,
+    show_default=True,
+    help="Seconds to finish jobs on SIGTERM.",
 )
 @handler_option
 @metrics_port_option

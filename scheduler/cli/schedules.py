@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scheduler.cli.common import (
+    FiniteFloatRange,
     actor,
     database,
     echo_json,
@@ -27,6 +28,7 @@ from scheduler.cli.common import (
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleState
 from scheduler.schedule import service
 from scheduler.schedule.spec import (
+    MAX_DELAY_MS,
     MISFIRE_POLICIES,
     OVERLAP_POLICIES,
     InvalidSchedule,
@@ -43,6 +45,9 @@ SCHEDULE_FIELDS = (
     "created_at", "updated_at",
 )  # fmt: skip
 F = TypeVar("F", bound=Callable[..., Any])
+# The longest timeout, retry wait and jitter a schedule may have, in seconds: the options refuse
+# more, and NaN or infinity, before a value becomes milliseconds (which they cannot be).
+DAY_S = MAX_DELAY_MS // 1000
 
 
 def shown(row: dict[str, Any]) -> dict[str, Any]:
@@ -96,18 +101,23 @@ def _spec_options(creating: bool) -> Callable[[F], F]:
         ),
         option("--payload", value="{}", help="JSON argument of the handler, or @FILE."),
         option("--max-attempts", value=3, type=int),
-        option("--timeout", value=300.0, type=float, help="Seconds per attempt."),
+        option("--timeout", value=300.0, type=FiniteFloatRange(0.001, DAY_S), help="Seconds per attempt."),
         option(
             "--backoff-base",
             value=1.0,
-            type=float,
+            type=FiniteFloatRange(0, DAY_S),
             help="Seconds: after attempt n fails, wait at random up to min(max, base * 2^(n-1)).",
         ),
-        option("--backoff-max", value=300.0, type=float, help="Seconds: the longest wait between attempts."),
+        option(
+            "--backoff-max",
+            value=300.0,
+            type=FiniteFloatRange(0, DAY_S),
+            help="Seconds: the longest wait between attempts.",
+        ),
         option(
             "--jitter",
             value=0.0,
-            type=float,
+            type=FiniteFloatRange(0, DAY_S),
             help="Seconds: each fire's job is published after a random delay of up to this.",
         ),
         option("--misfire", value=str(MisfirePolicy.FIRE_ONCE), type=click.Choice(MISFIRE_POLICIES)),

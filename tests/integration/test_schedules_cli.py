@@ -25,15 +25,30 @@ class Cli:
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
 
-    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def __call__(self, *args: str | bytes) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [SCHEDULER, *args], env=self.env, capture_output=True, text=True, check=False, timeout=60
+            [SCHEDULER, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            check=False,
+            timeout=60,
         )
 
-    def json(self, *args: str) -> Any:
+    def json(self, *args: str | bytes) -> Any:
         done = self(*args)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
+
+    def refused(self, *args: str | bytes, code: int = 2) -> str:
+        """The one line a refused command prints (stderr, exit ``code``, nothing on stdout)."""
+        done = self(*args)
+        assert done.returncode == code, done
+        assert done.stdout == "", done.stdout
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+        return done.stderr.rstrip("\n")
 
 
 def parse(instant: str) -> datetime:
@@ -211,8 +226,8 @@ def test_retry_backoff_and_jitter_are_set_by_create_and_changed_by_update(cli: C
     assert stale.returncode == 1 and "is at version 2, not 1" in stale.stderr
     for args, message in (
         (["--backoff-base", "10", "--backoff-max", "5"], "backoff must satisfy 0 <= base <= max"),
-        (["--jitter", "-1"], "jitter must be 0 to 24 h"),
-        (["--backoff-max", "100000"], "backoff must satisfy"),
+        (["--jitter", "-1"], "Invalid value for '--jitter': -1.0 is not in the range 0<=x<=86400"),
+        (["--backoff-max", "100000"], "Invalid value for '--backoff-max'"),
     ):
         done = cli("schedules", "update", sid, *args)
         assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
