@@ -39,6 +39,36 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
 
+class Utf8Text(click.types.StringParamType):
+    """Text that is valid UTF-8, as PostgreSQL, Kafka and JSON need it. Python reads an argument's
+    bytes that are not UTF-8 as lone surrogates, which fail only where the text is encoded (a
+    query, a message), with a traceback; here they are one line naming the parameter. The root
+    group gives every text parameter this type (:func:`scheduler.cli.text_is_utf8`)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = super().convert(value, param, ctx)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            self.fail(f"{_as_typed(text)} is not valid UTF-8", param, ctx)
+        return text
+
+
+def _as_typed(text: str) -> str:
+    """``text`` quoted, its bytes that are not UTF-8 shown as ``\\xff`` escapes."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte
+        return ascii(text)
+    return "'" + raw.decode("utf-8", "backslashreplace") + "'"
+
+
+UTF8_TEXT = Utf8Text()
+# Any text, bytes that are not UTF-8 included: the type of a parameter that may name a file (whose
+# name is the file system's bytes), which the root group leaves to its command to read.
+ANY_TEXT = click.types.StringParamType()
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     raise SystemExit(code)

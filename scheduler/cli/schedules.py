@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scheduler.cli.common import (
+    ANY_TEXT,
     FiniteFloatRange,
     actor,
     database,
@@ -99,7 +100,8 @@ def _spec_options(creating: bool) -> Callable[[F], F]:
             required=creating,
             help="builtin:noop|sleep|fail|http or package.module:function (one its app declares, if any).",
         ),
-        option("--payload", value="{}", help="JSON argument of the handler, or @FILE."),
+        # ANY_TEXT: @FILE is a file name, in the file system's bytes; JSON text is checked as read.
+        option("--payload", value="{}", type=ANY_TEXT, help="JSON argument of the handler, or @FILE."),
         option("--max-attempts", value=3, type=int),
         option("--timeout", value=300.0, type=FiniteFloatRange(0.001, DAY_S), help="Seconds per attempt."),
         option(
