@@ -77,14 +77,19 @@ def fail(message: str, code: int = 1) -> NoReturn:
 def known_app(conn: psycopg.Connection[dict[str, Any]], app: str | None) -> None:
     """Refuse a filter on an app that does not exist (exit 2, as the API's NOT_FOUND): an empty
     answer would read as an app with nothing in it, and a typo would go unseen."""
-    if app is None:
-        return
+    if app is not None and not app_exists(conn, app):
+        unknown_app(app)
+
+
+def app_exists(conn: psycopg.Connection[dict[str, Any]], app: str) -> bool:
     # A transaction of its own: a read outside one would open one that every later block of the
     # command (a replay's chunks) nests in as a savepoint, committing nothing until the end.
     with conn.transaction():
-        found = get_app(conn, app)
-    if found is None:
-        fail(f"unknown app {app!r} (`scheduler apps list` shows the apps)", code=2)
+        return get_app(conn, app) is not None
+
+
+def unknown_app(app: str) -> NoReturn:
+    fail(f"unknown app {app!r} (`scheduler apps list` shows the apps)", code=2)
 
 
 def known_schedule(conn: psycopg.Connection[dict[str, Any]], schedule_id: UUID | None) -> None:
