@@ -154,7 +154,12 @@ def replay(
         known_schedule(conn, schedule_id)
         refused = first_not_dead(conn, named) if named else None
         if refused is not None and refused.state is None:
-            fail(f"unknown run {refused.run_id} (`scheduler dlq list` shows the dead runs)", code=2)
+            # Not told apart from an id that names nothing: the store has no lookup of letters by id.
+            fail(
+                f"unknown run {refused.run_id}: no run has that id (`scheduler dlq list` shows the dead "
+                "runs; a letter it lists as kind undecodable has no run, and cannot be replayed)",
+                code=2,
+            )
         if refused is not None:
             fail(f"run {refused.run_id} is {refused.state}, not dead: only dead runs are replayed", code=2)
         candidates = replayer.candidates(conn, where, limit)
