@@ -237,6 +237,13 @@ def update(
     """
     if at is not None and cron is not None:
         raise click.UsageError("give at most one of --at or --cron")
+    changing = (at, cron, payload, timeout, backoff_base, backoff_max, jitter, start or None, end or None)
+    if all(value is None for value in (*changing, *options.values())):
+        # It would still be a new version, failing a concurrent --expect-version for nothing; and
+        # `resume` is what makes a schedule in error active again.
+        raise click.UsageError(
+            "nothing to change: give the settings to change (--expect-version only guards them)"
+        )
     with database(wiring_or_exit()) as conn:
         row = store.get_schedule(conn, schedule_id)
         if row is None:

@@ -488,6 +488,19 @@ def test_checking_an_app_leaves_no_transaction_open(settings: Settings, app: str
         assert conn.info.transaction_status == TransactionStatus.IDLE
 
 
+def test_an_update_that_changes_nothing_is_refused_and_keeps_the_version(cli: Cli, app: str) -> None:
+    """It would still be a new version, and a concurrent --expect-version would fail for nothing."""
+    sid = cli.json("schedules", "create", "--app", app, "--cron", "0 9 * * *", "--handler", "builtin:noop")[
+        "id"
+    ]
+    for args in ([], ["--expect-version", "1"], ["--json"], ["--start", ""]):
+        line = cli.refused("schedules", "update", sid, *args)
+        assert line.startswith("error: nothing to change: give the settings to change"), line
+    assert cli.json("schedules", "get", sid)["version"] == 1
+    renamed = cli.json("schedules", "update", sid, "--name", "morning", "--expect-version", "1")
+    assert (renamed["name"], renamed["version"]) == ("morning", 2)
+
+
 def test_update_changes_a_schedules_kind_both_ways(cli: Cli, app: str) -> None:
     """--at makes a cron schedule a one-shot, --cron a one-shot a cron schedule, with nothing left of
     the old kind (no cron on a one-shot, no run_at on a cron schedule)."""
