@@ -7,7 +7,7 @@ import getpass
 import json
 import math
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -88,8 +88,17 @@ def app_exists(conn: psycopg.Connection[dict[str, Any]], app: str) -> bool:
         return get_app(conn, app) is not None
 
 
-def unknown_app(app: str) -> NoReturn:
-    fail(f"unknown app {app!r} (`scheduler apps list` shows the apps)", code=2)
+def known_or_named_app(
+    conn: psycopg.Connection[dict[str, Any]], app: str | None, named: Callable[[str], bool], row: str
+) -> None:
+    """:func:`known_app` for a listing whose rows (each a ``row``) may name apps never created (a
+    message that named one was set aside for it): such an app, which ``named`` finds, is no typo."""
+    if app is not None and not app_exists(conn, app) and not named(app):
+        unknown_app(app, f", and no {row} names it")
+
+
+def unknown_app(app: str, why: str = "") -> NoReturn:
+    fail(f"unknown app {app!r}{why} (`scheduler apps list` shows the apps)", code=2)
 
 
 def known_schedule(conn: psycopg.Connection[dict[str, Any]], schedule_id: UUID | None) -> None:

@@ -22,6 +22,7 @@ from scheduler.cli.common import (
     echo_json,
     fail,
     known_app,
+    known_or_named_app,
     parse_instant,
     uuid_arg,
     wiring_or_exit,
@@ -371,6 +372,13 @@ def rejected(app: str | None, code: str | None, limit: int, as_json: bool) -> No
     from scheduler.store import ingest
 
     with database(wiring_or_exit()) as conn:
+        # A command for an app that does not exist is rejected (invalid) under that app's name.
+        known_or_named_app(
+            conn,
+            app,
+            lambda name: bool(ingest.list_rejections(conn, code=None, app=name, limit=1)),
+            "rejected command",
+        )
         rows = ingest.list_rejections(conn, code=code, app=app, limit=limit)
     if as_json:
         echo_json(rows)

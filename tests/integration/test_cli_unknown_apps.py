@@ -65,3 +65,44 @@ def test_a_worker_without_its_topic_or_a_database_to_ask_starts_and_waits(
     assert "warning: Kafka has no topic" in worker.output()
     assert worker.proc.poll() is None, worker.output()
     assert worker.stop() == 0, worker.output()[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("command", "rows"),
+    [
+        (("audit", "list"), ""),
+        (("quarantine", "list"), ", and no quarantined item names it"),
+        (("schedules", "rejected"), ", and no rejected command names it"),
+    ],
+)
+def test_a_listing_filtered_on_an_unknown_app_is_refused(
+    cli: Cli, command: tuple[str, ...], rows: str
+) -> None:
+    line = cli.refused(*command, "--app", "nosuch")
+    assert line == f"error: unknown app 'nosuch'{rows} (`scheduler apps list` shows the apps)"
+    assert cli(*command, "--app", "billing").returncode == 0
+
+
+def test_an_app_never_created_that_quarantined_items_or_rejections_name_is_listed(
+    cli: Cli, settings: Settings
+) -> None:
+    """A command for an app that does not exist is rejected under its name; an outcome message
+    the reconciler set aside names whatever app it named. Their listings find them by it."""
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        conn.execute(
+            "insert into quarantine (component, reason, app, original_bytes, source_topic, source_partition,"
+            " source_offset) values ('reconciler', 'refused by PostgreSQL', 'ghost', 'x', 'p.results', 0, 7)"
+        )
+        conn.execute(
+            "insert into ingest_rejections (code, reason, command_id, schedule_key, app, operation,"
+            " original_bytes, source_topic, source_partition, source_offset)"
+            " values ('invalid', 'unknown app ''ghost''', 'c-1', 'nightly', 'ghost', 'create', 'x',"
+            " 'p.schedules', 0, 3)"
+        )
+    [quarantined] = cli.json("quarantine", "list", "--app", "ghost", "--json")
+    assert quarantined["reason"] == "refused by PostgreSQL"
+    assert cli.json("quarantine", "list", "--app", "ghost", "--component", "relay", "--json") == []
+    [rejected] = cli.json("schedules", "rejected", "--app", "ghost", "--json")
+    assert (rejected["code"], rejected["schedule_key"]) == ("invalid", "nightly")
+    assert cli.json("schedules", "rejected", "--app", "ghost", "--code", "conflict", "--json") == []
+    cli.refused("audit", "list", "--app", "ghost")

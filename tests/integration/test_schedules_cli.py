@@ -405,7 +405,8 @@ def test_audit_list_shows_who_changed_what_and_a_description_round_trips(cli: Cl
     assert entries[0]["new_value"]["description"] == "the report at nine"
     by_app = json.loads(cli("audit", "list", "--app", app, "--json").stdout)
     assert {e["entity_id"] for e in by_app} >= {schedule["id"], app}
-    assert json.loads(cli("audit", "list", "--app", "no-such-app", "--json").stdout) == []
+    refused = cli.refused("audit", "list", "--app", "no-such-app", "--json")
+    assert refused == "error: unknown app 'no-such-app' (`scheduler apps list` shows the apps)"
 
 
 @pytest.mark.parametrize(
@@ -435,6 +436,7 @@ def test_a_bad_logging_variable_stops_every_command_with_one_line(
         ("dlq", "list"),
         ("dlq", "replay", "--dry-run"),
         ("dlq", "replay"),
+        ("audit", "list"),
     ],
 )
 def test_a_filter_on_an_app_that_does_not_exist_is_refused_not_answered_empty(
