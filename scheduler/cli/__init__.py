@@ -1,7 +1,8 @@
 """The ``scheduler`` command: one click group, one module per noun.
 
 Errors a user can cause (bad input, a stack that is not up) print one line to stderr and exit
-non-zero; ``UsageError`` exits 2, ``ClickException`` 1.
+non-zero; ``UsageError`` exits 2, ``ClickException`` 1. An argument that is not valid UTF-8 is
+such an error, for every command's text parameters at once (:func:`text_is_utf8`).
 
 A command's spans (``schedules create`` leaves one) are exported as service ``scheduler-cli`` when
 the ``OTEL_*`` variables ask for it, and flushed when the command ends. ``scheduler run`` is left
@@ -18,7 +19,7 @@ from click.exceptions import NoArgsIsHelpError
 from scheduler import __version__
 from scheduler.cli.apps import apps
 from scheduler.cli.audit import audit
-from scheduler.cli.common import echo_json, fail
+from scheduler.cli.common import UTF8_TEXT, echo_json, fail
 from scheduler.cli.cron import cron
 from scheduler.cli.demo import demo
 from scheduler.cli.dev import dev
@@ -96,3 +97,19 @@ main.add_command(dlq)
 main.add_command(quarantine)
 main.add_command(demo)
 main.add_command(produce)
+
+
+def text_is_utf8(group: click.Group) -> None:
+    """Give every plain text parameter of ``group``'s commands, at any depth, the type that refuses
+    bytes that are not UTF-8 (one line naming the parameter, exit 2): said once here, it holds for
+    every command, new ones included. Parameters with a type of their own (choices, ids, paths,
+    ``ANY_TEXT``) keep it."""
+    for command in group.commands.values():
+        for param in command.params:
+            if param.type is click.STRING:
+                param.type = UTF8_TEXT
+        if isinstance(command, click.Group):
+            text_is_utf8(command)
+
+
+text_is_utf8(main)

@@ -16,7 +16,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from scheduler.cli.common import actor, database, echo_json, wiring_or_exit
+from scheduler.cli.common import actor, database, echo_json, fail, wiring_or_exit
+from scheduler.kafka.transport import KafkaUnavailable, TransportError
 from scheduler.schedule import service
 from scheduler.store import schedules
 
@@ -44,15 +45,30 @@ def create(name: str, partitions: int, handlers: tuple[str, ...], as_json: bool)
     """Create an app and its topic (idempotent)."""
     wiring = wiring_or_exit()
     settings = wiring.settings
+    topic = settings.jobs_topic(name)
     with database(wiring) as conn:
-        app = service.create_app(
-            conn, wiring.admin, settings, name, partitions, actor(), list(handlers) if handlers else None
-        )
+        try:
+            app = service.create_app(
+                conn, wiring.admin, settings, name, partitions, actor(), list(handlers) if handlers else None
+            )
+        except TransportError as exc:
+            # The app's row is committed before its topic is made, and stays: say so, and what
+            # makes the topic later (the relay makes the missing topic of an app that exists).
+            why = (
+                f"cannot reach Kafka at {settings.kafka_bootstrap}"
+                if isinstance(exc, KafkaUnavailable)
+                else "Kafka refused it"
+            )
+            fail(
+                f"app {name!r} is created, but its topic {topic} is not ({why}: {exc}); `scheduler "
+                f"init` or `scheduler apps create {name}` makes it later, as the relay does before it "
+                "publishes a job of the app"
+            )
     if as_json:
-        echo_json(app | {"topic": settings.jobs_topic(name)})
+        echo_json(app | {"topic": topic})
     else:
         click.echo(
-            f"app {app['name']}: topic {settings.jobs_topic(name)} with {app['partitions']} partitions, "
+            f"app {app['name']}: topic {topic} with {app['partitions']} partitions, "
             f"handlers {_declared(app['handlers'])}"
         )
 

@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from scheduler.cli.common import database, echo_json, parse_instant, wiring_or_exit
+from scheduler.cli.common import database, echo_json, known_app, parse_instant, wiring_or_exit
 from scheduler.store import api as store
 
 
@@ -37,6 +37,7 @@ def list_(
 ) -> None:
     """List audit entries, newest first."""
     with database(wiring_or_exit()) as conn:
+        known_app(conn, app)
         rows = store.audit_page(
             conn,
             apps=None if app is None else [app],

@@ -7,7 +7,7 @@ import getpass
 import json
 import math
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -26,15 +26,47 @@ from scheduler.wiring import Wiring
 
 
 class FiniteFloatRange(click.FloatRange):
-    """click's FloatRange without NaN, which compares false with both bounds and so passes them."""
+    """click's FloatRange without NaN, which compares false with both bounds and so passes them.
+    Every float option has one with both bounds, so infinity is out of range too: unbounded, a
+    value would reach the code as NaN or infinity, or overflow where it becomes milliseconds."""
 
     name = "float"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = super().convert(value, param, ctx)
         if math.isnan(number):
-            self.fail(f"{value!r} is not a number", param, ctx)
+            self.fail(f"{number} is not in the range {self._describe_range()}.", param, ctx)
         return number
+
+
+class Utf8Text(click.types.StringParamType):
+    """Text that is valid UTF-8, as PostgreSQL, Kafka and JSON need it. Python reads an argument's
+    bytes that are not UTF-8 as lone surrogates, which fail only where the text is encoded (a
+    query, a message), with a traceback; here they are one line naming the parameter. The root
+    group gives every text parameter this type (:func:`scheduler.cli.text_is_utf8`)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = super().convert(value, param, ctx)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            self.fail(f"{_as_typed(text)} is not valid UTF-8", param, ctx)
+        return text
+
+
+def _as_typed(text: str) -> str:
+    """``text`` quoted, its bytes that are not UTF-8 shown as ``\\xff`` escapes."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte
+        return ascii(text)
+    return "'" + raw.decode("utf-8", "backslashreplace") + "'"
+
+
+UTF8_TEXT = Utf8Text()
+# Any text, bytes that are not UTF-8 included: the type of a parameter that may name a file (whose
+# name is the file system's bytes), which the root group leaves to its command to read.
+ANY_TEXT = click.types.StringParamType()
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -45,14 +77,28 @@ def fail(message: str, code: int = 1) -> NoReturn:
 def known_app(conn: psycopg.Connection[dict[str, Any]], app: str | None) -> None:
     """Refuse a filter on an app that does not exist (exit 2, as the API's NOT_FOUND): an empty
     answer would read as an app with nothing in it, and a typo would go unseen."""
-    if app is None:
-        return
+    if app is not None and not app_exists(conn, app):
+        unknown_app(app)
+
+
+def app_exists(conn: psycopg.Connection[dict[str, Any]], app: str) -> bool:
     # A transaction of its own: a read outside one would open one that every later block of the
     # command (a replay's chunks) nests in as a savepoint, committing nothing until the end.
     with conn.transaction():
-        found = get_app(conn, app)
-    if found is None:
-        fail(f"unknown app {app!r} (`scheduler apps list` shows the apps)", code=2)
+        return get_app(conn, app) is not None
+
+
+def known_or_named_app(
+    conn: psycopg.Connection[dict[str, Any]], app: str | None, named: Callable[[str], bool], row: str
+) -> None:
+    """:func:`known_app` for a listing whose rows (each a ``row``) may name apps never created (a
+    message that named one was set aside for it): such an app, which ``named`` finds, is no typo."""
+    if app is not None and not app_exists(conn, app) and not named(app):
+        unknown_app(app, f", and no {row} names it")
+
+
+def unknown_app(app: str, why: str = "") -> NoReturn:
+    fail(f"unknown app {app!r}{why} (`scheduler apps list` shows the apps)", code=2)
 
 
 def known_schedule(conn: psycopg.Connection[dict[str, Any]], schedule_id: UUID | None) -> None:

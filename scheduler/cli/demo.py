@@ -31,7 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from scheduler.api.auth import Role, issue_token
-from scheduler.cli.common import actor, database, wiring_or_exit
+from scheduler.cli.common import FiniteFloatRange, actor, database, wiring_or_exit
 from scheduler.cli.init import initialise
 from scheduler.runtime.supervisor import Supervisor, pipeline_children
 from scheduler.schedule import service
@@ -111,7 +111,12 @@ def _demo_api(api_port: int, grpc_port: int, secret: str | None) -> tuple[int, i
 
 
 @click.command()
-@click.option("--duration", type=float, default=None, help="Stop by itself after this many seconds.")
+@click.option(
+    "--duration",
+    type=FiniteFloatRange(0, 86_400, min_open=True),
+    default=None,
+    help="Stop by itself after this many seconds.",
+)
 @click.option("--workers", type=click.IntRange(1, 16), default=2, show_default=True)
 def demo(duration: float | None, workers: int) -> None:
     """Run the whole pipeline with demo schedules and a live table of runs."""

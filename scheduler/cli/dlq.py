@@ -114,7 +114,12 @@ def list_(
     help="At most this many runs per second (0.1 to 1000000).",
 )
 @click.option("--force", is_flag=True, help="Also replay runs that were replayed before.")
-@click.option("--json", "as_json", is_flag=True, help="With --dry-run: print JSON only.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print JSON only: the runs a --dry-run would replay, or what was replayed.",
+)
 def replay(
     run_ids: tuple[UUID, ...],
     app: str | None,
@@ -149,7 +154,12 @@ def replay(
         known_schedule(conn, schedule_id)
         refused = first_not_dead(conn, named) if named else None
         if refused is not None and refused.state is None:
-            fail(f"unknown run {refused.run_id} (`scheduler dlq list` shows the dead runs)", code=2)
+            # Not told apart from an id that names nothing: the store has no lookup of letters by id.
+            fail(
+                f"unknown run {refused.run_id}: no run has that id (`scheduler dlq list` shows the dead "
+                "runs; a letter it lists as kind undecodable has no run, and cannot be replayed)",
+                code=2,
+            )
         if refused is not None:
             fail(f"run {refused.run_id} is {refused.state}, not dead: only dead runs are replayed", code=2)
         candidates = replayer.candidates(conn, where, limit)
@@ -199,7 +209,12 @@ def replay(
 
             replayed = replayer.replay(conn, where, limit, actor(), chunk=chunk, after_chunk=paced)
     elapsed = max(time.monotonic() - started, 1e-6)
-    click.echo(f"replayed {replayed} runs in {elapsed:.1f} s ({replayed / elapsed:.0f}/s)")
+    if as_json:
+        echo_json(
+            {"replayed": replayed, "seconds": round(elapsed, 3), "per_second": round(replayed / elapsed)}
+        )
+    else:
+        click.echo(f"replayed {replayed} runs in {elapsed:.1f} s ({replayed / elapsed:.0f}/s)")
 
 
 DRY_RUN_FIELDS = ("id", "schedule_id", "app", "scheduled_for", "attempt", "error", "finished_at")

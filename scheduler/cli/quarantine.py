@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from scheduler.cli.common import database, echo_json, parse_instant, wiring_or_exit
+from scheduler.cli.common import database, echo_json, known_or_named_app, parse_instant, wiring_or_exit
 from scheduler.store import quarantine as store
 
 
@@ -29,6 +29,15 @@ def list_(
 ) -> None:
     """List quarantined items, newest first."""
     with database(wiring_or_exit()) as conn:
+        # What the reconciler sets aside names the app its message named, which may not exist.
+        known_or_named_app(
+            conn,
+            app,
+            lambda name: bool(
+                store.list_quarantine(conn, component=None, app=name, since=None, limit=1, with_bytes=False)
+            ),
+            "quarantined item",
+        )
         rows = store.list_quarantine(
             conn,
             component=component,

@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import click
+import psycopg
 
-from scheduler.cli.common import fail, settings_or_exit
+from scheduler.cli.common import FiniteFloatRange, app_exists, fail, settings_or_exit, unknown_app
 from scheduler.config import Settings
+from scheduler.kafka.transport import KafkaUnavailable
 from scheduler.runtime.process import run_component
 from scheduler.runtime.service import Service
 from scheduler.schedule.spec import InvalidSchedule, validate_app_name
@@ -21,6 +23,11 @@ from scheduler.telemetry.logs import configure_logging
 from scheduler.telemetry.tracing import configure_tracing, shutdown_tracing
 from scheduler.wiring import Wiring
 from scheduler.worker.handlers import HandlerRegistry
+
+# How long `run worker` waits for Kafka, then PostgreSQL, to say whether its app exists (libpq
+# counts whole seconds); without an answer the worker starts, and waits for its topic.
+TOPIC_CHECK_TIMEOUT_S = 5.0
+DATABASE_CHECK_TIMEOUT_S = 2
 
 metrics_port_option = click.option(
     "--metrics-port",
@@ -166,7 +173,11 @@ handler_option = click.option(
 @click.option("--app", required=True, help="The app whose jobs to execute.")
 @click.option("--concurrency", type=click.IntRange(1, 10_000), default=16, show_default=True)
 @click.option(
-    "--grace", type=float, default=30.0, show_default=True, help="Seconds to finish jobs on SIGTERM."
+    "--grace",
+    type=FiniteFloatRange(0, 3600),
+    default=30.0,
+    show_default=True,
+    help="Seconds to finish jobs on SIGTERM.",
 )
 @handler_option
 @metrics_port_option
@@ -178,6 +189,8 @@ def worker(
         validate_app_name(app)
     except InvalidSchedule as exc:
         fail(str(exc), code=2)
+    settings = settings_or_exit()
+    _refuse_unknown_app(settings, app)
 
     def build(wiring: Wiring) -> list[Service]:
         try:
@@ -185,7 +198,38 @@ def worker(
         except ValueError as exc:  # InvalidRegistration, or a malformed SCHEDULER_HTTP_ALLOWLIST
             fail(str(exc), code=2)
 
-    _serve("worker", build, metrics_port, grace_s=grace)
+    _serve("worker", build, metrics_port, grace_s=grace, settings=settings)
+
+
+def _refuse_unknown_app(settings: Settings, app: str) -> None:
+    """Exit 2 for an app that does not exist, rather than wait for its topic for ever.
+
+    A worker needs only Kafka (in Kubernetes it has no database to ask), and may start before its
+    app's topic is made (its pod beside the Job that makes it): the topic is enough, and only
+    without it is PostgreSQL asked whether the app exists. When neither answers, the worker starts
+    and waits for the topic; its /ready names it."""
+    wiring = Wiring(settings)
+    topic = settings.jobs_topic(app)
+    try:
+        if topic in wiring.admin.topics(TOPIC_CHECK_TIMEOUT_S):
+            return
+    except KafkaUnavailable:
+        return  # the worker waits for Kafka itself
+    try:
+        with wiring.database.connect(connect_timeout=DATABASE_CHECK_TIMEOUT_S) as conn:
+            exists = app_exists(conn, app)
+    except psycopg.Error:
+        click.echo(
+            f"warning: Kafka has no topic {topic}: the worker waits for it (is {app!r} an app?)", err=True
+        )
+        return
+    if not exists:
+        unknown_app(app)
+    click.echo(
+        f"note: app {app!r} has no topic {topic} yet: the worker waits for it (`scheduler init` "
+        "makes it, as the relay does before it publishes a job of the app)",
+        err=True,
+    )
 
 
 @run.command("all")
@@ -209,7 +253,7 @@ def all_(
     metrics_port: int | None,
 ) -> None:
     """Every component as its own process, restarted if it dies; Ctrl-C or SIGTERM stops them all."""
-    from scheduler.cli.common import database
+    from scheduler.cli.common import database, known_app
     from scheduler.runtime.supervisor import Supervisor, pipeline_children
     from scheduler.store import schedules
 
@@ -223,8 +267,11 @@ def all_(
         HandlerRegistry(settings.http_allowlist, [*settings.handlers, *handlers])
     except ValueError as exc:  # InvalidRegistration, or a malformed SCHEDULER_HTTP_ALLOWLIST
         fail(str(exc), code=2)
-    if not apps:
-        with database(Wiring(settings)) as conn:
+    with database(Wiring(settings)) as conn:
+        if apps:
+            for app in apps:
+                known_app(conn, app)
+        else:
             apps = tuple(row["name"] for row in schedules.list_apps(conn))
     base = metrics_port if metrics_port is not None else settings.metrics_port
     children = pipeline_children(apps, workers, concurrency, handlers, api=settings.jwt.configured)

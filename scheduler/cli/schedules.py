@@ -15,11 +15,14 @@ from rich.console import Console
 from rich.table import Table
 
 from scheduler.cli.common import (
+    ANY_TEXT,
+    FiniteFloatRange,
     actor,
     database,
     echo_json,
     fail,
     known_app,
+    known_or_named_app,
     parse_instant,
     uuid_arg,
     wiring_or_exit,
@@ -27,6 +30,7 @@ from scheduler.cli.common import (
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleState
 from scheduler.schedule import service
 from scheduler.schedule.spec import (
+    MAX_DELAY_MS,
     MISFIRE_POLICIES,
     OVERLAP_POLICIES,
     InvalidSchedule,
@@ -43,6 +47,9 @@ SCHEDULE_FIELDS = (
     "created_at", "updated_at",
 )  # fmt: skip
 F = TypeVar("F", bound=Callable[..., Any])
+# The longest timeout, retry wait and jitter a schedule may have, in seconds: the options refuse
+# more, and NaN or infinity, before a value becomes milliseconds (which they cannot be).
+DAY_S = MAX_DELAY_MS // 1000
 
 
 def shown(row: dict[str, Any]) -> dict[str, Any]:
@@ -94,20 +101,26 @@ def _spec_options(creating: bool) -> Callable[[F], F]:
             required=creating,
             help="builtin:noop|sleep|fail|http or package.module:function (one its app declares, if any).",
         ),
-        option("--payload", value="{}", help="JSON argument of the handler, or @FILE."),
+        # ANY_TEXT: @FILE is a file name, in the file system's bytes; JSON text is checked as read.
+        option("--payload", value="{}", type=ANY_TEXT, help="JSON argument of the handler, or @FILE."),
         option("--max-attempts", value=3, type=int),
-        option("--timeout", value=300.0, type=float, help="Seconds per attempt."),
+        option("--timeout", value=300.0, type=FiniteFloatRange(0.001, DAY_S), help="Seconds per attempt."),
         option(
             "--backoff-base",
             value=1.0,
-            type=float,
+            type=FiniteFloatRange(0, DAY_S),
             help="Seconds: after attempt n fails, wait at random up to min(max, base * 2^(n-1)).",
         ),
-        option("--backoff-max", value=300.0, type=float, help="Seconds: the longest wait between attempts."),
+        option(
+            "--backoff-max",
+            value=300.0,
+            type=FiniteFloatRange(0, DAY_S),
+            help="Seconds: the longest wait between attempts.",
+        ),
         option(
             "--jitter",
             value=0.0,
-            type=float,
+            type=FiniteFloatRange(0, DAY_S),
             help="Seconds: each fire's job is published after a random delay of up to this.",
         ),
         option("--misfire", value=str(MisfirePolicy.FIRE_ONCE), type=click.Choice(MISFIRE_POLICIES)),
@@ -225,6 +238,13 @@ def update(
     """
     if at is not None and cron is not None:
         raise click.UsageError("give at most one of --at or --cron")
+    changing = (at, cron, payload, timeout, backoff_base, backoff_max, jitter, start or None, end or None)
+    if all(value is None for value in (*changing, *options.values())):
+        # It would still be a new version, failing a concurrent --expect-version for nothing; and
+        # `resume` is what makes a schedule in error active again.
+        raise click.UsageError(
+            "nothing to change: give the settings to change (--expect-version only guards them)"
+        )
     with database(wiring_or_exit()) as conn:
         row = store.get_schedule(conn, schedule_id)
         if row is None:
@@ -352,6 +372,13 @@ def rejected(app: str | None, code: str | None, limit: int, as_json: bool) -> No
     from scheduler.store import ingest
 
     with database(wiring_or_exit()) as conn:
+        # A command for an app that does not exist is rejected (invalid) under that app's name.
+        known_or_named_app(
+            conn,
+            app,
+            lambda name: bool(ingest.list_rejections(conn, code=None, app=name, limit=1)),
+            "rejected command",
+        )
         rows = ingest.list_rejections(conn, code=code, app=app, limit=limit)
     if as_json:
         echo_json(rows)

@@ -25,15 +25,30 @@ class Cli:
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
 
-    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def __call__(self, *args: str | bytes) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [SCHEDULER, *args], env=self.env, capture_output=True, text=True, check=False, timeout=60
+            [SCHEDULER, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            check=False,
+            timeout=60,
         )
 
-    def json(self, *args: str) -> Any:
+    def json(self, *args: str | bytes) -> Any:
         done = self(*args)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
+
+    def refused(self, *args: str | bytes, code: int = 2) -> str:
+        """The one line a refused command prints (stderr, exit ``code``, nothing on stdout)."""
+        done = self(*args)
+        assert done.returncode == code, done
+        assert done.stdout == "", done.stdout
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+        return done.stderr.rstrip("\n")
 
 
 def parse(instant: str) -> datetime:
@@ -211,8 +226,8 @@ def test_retry_backoff_and_jitter_are_set_by_create_and_changed_by_update(cli: C
     assert stale.returncode == 1 and "is at version 2, not 1" in stale.stderr
     for args, message in (
         (["--backoff-base", "10", "--backoff-max", "5"], "backoff must satisfy 0 <= base <= max"),
-        (["--jitter", "-1"], "jitter must be 0 to 24 h"),
-        (["--backoff-max", "100000"], "backoff must satisfy"),
+        (["--jitter", "-1"], "Invalid value for '--jitter': -1.0 is not in the range 0<=x<=86400"),
+        (["--backoff-max", "100000"], "Invalid value for '--backoff-max'"),
     ):
         done = cli("schedules", "update", sid, *args)
         assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
@@ -390,7 +405,8 @@ def test_audit_list_shows_who_changed_what_and_a_description_round_trips(cli: Cl
     assert entries[0]["new_value"]["description"] == "the report at nine"
     by_app = json.loads(cli("audit", "list", "--app", app, "--json").stdout)
     assert {e["entity_id"] for e in by_app} >= {schedule["id"], app}
-    assert json.loads(cli("audit", "list", "--app", "no-such-app", "--json").stdout) == []
+    refused = cli.refused("audit", "list", "--app", "no-such-app", "--json")
+    assert refused == "error: unknown app 'no-such-app' (`scheduler apps list` shows the apps)"
 
 
 @pytest.mark.parametrize(
@@ -420,6 +436,7 @@ def test_a_bad_logging_variable_stops_every_command_with_one_line(
         ("dlq", "list"),
         ("dlq", "replay", "--dry-run"),
         ("dlq", "replay"),
+        ("audit", "list"),
     ],
 )
 def test_a_filter_on_an_app_that_does_not_exist_is_refused_not_answered_empty(
@@ -471,6 +488,19 @@ def test_checking_an_app_leaves_no_transaction_open(settings: Settings, app: str
     with Wiring(settings).database.connect() as conn:
         known_app(conn, app)
         assert conn.info.transaction_status == TransactionStatus.IDLE
+
+
+def test_an_update_that_changes_nothing_is_refused_and_keeps_the_version(cli: Cli, app: str) -> None:
+    """It would still be a new version, and a concurrent --expect-version would fail for nothing."""
+    sid = cli.json("schedules", "create", "--app", app, "--cron", "0 9 * * *", "--handler", "builtin:noop")[
+        "id"
+    ]
+    for args in ([], ["--expect-version", "1"], ["--json"], ["--start", ""]):
+        line = cli.refused("schedules", "update", sid, *args)
+        assert line.startswith("error: nothing to change: give the settings to change"), line
+    assert cli.json("schedules", "get", sid)["version"] == 1
+    renamed = cli.json("schedules", "update", sid, "--name", "morning", "--expect-version", "1")
+    assert (renamed["name"], renamed["version"]) == ("morning", 2)
 
 
 def test_update_changes_a_schedules_kind_both_ways(cli: Cli, app: str) -> None:

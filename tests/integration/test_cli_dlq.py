@@ -1,0 +1,85 @@
+"""`scheduler dlq replay` as a user runs it: with --json, JSON only on stdout, dry run or not; a
+letter that cannot be replayed named, with why."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer as RawProducer
+
+from scheduler.config import Settings
+from scheduler.domain.run_state import RunState
+from scheduler.schedule import service
+from scheduler.schedule.spec import ScheduleSpec
+from scheduler.store import connect, scan
+from scheduler.store.scan import NewRun
+from tests.integration.test_schedules_cli import Cli
+from tests.support import Component, components, wait_for
+
+pytestmark = pytest.mark.integration
+
+APP = "billing"
+
+
+@pytest.fixture
+def cli(settings: Settings, settings_env: dict[str, str]) -> Cli:
+    """The app, with three dead runs (error class PlannedFailure)."""
+    cli = Cli(settings_env)
+    assert cli("apps", "create", APP, "--partitions", "1").returncode == 0
+    with connect(settings.database_url) as conn:
+        for _ in range(3):
+            spec = ScheduleSpec(app=APP, handler="builtin:fail", kind="immediate", max_attempts=1)
+            schedule = service.create_schedule(conn, spec, "test")
+            scan.create_runs(
+                conn,
+                [NewRun(uuid.uuid4(), schedule["id"], APP, schedule["next_fire_at"], RunState.PENDING, 1)],
+            )
+        conn.execute("delete from outbox")
+        conn.execute("update runs set state = 'dead', finished_at = now(), error = 'PlannedFailure: no'")
+        conn.commit()
+    return cli
+
+
+def test_a_replay_with_json_prints_its_summary_as_json_only(cli: Cli) -> None:
+    nothing = cli("dlq", "replay", "--app", APP, "--error-class", "Nope", "--json")
+    assert nothing.returncode == 0, nothing.stderr
+    assert json.loads(nothing.stdout) | {"seconds": 0} == {"replayed": 0, "seconds": 0, "per_second": 0}
+
+    done = cli("dlq", "replay", "--app", APP, "--error-class", "PlannedFailure", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["replayed"] == 3 and summary["seconds"] >= 0 and summary["per_second"] >= 0, summary
+    assert [r["state"] for r in cli.json("runs", "list", "--app", APP, "--json")] == ["pending"] * 3
+
+    text = cli("dlq", "replay", "--app", APP, "--force")
+    assert text.returncode == 0 and text.stdout.startswith("replayed 0 runs in "), text
+
+
+def test_a_replay_naming_an_undecodable_letter_says_it_cannot_be_replayed(
+    cli: Cli, settings: Settings, settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A job no worker could decode is a dead letter without a run: `dlq list` shows it (kind
+    undecodable), and a replay naming its id is told why it cannot take it."""
+    assert cli("init").returncode == 0
+    producer = RawProducer({"bootstrap.servers": settings.kafka_bootstrap})
+    producer.produce(settings.jobs_topic(APP), b"\xff not a job \xfe", partition=0)
+    assert producer.flush(30) == 0
+    with components(settings_env, tmp_path, "reconciler"):
+        worker = Component("worker", settings_env, tmp_path, "--app", APP)
+        try:
+            letter = wait_for(
+                lambda: next(
+                    (d for d in cli.json("dlq", "list", "--json") if d["kind"] == "undecodable"), None
+                ),
+                60,
+                "the undecodable letter listed",
+            )
+        finally:
+            assert worker.stop() == 0, worker.output()[-3000:]
+    line = cli.refused("dlq", "replay", "--run", letter["id"])
+    assert line.startswith(f"error: unknown run {letter['id']}: no run has that id"), line
+    assert "a letter it lists as kind undecodable has no run, and cannot be replayed" in line, line
+    assert [r["state"] for r in cli.json("runs", "list", "--app", APP, "--json")] == ["dead"] * 3
