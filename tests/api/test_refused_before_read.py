@@ -1,24 +1,31 @@
 """A caller the method refuses costs the API the head of its request, not its body: over HTTP it is
-answered 401 or 403 before its body is read, however much it sends. 180 such requests of 4 MiB took
-the API from 101 MB to 835 MB when bodies were read first. An admitted body that stalls is answered
-within 20 s of its read beginning.
+answered 401 or 403 before its body is read, over gRPC from its metadata before its message is
+received, however much it sends. 180 such HTTP requests of 4 MiB took the API from 101 MB to 835 MB
+when bodies were read first, and 20 such gRPC calls of 30 MiB to 1,045 MB. An admitted body that
+stalls is answered within 20 s of its read beginning.
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from scheduler.api.grpc_server import SERVICE
 from scheduler.api.http_server import BODY_READ_S
 from scheduler.api.messages import MAX_REQUEST_BYTES
-from tests.api.client import VIEWER, token
+from scheduler.v1 import scheduler_pb2 as pb
+from tests.api.client import VIEWER, Outcome, grpc_error, token
 from tests.api.conftest import ApiProcess
 
 MIB = 1024 * 1024
@@ -130,3 +137,71 @@ def test_an_admitted_body_that_stalls_is_answered_within_its_bound(api: ApiProce
     assert (answer.status, answer.body["error"]["code"]) == (400, "INVALID_ARGUMENT"), answer
     assert f"did not arrive within {BODY_READ_S:.0f} s" in answer.body["error"]["message"]
     assert BODY_READ_S - 1 < waited < BODY_READ_S + 15
+
+
+def never_sent(until: threading.Event) -> Iterator[bytes]:
+    """A client stream whose message does not come until ``until`` is set, and then ends."""
+    until.wait(60)
+    yield from ()
+
+
+def grpc_call_without_its_message(api: ApiProcess, method: str, bearer: str | None) -> Outcome:
+    """``method`` called with ``bearer`` and no request message yet: only its metadata was sent."""
+    metadata = () if bearer is None else (("authorization", f"Bearer {bearer}"),)
+    done = threading.Event()
+    with grpc.insecure_channel(api.grpc_target) as channel:
+        call: grpc.StreamUnaryMultiCallable[bytes, bytes] = channel.stream_unary(f"/{SERVICE}/{method}")
+        try:
+            call(never_sent(done), metadata=metadata, timeout=10)
+        except grpc.RpcError as error:
+            return grpc_error(error)
+        finally:
+            done.set()
+    raise AssertionError(f"{method} answered without a request")
+
+
+@pytest.mark.parametrize("who", REFUSED)
+def test_a_grpc_caller_the_method_refuses_is_answered_from_its_metadata_alone(
+    api: ApiProcess, who: str
+) -> None:
+    kind, _, code = REFUSED[who]
+    outcome = grpc_call_without_its_message(api, "CreateSchedule", bearer_of(kind))
+    assert outcome.code == code, outcome
+
+
+def grpc_call(api: ApiProcess, method: str, message: bytes, bearer: str | None) -> Outcome:
+    """``message`` sent as ``method``'s request on a connection of its own (so that one
+    connection's flow-control window does not bound every call at once)."""
+    options = [("grpc.max_send_message_length", 64 * MIB), ("grpc.use_local_subchannel_pool", 1)]
+    metadata = () if bearer is None else (("authorization", f"Bearer {bearer}"),)
+    with grpc.insecure_channel(api.grpc_target, options=options) as channel:
+        call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(f"/{SERVICE}/{method}")
+        try:
+            call(message, metadata=metadata, timeout=60)
+        except grpc.RpcError as error:
+            return grpc_error(error)
+    return Outcome("OK")
+
+
+def test_the_messages_of_grpc_callers_refused_are_not_received(api: ApiProcess) -> None:
+    """The reviewer's attack, smaller: 10 calls at once of a 30 MiB message."""
+    message = pb.GetScheduleRequest(id="x" * 30 * MIB).SerializeToString()
+    before = rss_bytes(api)
+    peak = [before]
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.wait(0.02):
+            peak[0] = max(peak[0], rss_bytes(api))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with ThreadPoolExecutor(10) as pool:
+            outcomes = list(pool.map(lambda _: grpc_call(api, "GetSchedule", message, None), range(10)))
+    finally:
+        sampling.set()
+        sampler.join()
+    grown = peak[0] - before
+    assert grown < ALLOWANCE_BYTES, f"10 refused calls of 30 MiB took {grown / MIB:.0f} MB at the peak"
+    assert {outcome.code for outcome in outcomes} == {"UNAUTHENTICATED"}, outcomes
