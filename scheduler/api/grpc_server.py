@@ -9,6 +9,7 @@ status details, which ``grpc_status.rpc_status.from_call`` reads on the client.
 from __future__ import annotations
 
 import asyncio
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor
 from functools import partial
@@ -45,6 +46,17 @@ def status_of(error: ApiError) -> grpc.Status:
     status = status_pb2.Status(code=error.grpc_status.value[0], message=error.message, details=[detail])
     converted: grpc.Status = rpc_status.to_status(status)
     return converted
+
+
+def _clear_frames(error: ApiError) -> None:
+    """Drop what the frames ``error`` and the exceptions it arose from passed through hold (the
+    request's bytes among it): some hold their exception, in a cycle with its traceback that only
+    the cyclic collector would free (three rounds of 20 messages of 30 MiB refused left the API at
+    1.8 GB; 130 to 280 MB once cleared). The same as http_server's."""
+    cause: BaseException | None = error
+    while cause is not None:
+        traceback.clear_frames(cause.__traceback__)
+        cause = cause.__context__
 
 
 def _parser(message_type: type[Message], limit: int, data: bytes) -> Message:
@@ -88,31 +100,33 @@ def _unary(
     message_type = METHODS[name].request
     limit = max_request_bytes(name)
 
+    async def answer(context: grpc.aio.ServicerContext[Any, Any]) -> Message:
+        authorization = next(
+            (str(value) for key, value in context.invocation_metadata() or () if key == "authorization"),
+            None,
+        )
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(executor, api.admit, name, authorization)
+        request = await _only_message(context, message_type)
+        parse = partial(_parser, message_type, limit, request)
+        if len(request) <= LARGE_REQUEST_BYTES or len(request) > limit:
+            return await loop.run_in_executor(executor, api.call, name, authorization, parse, len(request))
+        # A large one waits for its turn here, on the loop, holding no call thread.
+        await large.take(name)
+        try:
+            return await loop.run_in_executor(executor, api.call, name, authorization, parse, len(request))
+        finally:
+            large.give_back()
+
     async def call(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]) -> Message:
         try:
-            authorization = next(
-                (str(value) for key, value in context.invocation_metadata() or () if key == "authorization"),
-                None,
-            )
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(executor, api.admit, name, authorization)
-            request = await _only_message(context, message_type)
-            parse = partial(_parser, message_type, limit, request)
-            if len(request) <= LARGE_REQUEST_BYTES or len(request) > limit:
-                return await loop.run_in_executor(
-                    executor, api.call, name, authorization, parse, len(request)
-                )
-            # A large one waits for its turn here, on the loop, holding no call thread.
-            await large.take(name)
-            try:
-                return await loop.run_in_executor(
-                    executor, api.call, name, authorization, parse, len(request)
-                )
-            finally:
-                large.give_back()
+            return await answer(context)
         except ApiError as error:
-            await context.abort_with_status(status_of(error))
-            raise  # abort_with_status raises; this line only satisfies the type checker
+            _clear_frames(error)
+            status = status_of(error)
+        # Aborted outside the handler: the abort's exception, which the call's state keeps, would
+        # hold the error, and this frame.
+        await context.abort_with_status(status)
 
     return call
 

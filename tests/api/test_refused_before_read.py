@@ -2,7 +2,8 @@
 answered 401 or 403 before its body is read, over gRPC from its metadata before its message is
 received, however much it sends. 180 such HTTP requests of 4 MiB took the API from 101 MB to 835 MB
 when bodies were read first, and 20 such gRPC calls of 30 MiB to 1,045 MB. An admitted body that
-stalls is answered within 20 s of its read beginning.
+stalls is answered within 20 s of its read beginning, and a message refused once received is not
+kept.
 """
 
 from __future__ import annotations
@@ -205,3 +206,18 @@ def test_the_messages_of_grpc_callers_refused_are_not_received(api: ApiProcess) 
     grown = peak[0] - before
     assert grown < ALLOWANCE_BYTES, f"10 refused calls of 30 MiB took {grown / MIB:.0f} MB at the peak"
     assert {outcome.code for outcome in outcomes} == {"UNAUTHENTICATED"}, outcomes
+
+
+def test_a_message_refused_once_received_is_not_kept(api: ApiProcess) -> None:
+    """gRPC has one limit on a message for every method, the batch's (32 MiB), so an admitted
+    caller's message over its own method's limit is received before it is refused; what it took
+    goes when the call does (three rounds of 10 such calls kept 600 MB when it did not)."""
+    message = pb.GetScheduleRequest(id="x" * 30 * MIB).SerializeToString()
+    bearer = token(subject="too-large")
+    before = rss_bytes(api)
+    for _ in range(3):
+        with ThreadPoolExecutor(10) as pool:
+            outcomes = list(pool.map(lambda _: grpc_call(api, "GetSchedule", message, bearer), range(10)))
+        assert {outcome.code for outcome in outcomes} == {"PAYLOAD_TOO_LARGE"}, outcomes
+    kept = rss_bytes(api) - before
+    assert kept < 4 * ALLOWANCE_BYTES, f"30 refused calls of 30 MiB left {kept / MIB:.0f} MB behind"
