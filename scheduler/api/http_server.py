@@ -204,6 +204,9 @@ def _request_message(route: Route, received: _Received) -> Message:
             raise invalid(f"query parameter {name!r} is given more than once", field=name)
         takes = f"it takes {', '.join(route.query)}" if route.query else "it takes none"
         raise invalid(f"{route.verb} {route.path} has no query parameter {name!r} ({takes})", field=name)
+    if received.idempotency_key is not None and "idempotency_key" not in fields:
+        # Refused, not ignored: a client that sends one expects a retry to be answered, not done again.
+        raise invalid(f"{route.verb} {route.path} takes no Idempotency-Key header", header="Idempotency-Key")
     if received.body.strip() and not route.body:
         where = f"; {', '.join(route.query)} go in the query" if route.query else ""
         raise invalid(f"{route.verb} {route.path} takes no body{where}")
@@ -234,7 +237,7 @@ def _request_message(route: Route, received: _Received) -> Message:
             shown = f"limit must be 1 to {MAX_PAGE}, got 0 (leave it out for the default)"
             raise invalid(shown, field="limit")
     key = received.idempotency_key
-    if key is not None and "idempotency_key" in fields:
+    if key is not None:
         if data.get("idempotency_key", key) != key:
             raise invalid("the Idempotency-Key header and the body's idempotency_key differ")
         data["idempotency_key"] = key
