@@ -2,9 +2,11 @@
 
 :class:`ApiServer` is a :class:`~scheduler.runtime.service.Service` like every component's: its
 first step starts the HTTP/JSON server (uvicorn) and the gRPC server on an event loop of their
-own thread and returns once both listen; later steps only check that the loop still runs. On stop
-it drains: gRPC health turns NOT_SERVING, both servers stop taking connections and finish the calls
-in flight within the grace period, and the executor that runs calls is shut down.
+own thread and returns once both listen; later steps only check that the loop still runs. gRPC
+health (the server's, ``""``, and ``scheduler.v1.SchedulerService``) follows what ``/v1/health``
+answers, probed every :data:`HEALTH_EVERY_S`. On stop it drains: gRPC health turns NOT_SERVING, both
+servers stop taking connections and finish the calls in flight within the grace period, and the
+executor that runs calls is shut down.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from typing import Any
 import psycopg
 import psycopg_pool
 import uvicorn
+from grpc_health.v1 import health, health_pb2
 
-from scheduler.api.grpc_server import build_server
+from scheduler.api.grpc_server import SERVICE, build_server
 from scheduler.api.http_server import create_app
 from scheduler.api.service import LargeRequests, SchedulerApi
 from scheduler.runtime.service import Check, Service
@@ -35,6 +38,9 @@ SWEEP_BATCH = 1000
 SWEEP_EVERY_S = 60.0
 # The longest rate-limit period is an hour: a bucket idle for longer is full again.
 IDLE_BUCKET_S = 2 * 3600.0
+# How often gRPC health probes PostgreSQL, on a connection of its own as /v1/health does: about how
+# late it notices a change, and how often PostgreSQL sees a connection for it.
+HEALTH_EVERY_S = 2.0
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -105,6 +111,34 @@ class ApiServer(Service):
             return False
         return True
 
+    async def _follow_readiness(self, checker: health.aio.HealthServicer, first: asyncio.Event) -> None:
+        """Sets gRPC health, for the server and for the service, to what :meth:`serving` answers,
+        every HEALTH_EVERY_S; ``first`` once it has. The probe runs on a thread of its own: one
+        blocked on PostgreSQL holds neither the event loop nor a call thread. One that has not
+        answered within the period counts as not serving, and no second one starts beside it."""
+        loop = asyncio.get_running_loop()
+        prober = ThreadPoolExecutor(max_workers=1, thread_name_prefix="api-health")
+        probe: asyncio.Future[bool] | None = None
+        try:
+            while True:
+                started = loop.time()
+                probe = probe or loop.run_in_executor(prober, self.serving)
+                done, _ = await asyncio.wait({probe}, timeout=HEALTH_EVERY_S)
+                serving = probe in done and probe.result()
+                if probe in done:
+                    probe = None
+                status = (
+                    health_pb2.HealthCheckResponse.SERVING
+                    if serving
+                    else health_pb2.HealthCheckResponse.NOT_SERVING
+                )
+                for service in ("", SERVICE):
+                    await checker.set(service, status)
+                first.set()
+                await asyncio.sleep(started + HEALTH_EVERY_S - loop.time())
+        finally:
+            prober.shutdown(wait=False, cancel_futures=True)
+
     def _run_loop(self) -> None:
         try:
             asyncio.run(self._serve())
@@ -118,8 +152,10 @@ class ApiServer(Service):
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         large = LargeRequests()  # one turn for both transports
-        grpc_server, health = build_server(self.api, self.executor, large)
+        grpc_server, checker = build_server(self.api, self.executor, large)
         self.grpc_port = grpc_server.add_insecure_port(self.grpc_address)
+        probed = asyncio.Event()
+        readiness = asyncio.create_task(self._follow_readiness(checker, probed))
         await grpc_server.start()
         app = create_app(self.api, self.executor, self.serving, large)
         config = uvicorn.Config(
@@ -136,12 +172,15 @@ class ApiServer(Service):
         while not http.started and not http_task.done():
             await asyncio.sleep(0.01)
         if http_task.done():
+            readiness.cancel()
             await grpc_server.stop(0)
             http_task.result()  # raises what stopped it
             raise RuntimeError("the HTTP server stopped while starting")
+        await probed.wait()  # gRPC health says what /v1/health would from the start
         self._started.set()
         await self._stop.wait()
-        await health.enter_graceful_shutdown()
+        readiness.cancel()
+        await checker.enter_graceful_shutdown()
         http.should_exit = True
         await asyncio.gather(grpc_server.stop(self.grace_s), http_task)
 
