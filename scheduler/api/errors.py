@@ -8,6 +8,7 @@ details (and the details as its metadata).
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Mapping
 from enum import StrEnum
 
@@ -95,3 +96,14 @@ def not_found(what: str) -> ApiError:
 
 def invalid(message: str, **details: str | int | float | bool) -> ApiError:
     return ApiError(Code.INVALID_ARGUMENT, message, details)
+
+
+def clear_frames(error: BaseException) -> None:
+    """Drop what the frames ``error`` and the exceptions it arose from passed through hold (a
+    request's body among it): some hold their exception, in a cycle with its traceback that only
+    the cyclic collector would free (after refusing 60 bodies of 4 MiB three times, the API held
+    680 MB; 260 MB once cleared, the rest glibc's). Both transports clear a refusal's frames."""
+    cause: BaseException | None = error
+    while cause is not None:
+        traceback.clear_frames(cause.__traceback__)
+        cause = cause.__context__

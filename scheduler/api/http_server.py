@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import traceback
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -30,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.routing import Route as PlainRoute
 
-from scheduler.api.errors import ApiError, Code, invalid
+from scheduler.api.errors import ApiError, Code, clear_frames, invalid
 from scheduler.api.messages import MAX_PAGE, as_dict, max_request_bytes, too_large
 from scheduler.api.openapi import document
 from scheduler.api.routes import ROUTES, Route
@@ -65,17 +64,6 @@ def error_response(error: ApiError) -> JSONResponse:
     if error.code == Code.UNAUTHENTICATED:
         headers["WWW-Authenticate"] = 'Bearer realm="scheduler"'
     return JSONResponse(body, status_code=error.http_status, headers=headers)
-
-
-def _clear_frames(error: ApiError) -> None:
-    """Drop what the frames ``error`` and the exceptions it arose from passed through hold (the
-    request's body among it): some hold their exception, in a cycle with its traceback that only
-    the cyclic collector would free (after refusing 60 bodies of 4 MiB three times, the API held
-    680 MB; 260 MB once cleared, the rest glibc's). The same as grpc_server's."""
-    cause: BaseException | None = error
-    while cause is not None:
-        traceback.clear_frames(cause.__traceback__)
-        cause = cause.__context__
 
 
 def parse_message(data: dict[str, Any], message_type: type[Message]) -> Message:
@@ -264,7 +252,7 @@ def _endpoint(
             # both transports share.
             body = await loop.run_in_executor(executor, _answer, api, route, authorization, received)
         except ApiError as error:
-            _clear_frames(error)
+            clear_frames(error)
             return error_response(error)
         finally:
             turn.give_back()
