@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,8 +15,12 @@ from typing import Any, Literal, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from scheduler.store import connect
+from scheduler.domain.run_state import RunState
+from scheduler.schedule import service
+from scheduler.schedule.spec import ScheduleSpec
+from scheduler.store import connect, scan
 from scheduler.store.runs import with_attempts
+from scheduler.store.scan import NewRun
 
 SCHEDULER = str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "scheduler")
 T = TypeVar("T")
@@ -138,3 +143,17 @@ def attempts_history(database_url: str, run_filter: str = "true", *params: objec
             for run in with_attempts(conn, runs)
             for attempt in run["attempts"]
         ]
+
+
+def make_dead_runs(conn: Any, app: str, count: int, error: str) -> None:
+    """``count`` immediate builtin:fail schedules of ``app``, each with one run already dead with
+    ``error`` (as a worker and the reconciler would leave it), committed; no outbox row is left."""
+    for _ in range(count):
+        spec = ScheduleSpec(app=app, handler="builtin:fail", kind="immediate", max_attempts=1)
+        schedule = service.create_schedule(conn, spec, "test")
+        scan.create_runs(
+            conn, [NewRun(uuid.uuid4(), schedule["id"], app, schedule["next_fire_at"], RunState.PENDING, 1)]
+        )
+    conn.execute("delete from outbox")
+    conn.execute("update runs set state = 'dead', finished_at = now(), error = %s", (error,))
+    conn.commit()

@@ -4,20 +4,15 @@ letter that cannot be replayed named, with why."""
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer as RawProducer
 
 from scheduler.config import Settings
-from scheduler.domain.run_state import RunState
-from scheduler.schedule import service
-from scheduler.schedule.spec import ScheduleSpec
-from scheduler.store import connect, scan
-from scheduler.store.scan import NewRun
+from scheduler.store import connect
 from tests.integration.test_schedules_cli import Cli
-from tests.support import Component, components, wait_for
+from tests.support import Component, components, make_dead_runs, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -30,16 +25,7 @@ def cli(settings: Settings, settings_env: dict[str, str]) -> Cli:
     cli = Cli(settings_env)
     assert cli("apps", "create", APP, "--partitions", "1").returncode == 0
     with connect(settings.database_url) as conn:
-        for _ in range(3):
-            spec = ScheduleSpec(app=APP, handler="builtin:fail", kind="immediate", max_attempts=1)
-            schedule = service.create_schedule(conn, spec, "test")
-            scan.create_runs(
-                conn,
-                [NewRun(uuid.uuid4(), schedule["id"], APP, schedule["next_fire_at"], RunState.PENDING, 1)],
-            )
-        conn.execute("delete from outbox")
-        conn.execute("update runs set state = 'dead', finished_at = now(), error = 'PlannedFailure: no'")
-        conn.commit()
+        make_dead_runs(conn, APP, 3, "PlannedFailure: no")
     return cli
 
 

@@ -14,13 +14,10 @@ import psycopg
 import pytest
 
 from scheduler.config import Settings
-from scheduler.domain.run_state import RunState
 from scheduler.reconcile.replay import Replayer, ReplayFilter
 from scheduler.schedule import service
-from scheduler.schedule.spec import ScheduleSpec
-from scheduler.store import connect, scan
-from scheduler.store.scan import NewRun
-from tests.support import SCHEDULER
+from scheduler.store import connect
+from tests.support import SCHEDULER, make_dead_runs
 
 pytestmark = pytest.mark.integration
 
@@ -33,16 +30,7 @@ DEAD = 30
 def conn(settings: Settings) -> Iterator[psycopg.Connection[Row]]:
     with connect(settings.database_url) as conn:
         conn.execute("insert into apps (name, partitions) values (%s, 1)", (APP,))
-        for _ in range(DEAD):
-            spec = ScheduleSpec(app=APP, handler="builtin:fail", kind="immediate", max_attempts=1)
-            schedule = service.create_schedule(conn, spec, "test")
-            scan.create_runs(
-                conn,
-                [NewRun(uuid.uuid4(), schedule["id"], APP, schedule["next_fire_at"], RunState.PENDING, 1)],
-            )
-        conn.execute("delete from outbox")
-        conn.execute("update runs set state = 'dead', finished_at = now(), error = 'HandlerFailed: no'")
-        conn.commit()
+        make_dead_runs(conn, APP, DEAD, "HandlerFailed: no")
         yield conn
 
 
