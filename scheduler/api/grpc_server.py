@@ -94,15 +94,16 @@ def _unary(
             None,
         )
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(executor, api.admit, name, authorization)
+        principal = await loop.run_in_executor(executor, api.admit, name, authorization)
         request = await _only_message(context, message_type)
         parse = partial(_parser, message_type, limit, request)
+        call = partial(api.call, name, authorization, parse, len(request), principal)
         if len(request) <= LARGE_REQUEST_BYTES or len(request) > limit:
-            return await loop.run_in_executor(executor, api.call, name, authorization, parse, len(request))
+            return await loop.run_in_executor(executor, call)
         # A large one waits for its turn here, on the loop, holding no call thread.
         await large.take(name)
         try:
-            return await loop.run_in_executor(executor, api.call, name, authorization, parse, len(request))
+            return await loop.run_in_executor(executor, call)
         finally:
             large.give_back()
 

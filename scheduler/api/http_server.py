@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.routing import Route as PlainRoute
 
+from scheduler.api.auth import Principal
 from scheduler.api.errors import ApiError, Code, clear_frames, invalid
 from scheduler.api.messages import MAX_PAGE, as_dict, max_request_bytes, too_large
 from scheduler.api.openapi import document
@@ -239,6 +240,7 @@ def _endpoint(
         loop = asyncio.get_running_loop()
         authorization = request.headers.get("authorization")
         turn = _LargeTurn(large, route.method)
+        principal: Principal | None = None
         try:
             if _has_body(request):
                 # Before any of the body is read: uvicorn stops reading one the application has not
@@ -246,11 +248,12 @@ def _endpoint(
                 # costs about 0.1 MB however large a body it sends (180 of 4 MiB: 20 MB, against
                 # 730 MB when they were read first). A request without a body is checked once, by
                 # the call.
-                await loop.run_in_executor(executor, api.admit, route.method, authorization)
+                principal = await loop.run_in_executor(executor, api.admit, route.method, authorization)
             received = await _receive(route, request, turn)
             # Parsing, the call and the answer's JSON run in one job on the executor, never on the loop
             # both transports share.
-            body = await loop.run_in_executor(executor, _answer, api, route, authorization, received)
+            answer = partial(_answer, api, route, authorization, received, principal)
+            body = await loop.run_in_executor(executor, answer)
         except ApiError as error:
             clear_frames(error)
             return error_response(error)
@@ -262,9 +265,15 @@ def _endpoint(
     return endpoint
 
 
-def _answer(api: SchedulerApi, route: Route, authorization: str | None, received: _Received) -> bytes:
+def _answer(
+    api: SchedulerApi,
+    route: Route,
+    authorization: str | None,
+    received: _Received,
+    admitted: Principal | None,
+) -> bytes:
     parse = partial(_request_message, route, received)
-    response = api.call(route.method, authorization, parse, len(received.body))
+    response = api.call(route.method, authorization, parse, len(received.body), admitted)
     return json.dumps(as_dict(response), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 

@@ -220,16 +220,19 @@ class SchedulerApi:
         authorization: str | None,
         request: Message | Callable[[], Message],
         size: int = 0,
+        admitted: Principal | None = None,
     ) -> Message:
         """One call of ``method_name``; see the module docstring for what happens in which order.
         ``request`` may be a function that parses it, called only once the caller is authenticated
         and allowed the method (so that an unauthenticated client's body costs no parsing); ``size``
-        is its bytes as received: after a large one the freed memory is given back to the system."""
+        is its bytes as received: after a large one the freed memory is given back to the system.
+        ``admitted``: what :meth:`admit` answered for this very request, so its token is not
+        verified a second time."""
         method = METHODS[method_name]
         started = time.perf_counter()
         code = "OK"
         try:
-            principal = self._admitted(method, authorization)
+            principal = admitted if admitted is not None else self._admitted(method, authorization)
             return self._authorised_call(method, principal, request)
         except Exception as exc:
             error = _domain_error(exc)
@@ -244,12 +247,12 @@ class SchedulerApi:
             if size > LARGE_REQUEST_BYTES:
                 _give_back_memory()
 
-    def admit(self, method_name: str, authorization: str | None) -> None:
-        """Raise what :meth:`call` would answer a caller who may not call ``method_name``: for a
-        transport to check before it lets a large request wait for its turn. A refusal is counted
-        as the call's outcome, as :meth:`call` counts it."""
+    def admit(self, method_name: str, authorization: str | None) -> Principal:
+        """The caller, or raise what :meth:`call` would answer one who may not call
+        ``method_name``: for a transport to check before it receives the request (and hand to
+        :meth:`call`). A refusal is counted as the call's outcome, as :meth:`call` counts it."""
         try:
-            self._admitted(METHODS[method_name], authorization)
+            return self._admitted(METHODS[method_name], authorization)
         except ApiError as error:
             REQUESTS.labels(method_name, error.code.value).inc()
             raise
