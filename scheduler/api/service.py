@@ -36,7 +36,7 @@ from scheduler.api.metrics import REQUEST_SECONDS, REQUESTS
 from scheduler.config import Settings
 from scheduler.domain.run_state import RunState
 from scheduler.domain.schedule import ScheduleState
-from scheduler.reconcile.replay import Replayer, ReplayFilter, first_not_dead
+from scheduler.reconcile.replay import UNDECODABLE, Replayer, ReplayFilter, first_not_dead
 from scheduler.scan.dispatch import JobDispatcher
 from scheduler.schedule import service
 from scheduler.schedule.service import (
@@ -523,6 +523,12 @@ class SchedulerApi:
         refused = first_not_dead(conn, run_ids, principal.sees)
         if refused is not None and refused.state is None:
             raise not_found(f"run {refused.run_id}")
+        if refused is not None and refused.state == UNDECODABLE:
+            raise ApiError(
+                Code.FAILED_PRECONDITION,
+                f"{refused.run_id} is an undecodable dead letter, not a run: there is nothing to replay",
+                {"field": "run_ids"},
+            )
         if refused is not None:
             raise ApiError(
                 Code.FAILED_PRECONDITION,

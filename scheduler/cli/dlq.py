@@ -24,7 +24,7 @@ from scheduler.cli.common import (
     uuid_arg,
     wiring_or_exit,
 )
-from scheduler.reconcile.replay import Replayer, ReplayFilter, first_not_dead
+from scheduler.reconcile.replay import UNDECODABLE, Replayer, ReplayFilter, first_not_dead
 from scheduler.store import runs as store
 
 
@@ -154,10 +154,14 @@ def replay(
         known_schedule(conn, schedule_id)
         refused = first_not_dead(conn, named) if named else None
         if refused is not None and refused.state is None:
-            # Not told apart from an id that names nothing: the store has no lookup of letters by id.
             fail(
-                f"unknown run {refused.run_id}: no run has that id (`scheduler dlq list` shows the dead "
-                "runs; a letter it lists as kind undecodable has no run, and cannot be replayed)",
+                f"unknown run {refused.run_id}: no run has that id (`scheduler dlq list` lists dead runs)",
+                code=2,
+            )
+        if refused is not None and refused.state == UNDECODABLE:
+            fail(
+                f"{refused.run_id} is an undecodable dead letter, not a run: its job could not be read, so "
+                "there is nothing to replay (`scheduler dlq list` shows it with its error)",
                 code=2,
             )
         if refused is not None:

@@ -40,13 +40,18 @@ ReplayFilter = DeadRunFilter
 """The dead runs a replay takes (see :class:`scheduler.store.dlq.DeadRunFilter`)."""
 
 
+UNDECODABLE = "undecodable"
+"""The state :func:`first_not_dead` gives an id that names an undecodable dead letter, not a run."""
+
+
 @dataclass(frozen=True)
 class NotReplayable:
     """A run an operator named that a replay cannot take."""
 
     run_id: UUID
     state: str | None
-    """Its state; None when there is no such run (or none the caller may see)."""
+    """Its state; None when there is no such run (or none the caller may see); ``undecodable``
+    when the id is an undecodable dead letter's, which has no run and so nothing to replay."""
 
 
 def first_not_dead(

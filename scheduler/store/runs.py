@@ -34,7 +34,8 @@ def get_run(conn: psycopg.Connection[Row], run_id: UUID) -> Row | None:
 
 
 def states_of_runs(conn: psycopg.Connection[Row], run_ids: Sequence[UUID]) -> dict[UUID, Row]:
-    """The ``app`` and ``state`` of each of the runs that exists, by id."""
+    """The ``app`` and ``state`` of each of the runs that exists, by id; ``state`` is
+    ``undecodable`` for an id that names an undecodable dead letter (which has no run)."""
     rows = conn.execute(query("states_of_runs"), {"ids": list(run_ids)}).fetchall()
     return {row["id"]: row for row in rows}
 

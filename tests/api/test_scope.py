@@ -284,6 +284,21 @@ def test_a_replay_may_name_its_dead_runs(caller: Caller, objects: Objects, api_s
     assert f"run {objects.beta_run} is pending, not dead" in pending.body["message"]
     nonsense = caller.call("ReplayDeadLetters", {"run_ids": ["nonsense"]}, every_admin)
     assert nonsense.code == "INVALID_ARGUMENT", nonsense
+    letter = str(uuid.uuid4())
+    with api_stack.connect() as conn:  # what the reconciler keeps of a job no worker could decode
+        conn.execute(
+            "insert into dead_letters (event_id, app, cause, error, original_bytes) "
+            "values (%s, 'beta', 'undecodable', 'undecodable: bad bytes', '\\xff')",
+            (letter,),
+        )
+    undecodable = caller.call("ReplayDeadLetters", {"run_ids": [letter]}, every_admin)
+    assert undecodable.code == "FAILED_PRECONDITION", undecodable
+    assert f"{letter} is an undecodable dead letter, not a run" in undecodable.body["message"]
+    unknown = str(uuid.uuid4())
+    theirs = caller.call("ReplayDeadLetters", {"run_ids": [letter]}, ALPHA_ADMIN)
+    missing = caller.call("ReplayDeadLetters", {"run_ids": [unknown]}, ALPHA_ADMIN)
+    assert theirs.code == "NOT_FOUND", theirs
+    assert shape(theirs, letter) == shape(missing, unknown), (theirs, missing)
     assert snapshot(api_stack) == before
 
 

@@ -66,6 +66,9 @@ def test_a_replay_naming_an_undecodable_letter_says_it_cannot_be_replayed(
         finally:
             assert worker.stop() == 0, worker.output()[-3000:]
     line = cli.refused("dlq", "replay", "--run", letter["id"])
-    assert line.startswith(f"error: unknown run {letter['id']}: no run has that id"), line
-    assert "a letter it lists as kind undecodable has no run, and cannot be replayed" in line, line
+    assert line.startswith(f"error: {letter['id']} is an undecodable dead letter, not a run"), line
+    assert "nothing to replay" in line, line
+    unknown = "0190a1b2-0000-7000-8000-000000000000"
+    line = cli.refused("dlq", "replay", "--run", unknown)
+    assert line.startswith(f"error: unknown run {unknown}: no run has that id"), line
     assert [r["state"] for r in cli.json("runs", "list", "--app", APP, "--json")] == ["dead"] * 3

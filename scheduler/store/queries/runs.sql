@@ -38,8 +38,14 @@ select r.id, r.schedule_id, s.name as schedule_name, r.app, r.scheduled_for, r.s
 select * from runs where id = %(id)s::uuid;
 
 -- name: states_of_runs
--- The app and state of each run named that exists.
-select id, app, state from runs where id = any(%(ids)s::uuid[]);
+-- The app and state of each run named that exists; an id that names an undecodable dead letter
+-- instead (the DLQ listing shows them beside the dead runs) has the state 'undecodable'.
+select id, app, state from runs where id = any(%(ids)s::uuid[])
+union all
+select d.event_id::uuid, d.app, 'undecodable'
+  from dead_letters d
+ where d.event_id = any(%(ids)s::uuid[]::text[])
+   and not exists (select 1 from runs r where r.id::text = d.event_id);
 
 -- name: history_of_runs
 -- Each run's attempts as a user reads them: the events recorded in `attempts`, and the two that
