@@ -28,6 +28,7 @@ from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.routing import Route as PlainRoute
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from scheduler.api.auth import Principal
 from scheduler.api.errors import ApiError, Code, clear_frames, invalid
@@ -48,6 +49,47 @@ _INTEGER_RE = re.compile(r"-?[0-9]{1,12}")
 # How long any body may take to arrive from the moment it is first read (a large one: from its turn,
 # LARGE_BODY_READ_S): a sender that stalls holds what it sent, and a call, for no longer.
 BODY_READ_S = 20.0
+# How long a request's head may take, from the connection's opening or the request's first byte.
+# uvicorn times out only the idle wait between requests: a connection that never sends a complete
+# head (or trickles it a byte at a time) would otherwise hold its socket and memory for ever.
+HEAD_READ_S = 20.0
+
+
+class HeadDeadlineProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol, closing a connection whose request head is not complete within
+    HEAD_READ_S."""
+
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._await_head()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._head_timer is None:  # the next request on a kept-alive connection
+            self._await_head()
+
+    def on_headers_complete(self) -> None:
+        self._head_arrived()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_arrived()
+        super().connection_lost(exc)
+
+    def _await_head(self) -> None:
+        self._head_timer = self.loop.call_later(HEAD_READ_S, self._head_late)
+
+    def _head_arrived(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
 
 def error_response(error: ApiError) -> JSONResponse:

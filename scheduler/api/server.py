@@ -26,7 +26,7 @@ import uvicorn
 from grpc_health.v1 import health, health_pb2
 
 from scheduler.api.grpc_server import SERVICE, build_server
-from scheduler.api.http_server import create_app
+from scheduler.api.http_server import HeadDeadlineProtocol, create_app
 from scheduler.api.service import LargeRequests, SchedulerApi
 from scheduler.runtime.service import Check, Service
 from scheduler.store import api as store
@@ -166,6 +166,7 @@ class ApiServer(Service):
             server_header=False,
             timeout_graceful_shutdown=int(self.grace_s),
             timeout_keep_alive=30,
+            http=HeadDeadlineProtocol,
         )
         http = uvicorn.Server(config)
         http_task = asyncio.create_task(http.serve(sockets=[self.http_socket]))

@@ -23,7 +23,7 @@ import grpc
 import pytest
 
 from scheduler.api.grpc_server import SERVICE
-from scheduler.api.http_server import BODY_READ_S
+from scheduler.api.http_server import BODY_READ_S, HEAD_READ_S
 from scheduler.api.messages import MAX_REQUEST_BYTES
 from scheduler.v1 import scheduler_pb2 as pb
 from tests.api.client import VIEWER, Outcome, grpc_error, token
@@ -138,6 +138,51 @@ def test_an_admitted_body_that_stalls_is_answered_within_its_bound(api: ApiProce
     assert (answer.status, answer.body["error"]["code"]) == (400, "INVALID_ARGUMENT"), answer
     assert f"did not arrive within {BODY_READ_S:.0f} s" in answer.body["error"]["message"]
     assert BODY_READ_S - 1 < waited < BODY_READ_S + 15
+
+
+def wait_closed(sock: socket.socket, timeout_s: float) -> None:
+    """Until the API closed ``sock``; fails if it is still open after ``timeout_s``."""
+    sock.settimeout(timeout_s)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        raise AssertionError(f"still open after {timeout_s:g} s") from None
+    except ConnectionResetError:
+        pass
+
+
+def test_a_connection_whose_request_head_does_not_come_is_closed(api: ApiProcess) -> None:
+    """A connection that sends nothing, and one that trickles its head a byte at a time, are closed
+    HEAD_READ_S after they opened: idle sockets cannot pile up until the API runs out of them."""
+    host, port = api.http_url.removeprefix("http://").split(":")
+    with (
+        socket.create_connection((host, int(port)), timeout=30) as silent,
+        socket.create_connection((host, int(port)), timeout=30) as trickling,
+    ):
+        started = time.monotonic()
+        head = b"GET /v1/schedules HTTP/1.1\r\nHost: api\r\nX-Slow: "
+        trickling.sendall(head)
+        while time.monotonic() - started < HEAD_READ_S + 5:
+            try:
+                trickling.sendall(b"a")
+            except OSError:
+                break
+            time.sleep(1)
+        waited = []
+        for sock in (silent, trickling):
+            wait_closed(sock, 30)
+            waited.append(time.monotonic() - started)
+    assert all(HEAD_READ_S - 1 < w < HEAD_READ_S + 15 for w in waited), waited
+    answer = http_get_health(api)
+    assert answer == 200, "the API still answers"
+
+
+def http_get_health(api: ApiProcess) -> int:
+    host, port = api.http_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n")
+        return int(sock.recv(65536).split()[1])
 
 
 def never_sent(until: threading.Event) -> Iterator[bytes]:
