@@ -8,7 +8,8 @@ schedule.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -91,10 +92,13 @@ def _tuples(conn: psycopg.Connection[Row], name: str, params: dict[str, Any]) ->
         return cursor.execute(query(name), params).fetchall()
 
 
-def decided_sources(conn: psycopg.Connection[Row], sources: Sequence[Source]) -> set[Source]:
-    """The positions among ``sources`` whose message was rejected before."""
-    if not sources:
+def decided_sources(conn: psycopg.Connection[Row], messages: Mapping[Source, bytes]) -> set[Source]:
+    """The positions among ``messages`` (position → the bytes consumed there) whose message was
+    rejected before: the same bytes at the same position. Other bytes there are another message, of
+    a topic recreated since (its offsets started again), to be judged on its own."""
+    if not messages:
         return set()
+    sources = list(messages)
     rows = conn.execute(
         query("decided_sources"),
         {
@@ -103,7 +107,12 @@ def decided_sources(conn: psycopg.Connection[Row], sources: Sequence[Source]) ->
             "offsets": [s.offset for s in sources],
         },
     ).fetchall()
-    return {Source(r["topic"], r["partition"], r["offset"]) for r in rows}
+    decided: set[Source] = set()
+    for r in rows:
+        source = Source(r["topic"], r["partition"], r["offset"])
+        if bytes(r["digest"]) == hashlib.sha256(messages[source]).digest():
+            decided.add(source)
+    return decided
 
 
 def claim_commands(conn: psycopg.Connection[Row], claims: Sequence[CommandClaim]) -> set[str]:
