@@ -58,4 +58,4 @@ def list_(
             r["at"].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"), r["actor"], r["action"], r["entity"],
             r["entity_id"], r["app"] or "-", new[:60] + ("…" if len(new) > 60 else ""),
         )  # fmt: skip
-    Console().print(table)
+    Console(markup=False).print(table)  # the cells are data (a Kafka command's own text), not markup

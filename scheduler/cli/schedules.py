@@ -325,7 +325,7 @@ def list_(app: str | None, state: str | None, limit: int, as_json: bool) -> None
         next_fire = r["next_fire_at"].isoformat() if r["next_fire_at"] else "-"
         cells = [str(r["id"]), r["app"], r["name"], r["kind"], when, r["state"], next_fire, str(r["version"])]
         table.add_row(*cells, *([r["error"] or ""] if errors else []))
-    Console().print(table)
+    Console(markup=False).print(table)  # the cells are data (a Kafka command's own text), not markup
 
 
 def _versioned(name: str, operation: Any, help_text: str) -> click.Command:
@@ -391,4 +391,4 @@ def rejected(app: str | None, code: str | None, limit: int, as_json: bool) -> No
             f"{r['app']}/{r['schedule_key']}" if r["app"] else "-",
             f"{r['source_partition']}@{r['source_offset']}", r["reason"],
         )  # fmt: skip
-    Console().print(table)
+    Console(markup=False).print(table)  # the cells are data (a Kafka command's own text), not markup

@@ -1,0 +1,44 @@
+"""What a Kafka command carries (its id, key, name, actor, and the reason quoting them) is shown by
+the CLI's tables as the text it is: a producer's `[/]` or `[link=…]` is no markup for the operator's
+terminal, and never a traceback instead of the listing."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.config import Settings
+from scheduler.ingest.apply import apply_batch
+from scheduler.ingest.commands import decode_command
+from scheduler.store import connect, schedules
+from tests.integration.test_ingest_apply import CODEC, Topic, command, spec
+from tests.integration.test_schedules_cli import Cli
+
+pytestmark = pytest.mark.integration
+
+MARKUP = "[/]x[link=http://evil.example]y[bold]"
+
+
+@pytest.fixture
+def cli(settings: Settings, settings_env: dict[str, str]) -> Cli:
+    with connect(settings.database_url) as conn:
+        schedules.create_app(conn, "billing", 1)
+        conn.commit()
+    topic = Topic(settings)
+    batch = [
+        topic.message(command(MARKUP, MARKUP, "pause")),  # not found: a rejection naming both
+        topic.message(command("c", "k", spec=spec(name=MARKUP), actor=MARKUP)),
+    ]
+    with connect(settings.database_url) as conn:
+        result = apply_batch(conn, settings, [decode_command(CODEC, m) for m in batch])
+    assert result.applied == 1 and len(result.rejected) == 1
+    return Cli(settings_env | {"COLUMNS": "400"})  # wide enough for every cell whole
+
+
+@pytest.mark.parametrize(
+    "args", [("schedules", "rejected"), ("schedules", "list"), ("audit", "list")], ids=" ".join
+)
+def test_a_listing_shows_markup_from_a_command_as_text(cli: Cli, args: tuple[str, ...]) -> None:
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert MARKUP in done.stdout, done.stdout
