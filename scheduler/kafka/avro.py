@@ -356,6 +356,11 @@ class AvroCodec:
             raise UnknownSchemaError(f"schema id {schema_id} is not in the schema registry") from None
         if not isinstance(parsed, dict):
             raise UnexpectedSchemaError(f"schema id {schema_id} is not a record schema")
+        if _has_zero_width_array(parsed):
+            # A few bytes could then claim 2^62 items, which the reader would count for ever.
+            raise UnexpectedSchemaError(
+                f"schema id {schema_id} has an array whose items take no bytes, as no scheduler schema has"
+            )
         # A registered copy of a schema we know decodes with our own parse of it, so that the current
         # version skips schema resolution exactly as in single-object encoding.
         known = self.catalog.find_fingerprint(
@@ -364,6 +369,52 @@ class AvroCodec:
         writer = parsed if known is None else known.parsed
         self._registry_schemas[schema_id] = writer
         return writer
+
+
+def _has_zero_width_array(schema: ParsedSchema) -> bool:
+    """Whether ``schema`` (a parsed schema: a named type is defined once, then named) holds an array
+    whose items encode in zero bytes: null, a fixed of size 0, a record of nothing else."""
+    named: dict[str, Any] = {}
+
+    def define(node: object) -> None:
+        if isinstance(node, dict):
+            if node.get("type") in ("record", "error", "fixed", "enum") and isinstance(node.get("name"), str):
+                named.setdefault(node["name"], node)
+            for value in node.values():
+                define(value)
+        elif isinstance(node, list):
+            for value in node:
+                define(value)
+
+    def zero_width(node: object, seen: frozenset[str]) -> bool:
+        if isinstance(node, str):
+            if node == "null":
+                return True
+            target = named.get(node)
+            return target is not None and node not in seen and zero_width(target, seen | {node})
+        if not isinstance(node, dict):
+            return False  # a union: its branch index takes a byte
+        kind = node.get("type")
+        if kind == "fixed":
+            return node.get("size") == 0
+        if kind in ("record", "error"):
+            inner = seen | {node["name"]} if isinstance(node.get("name"), str) else seen
+            return all(zero_width(f.get("type"), inner) for f in node.get("fields", ()))
+        if isinstance(kind, str | dict) and kind not in ("array", "map", "enum"):
+            return zero_width(kind, seen)  # {"type": "null"}, a logical type over a primitive
+        return False
+
+    def arrays(node: object) -> bool:
+        if isinstance(node, dict):
+            if node.get("type") == "array" and zero_width(node.get("items"), frozenset()):
+                return True
+            return any(arrays(value) for value in node.values())
+        if isinstance(node, list):
+            return any(arrays(value) for value in node)
+        return False
+
+    define(schema)
+    return arrays(schema)
 
 
 def _without_logical_types(schema: object) -> object:
