@@ -13,10 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from scheduler.cli.common import actor, database, echo_json, fail, wiring_or_exit
+from scheduler.cli.common import actor, database, echo_json, fail, print_table, wiring_or_exit
 from scheduler.kafka.transport import KafkaUnavailable, TransportError
 from scheduler.schedule import service
 from scheduler.store import schedules
@@ -112,4 +111,4 @@ def list_(as_json: bool) -> None:
             str(row["error_schedules"]),
             row["created_at"].isoformat(),
         )
-    Console().print(table)
+    print_table(table)

@@ -6,10 +6,9 @@ import json
 from datetime import UTC
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from scheduler.cli.common import database, echo_json, known_app, parse_instant, wiring_or_exit
+from scheduler.cli.common import database, echo_json, known_app, parse_instant, print_table, wiring_or_exit
 from scheduler.store import api as store
 
 
@@ -58,4 +57,4 @@ def list_(
             r["at"].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"), r["actor"], r["action"], r["entity"],
             r["entity_id"], r["app"] or "-", new[:60] + ("…" if len(new) > 60 else ""),
         )  # fmt: skip
-    Console(markup=False).print(table)  # the cells are data (a Kafka command's own text), not markup
+    print_table(table)

@@ -15,6 +15,8 @@ from uuid import UUID
 
 import click
 import psycopg
+from rich.console import Console
+from rich.table import Table
 
 from scheduler.config import Settings, load_settings
 from scheduler.kafka.transport import KafkaUnavailable
@@ -153,6 +155,12 @@ def uuid_arg(value: str) -> UUID:
         return UUID(value)
     except ValueError:
         raise click.BadParameter(f"{value!r} is not an id (a UUID)") from None
+
+
+def print_table(table: Table) -> None:
+    """``table`` on stdout. Its cells are data (names, error texts, a Kafka command's own text), not
+    rich markup: a ``[/]`` in a handler's error must print as written, not end the command."""
+    Console(markup=False, highlight=False).print(table)
 
 
 def echo_json(value: Any) -> None:

@@ -20,6 +20,7 @@ from scheduler.cli.common import (
     fail,
     known_app,
     known_schedule,
+    print_table,
     time_range,
     uuid_arg,
     wiring_or_exit,
@@ -89,7 +90,7 @@ def list_(
             r["id"], r["kind"], r["app"], str(r["attempt"] or "-"),
             r["dead_at"].isoformat() if r["dead_at"] else "-", (r["error"] or "")[:80],
         )  # fmt: skip
-    Console().print(table)
+    print_table(table)
 
 
 @dlq.command("replay")
@@ -191,7 +192,7 @@ def replay(
                 run = dead.run
                 dead_at = run.finished_at.isoformat() if run.finished_at else "-"
                 table.add_row(str(run.id), run.app, str(run.attempt), dead_at, run.error or "")
-            Console().print(table)
+            print_table(table)
             return
         started = time.monotonic()
         # Small chunks under --rate keep the pace even; without it, one transaction per 500 runs.

@@ -5,10 +5,16 @@ from __future__ import annotations
 import base64
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from scheduler.cli.common import database, echo_json, known_or_named_app, parse_instant, wiring_or_exit
+from scheduler.cli.common import (
+    database,
+    echo_json,
+    known_or_named_app,
+    parse_instant,
+    print_table,
+    wiring_or_exit,
+)
 from scheduler.store import quarantine as store
 
 
@@ -62,4 +68,4 @@ def list_(
             str(r["id"]), r["quarantined_at"].isoformat(), r["component"], r["app"] or "-",
             str(r["run_id"] or "-"), source, str(r["size_bytes"] or 0), r["reason"][:100],
         )  # fmt: skip
-    Console().print(table)
+    print_table(table)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from uuid import UUID
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from scheduler.cli.common import (
@@ -15,6 +14,7 @@ from scheduler.cli.common import (
     fail,
     known_app,
     parse_instant,
+    print_table,
     uuid_arg,
     wiring_or_exit,
 )
@@ -57,7 +57,7 @@ def list_(schedule_id: UUID | None, app: str | None, state: str | None, limit: i
             r["worker"] or "-",
             (r["error"] or "")[:60],
         )
-    Console().print(table)
+    print_table(table)
 
 
 @runs.command("get")

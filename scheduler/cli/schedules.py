@@ -11,7 +11,6 @@ from uuid import UUID
 
 import click
 import psycopg
-from rich.console import Console
 from rich.table import Table
 
 from scheduler.cli.common import (
@@ -24,6 +23,7 @@ from scheduler.cli.common import (
     known_app,
     known_or_named_app,
     parse_instant,
+    print_table,
     uuid_arg,
     wiring_or_exit,
 )
@@ -325,7 +325,7 @@ def list_(app: str | None, state: str | None, limit: int, as_json: bool) -> None
         next_fire = r["next_fire_at"].isoformat() if r["next_fire_at"] else "-"
         cells = [str(r["id"]), r["app"], r["name"], r["kind"], when, r["state"], next_fire, str(r["version"])]
         table.add_row(*cells, *([r["error"] or ""] if errors else []))
-    Console(markup=False).print(table)  # the cells are data (a Kafka command's own text), not markup
+    print_table(table)
 
 
 def _versioned(name: str, operation: Any, help_text: str) -> click.Command:
@@ -391,4 +391,4 @@ def rejected(app: str | None, code: str | None, limit: int, as_json: bool) -> No
             f"{r['app']}/{r['schedule_key']}" if r["app"] else "-",
             f"{r['source_partition']}@{r['source_offset']}", r["reason"],
         )  # fmt: skip
-    Console(markup=False).print(table)  # the cells are data (a Kafka command's own text), not markup
+    print_table(table)

@@ -12,6 +12,7 @@ from scheduler.ingest.commands import decode_command
 from scheduler.store import connect, schedules
 from tests.integration.test_ingest_apply import CODEC, Topic, command, spec
 from tests.integration.test_schedules_cli import Cli
+from tests.support import make_dead_runs
 
 pytestmark = pytest.mark.integration
 
@@ -42,3 +43,21 @@ def test_a_listing_shows_markup_from_a_command_as_text(cli: Cli, args: tuple[str
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert MARKUP in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("runs", "list", "--app", "billing"), ("dlq", "list"), ("dlq", "replay", "--dry-run")],
+    ids=" ".join,
+)
+def test_a_listing_shows_markup_from_a_handlers_error_as_text(
+    cli: Cli, settings: Settings, args: tuple[str, ...]
+) -> None:
+    """A handler's error text is the handler's, whatever brackets it holds."""
+    error = f"HandlerError: {MARKUP}"
+    with connect(settings.database_url) as conn:
+        make_dead_runs(conn, "billing", 1, error)
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert error in done.stdout, done.stdout
