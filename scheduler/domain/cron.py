@@ -143,6 +143,9 @@ class CronExpression:
     schedule_id: str | None
     _croniter_text: str = field(repr=False)
     _last_day: _LastDayRule | None = field(repr=False)
+    # Both day fields restricted, the day of week with n#k or nL: croniter then ignores the day of
+    # month (or finds nothing), so the days are searched as two expressions, one per day field.
+    _day_union: tuple[str, str] | None = field(default=None, repr=False)
 
     @classmethod
     def parse(cls, text: str, schedule_id: str | uuid.UUID | None = None) -> CronExpression:
@@ -188,6 +191,7 @@ class CronExpression:
             croniter.expand(croniter_text)
         except CroniterError as error:
             raise InvalidCronExpression(text, _diagnose(written, resolved, error)) from None
+        day_union = _day_union(resolved)
 
         # Vixie's rule: a schedule is fixed-time unless its second, minute or hour field, as
         # written, begins with "*" (so "*/15" is wildcard, "H/15" and "0-59" are fixed).
@@ -199,6 +203,7 @@ class CronExpression:
             schedule_id=hash_seed if hashed else None,
             _croniter_text=croniter_text,
             _last_day=last_day,
+            _day_union=day_union,
         )
         try:
             _WallClock(expression).next_after(_VALIDATION_START)
@@ -377,13 +382,32 @@ class _WallClock:
         # clock gets its own shallow copy of a shared one: the copy's position (the only state a
         # search changes, and every search sets it first) is its own, so clocks in different
         # threads never interfere, while the expanded fields, which searches only read, are shared.
-        self._croniter = copy.copy(_expanded_croniter(expression._croniter_text))
+        texts = expression._day_union or (expression._croniter_text,)
+        self._croniters = [copy.copy(_expanded_croniter(text)) for text in texts]
 
     def next_after(self, wall: datetime) -> datetime:
-        candidate = self._croniter.get_next(datetime, start_time=wall)
+        if len(self._croniters) == 1:
+            return self._next_after(self._croniters[0], wall)
+        # A day matching either field: the earliest of the two searches that find one.
+        candidates = []
+        for searcher in self._croniters:
+            try:
+                candidates.append(self._next_after(searcher, wall))
+            except CroniterBadDateError:
+                continue
+        if not candidates:
+            raise CroniterBadDateError("failed to find next date")
+        return min(candidates)
+
+    def _next_after(self, searcher: croniter[datetime], wall: datetime) -> datetime:
+        candidate = searcher.get_next(datetime, start_time=wall)
         while self._last_day is not None and not self._last_day.matches(candidate.date()):
+            # Every month long enough has its L-n day, and the months repeat each year (February's
+            # 29th within 8): nothing in the 9 years after the start means never.
+            if candidate.year - wall.year > 8:
+                raise CroniterBadDateError("failed to find next date")
             end_of_day = candidate.replace(hour=23, minute=59, second=59)
-            candidate = self._croniter.get_next(datetime, start_time=end_of_day)
+            candidate = searcher.get_next(datetime, start_time=end_of_day)
         return candidate
 
 
@@ -527,7 +551,19 @@ def _last_day_rule(text: str, fields: list[str]) -> _LastDayRule | None:
     return _LastDayRule(days_before_last=0, weekday=True)
 
 
-def _croniter_order(fields: tuple[str, str, str, str, str, str]) -> str:
+def _day_union(fields: tuple[str, str, str, str, str, str]) -> tuple[str, str] | None:
+    """The two expressions to search, one per day field, when both are restricted (Vixie's "either
+    fires") and the day of week uses ``n#k`` or ``nL``, which croniter cannot OR with a day of month."""
+    day_of_month, day_of_week = fields[_DAY_OF_MONTH], fields[_DAY_OF_WEEK]
+    restricted = all(f not in ("*", "?") and not f.startswith("*") for f in (day_of_month, day_of_week))
+    if not restricted or not any(c in day_of_week.lower() for c in "#l"):
+        return None
+    by_month_day = (*fields[:_DAY_OF_WEEK], "*")
+    by_weekday = (*fields[:_DAY_OF_MONTH], "*", fields[_MONTH], day_of_week)
+    return _croniter_order(by_month_day), _croniter_order(by_weekday)
+
+
+def _croniter_order(fields: tuple[str, ...]) -> str:
     # croniter's six-field form puts seconds last.
     return " ".join((*fields[1:], fields[0]))
 
