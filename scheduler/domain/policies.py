@@ -253,17 +253,35 @@ def _due_fires(
 def _latest_fire_at_or_before(schedule: CronSchedule, first: datetime, now: datetime) -> datetime:
     """The last fire at or before ``now``, given that ``first`` is a fire at or before it.
 
-    Searching back from ``now`` in doubling steps costs a few dozen look-ups even after a year of
-    downtime on an every-second schedule, where walking forward from ``first`` would take millions.
+    Searching back from ``now`` in doubling steps, then bisecting the last step, costs a few dozen
+    look-ups even after a year of downtime on an every-second schedule, or a pause from the start of
+    a month of every-second fires to long after it, where walking forward fire by fire from ``first``
+    (or from the first fire the doubling finds) would take millions.
     """
-    latest = first
+    # Invariant: the first fire after `low` is at or before now; none after `high` is.
+    low = first - timedelta(microseconds=1)
+    high = now
     step = timedelta(seconds=1)
     while now - step > first:
-        probe = schedule.next_fire_after(now - step)
-        if probe <= now:
-            latest = probe
+        probe = _next_or_none(schedule, now - step)
+        if probe is not None and probe <= now:
+            low = now - step
             break
+        high = now - step
         step *= 2
+    # Fire times are whole seconds: once the two are a second apart at most, only one fire can
+    # lie after `low` and at or before now, and it is the latest.
+    while high - low > timedelta(seconds=1):
+        middle = low + (high - low) / 2
+        probe = _next_or_none(schedule, middle)
+        if probe is not None and probe <= now:
+            low = middle
+        else:
+            high = middle
+    found = _next_or_none(schedule, low)
+    # `first` itself when it is no fire of the expression (stored under an older one) and no fire
+    # comes between it and now.
+    latest = found if found is not None and first <= found <= now else first
     while (following := _next_or_none(schedule, latest)) is not None and following <= now:
         latest = following
     return latest
