@@ -402,6 +402,8 @@ def spec_of_update(stored: ScheduleSpec, request: pb.UpdateScheduleRequest) -> S
         values |= {"kind": str(ScheduleKind.CRON), "cron": request.cron_expression, "run_at": None}
     if request.HasField("run_at"):
         values |= {"kind": str(ScheduleKind.DELAYED), "cron": None, "run_at": moment_of(request, "run_at")}
+        # A one-shot has no bounds: the cron schedule's go, unless given with it (and refused).
+        values |= {"start_at": None, "end_at": None}
     for field in ("start_at", "end_at"):
         if request.HasField(field):
             values[field] = moment_of(request, field)

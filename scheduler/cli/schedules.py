@@ -274,6 +274,8 @@ def update(
             given |= {"kind": ScheduleKind.CRON, "cron": cron, "run_at": None}
         elif at is not None:
             given |= {"kind": ScheduleKind.DELAYED, "cron": None, "run_at": parse_instant(at, "--at", zone)}
+            # A one-shot has no bounds: the cron schedule's go, unless given again (and refused).
+            given |= {"start_at": given.get("start_at"), "end_at": given.get("end_at")}
         spec = dataclasses.replace(spec, **given)
         echo_json(shown(service.update_schedule(conn, schedule_id, spec, actor(), expect_version)))
 

@@ -280,6 +280,12 @@ def validate_encoded(spec: ScheduleSpec) -> str:
         raise InvalidSchedule(f"a {spec.kind} schedule takes no cron expression")
     if spec.kind == ScheduleKind.DELAYED and spec.run_at is None:
         raise InvalidSchedule("a delayed schedule needs run_at (--at)")
+    if spec.kind != ScheduleKind.CRON and (spec.start_at is not None or spec.end_at is not None):
+        # Taken and ignored, they would let a one-shot fire after the end its owner set.
+        raise InvalidSchedule(
+            f"start_at and end_at bound a cron schedule's fires; a one-shot ({spec.kind}) fires once "
+            "and takes neither"
+        )
     for moment, what in ((spec.run_at, "run_at"), (spec.start_at, "start_at"), (spec.end_at, "end_at")):
         _aware(moment, what)
     if spec.start_at and spec.end_at and spec.end_at <= spec.start_at:
