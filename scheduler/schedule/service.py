@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 
 from scheduler.config import Settings
-from scheduler.domain.cron import CronSchedule, NoFireTime
+from scheduler.domain.cron import CronSchedule, InvalidCronExpression, NoFireTime
 from scheduler.domain.ids import new_id
 from scheduler.domain.policies import fires_of, next_fire_on_resume
 from scheduler.domain.run_state import RunState
@@ -155,6 +155,13 @@ def first_fire(spec: ScheduleSpec, schedule_id: uuid.UUID, now: datetime) -> dat
     start = max(now, spec.start_at - timedelta(microseconds=1)) if spec.start_at else now
     try:
         fire = CronSchedule.of(spec.cron, spec.tz, schedule_id=schedule_id).next_fire_after(start)
+    except InvalidCronExpression as exc:
+        # Validation checked the form of its H fields; the values they take for this id may still
+        # name no date (H(28-31) in February picks the 30th for some ids).
+        raise InvalidSchedule(
+            f"cron expression {spec.cron!r}, with the values its H fields take for this schedule: "
+            f"{exc.reason}; narrow the H range"
+        ) from None
     except NoFireTime:
         raise InvalidSchedule(
             f"cron expression {spec.cron!r} never fires after {start.isoformat()}"
