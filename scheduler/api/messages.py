@@ -402,11 +402,13 @@ def spec_of_update(stored: ScheduleSpec, request: pb.UpdateScheduleRequest) -> S
         values |= {"kind": str(ScheduleKind.CRON), "cron": request.cron_expression, "run_at": None}
     if request.HasField("run_at"):
         values |= {"kind": str(ScheduleKind.DELAYED), "cron": None, "run_at": moment_of(request, "run_at")}
-        # A one-shot has no bounds: the cron schedule's go, unless given with it (and refused).
-        values |= {"start_at": None, "end_at": None}
     for field in ("start_at", "end_at"):
         if request.HasField(field):
             values[field] = moment_of(request, field)
+        elif values.get("kind", stored.kind) != ScheduleKind.CRON:
+            # A one-shot has no bounds: a cron schedule's go with its expression (and a one-shot
+            # stored with them before they were refused loses them), unless given (then refused).
+            values[field] = None
     if request.HasField("payload"):
         values["payload"] = payload_of(request)
     if request.HasField("retry_config"):

@@ -274,7 +274,9 @@ def update(
             given |= {"kind": ScheduleKind.CRON, "cron": cron, "run_at": None}
         elif at is not None:
             given |= {"kind": ScheduleKind.DELAYED, "cron": None, "run_at": parse_instant(at, "--at", zone)}
-            # A one-shot has no bounds: the cron schedule's go, unless given again (and refused).
+        if given.get("kind", spec.kind) != ScheduleKind.CRON:
+            # A one-shot has no bounds: a cron schedule's go with its expression (and a one-shot
+            # stored with them before they were refused loses them), unless given (then refused).
             given |= {"start_at": given.get("start_at"), "end_at": given.get("end_at")}
         spec = dataclasses.replace(spec, **given)
         echo_json(shown(service.update_schedule(conn, schedule_id, spec, actor(), expect_version)))

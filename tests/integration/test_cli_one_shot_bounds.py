@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.config import Settings
+from scheduler.store import connect
 from tests.integration.test_schedules_cli import Cli, app, cli  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.integration
@@ -27,3 +29,18 @@ def test_update_at_of_a_bounded_cron_schedule_drops_its_bounds(cli: Cli, app: st
     )  # fmt: skip
     one_shot = cli.json("schedules", "update", bounded["id"], "--at", "2027-06-01T00:00:00Z")
     assert (one_shot["kind"], one_shot["start_at"], one_shot["end_at"]) == ("delayed", None, None)
+
+
+def test_a_one_shot_stored_with_bounds_stays_updatable(cli: Cli, app: str, settings: Settings) -> None:  # noqa: F811
+    """One created with bounds before they were refused: an update drops them."""
+    one_shot = cli.json(
+        "schedules", "create", "--app", app, "--at", "2027-06-01T00:00:00Z", "--handler", "builtin:noop"
+    )
+    with connect(settings.database_url) as conn:
+        conn.execute(
+            "update schedules set start_at = '2027-01-01Z', end_at = '2027-03-01Z' where id = %s",
+            (one_shot["id"],),
+        )
+        conn.commit()
+    renamed = cli.json("schedules", "update", one_shot["id"], "--name", "renamed")
+    assert (renamed["name"], renamed["start_at"], renamed["end_at"]) == ("renamed", None, None)

@@ -54,3 +54,14 @@ def test_an_api_update_to_a_one_shot_drops_the_cron_bounds_it_does_not_give() ->
     request = pb.UpdateScheduleRequest(run_at=_timestamp(RUN_AT), end_at=_timestamp(AFTER))
     with pytest.raises(InvalidSchedule, match="start_at and end_at"):
         validate(spec_of_update(bounded, request))
+
+
+def test_an_api_update_of_a_one_shot_stored_with_bounds_drops_them() -> None:
+    """A one-shot created with bounds before they were refused stays updatable: an update that
+    does not give them drops them."""
+    stored = ScheduleSpec(
+        app="billing", handler="builtin:noop", kind="delayed", run_at=RUN_AT, start_at=BEFORE, end_at=AFTER
+    )
+    renamed = spec_of_update(stored, pb.UpdateScheduleRequest(name="renamed"))
+    assert (renamed.name, renamed.run_at, renamed.start_at, renamed.end_at) == ("renamed", RUN_AT, None, None)
+    assert validate(renamed) is renamed
