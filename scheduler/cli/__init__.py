@@ -31,6 +31,7 @@ from scheduler.cli.quarantine import quarantine
 from scheduler.cli.run import run
 from scheduler.cli.runs import runs
 from scheduler.cli.schedules import schedules
+from scheduler.kafka.avro import SchemaCatalogError
 from scheduler.telemetry.tracing import configure_tracing, shutdown_tracing
 
 
@@ -56,6 +57,10 @@ class _Scheduler(click.Group):
             raise
         except click.UsageError as error:
             _one_line(error, ctx.command_path)
+        except SchemaCatalogError as error:
+            # SCHEDULER_SCHEMAS_DIR names a folder without the Avro schemas, or with a broken one: a
+            # bad setting, said in one line (the message names the folder or file) as for any other.
+            fail(str(error), code=2)
 
 
 def _one_line(error: click.UsageError, command_path: str) -> NoReturn:

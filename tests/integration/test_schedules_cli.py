@@ -430,6 +430,29 @@ def test_a_bad_logging_variable_stops_every_command_with_one_line(
 @pytest.mark.parametrize(
     "command",
     [
+        ("run", "scanner"),
+        ("run", "reconciler"),
+        ("run", "ingestor"),
+        ("run", "worker", "--app", "billing"),
+        ("run", "all"),
+        ("dlq", "replay", "--dry-run"),
+        ("produce",),
+    ],
+)
+def test_a_schemas_dir_without_the_schemas_stops_a_command_with_one_line(
+    cli: Cli, app: str, tmp_path: Any, command: tuple[str, ...]
+) -> None:
+    empty = Cli(cli.env | {"SCHEDULER_SCHEMAS_DIR": str(tmp_path)})
+    assert empty.refused(*command) == f"error: no *.avsc files in {tmp_path} (set SCHEDULER_SCHEMAS_DIR?)"
+    (tmp_path / "JobMessage.avsc").write_text("{not json")
+    assert empty.refused(*command).startswith(
+        f"error: {tmp_path / 'JobMessage.avsc'}: not a valid Avro schema"
+    )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
         ("schedules", "list"),
         ("runs", "list"),
         ("runs", "redispatch", "--dispatched-before", "2020-01-01T00:00:00Z", "--dry-run"),
