@@ -15,7 +15,6 @@ import psycopg
 
 from scheduler.cli.common import FiniteFloatRange, app_exists, fail, settings_or_exit, unknown_app
 from scheduler.config import Settings
-from scheduler.kafka.avro import default_catalog
 from scheduler.kafka.transport import KafkaUnavailable
 from scheduler.runtime.process import run_component
 from scheduler.runtime.service import Service
@@ -268,9 +267,6 @@ def all_(
         HandlerRegistry(settings.http_allowlist, [*settings.handlers, *handlers])
     except ValueError as exc:  # InvalidRegistration, or a malformed SCHEDULER_HTTP_ALLOWLIST
         fail(str(exc), code=2)
-    # Nor should a SCHEDULER_SCHEMAS_DIR without the schemas crash-loop every child: the root
-    # command reports a SchemaCatalogError in one line, exit 2.
-    default_catalog()
     with database(Wiring(settings)) as conn:
         if apps:
             for app in apps:
