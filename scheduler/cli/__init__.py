@@ -11,6 +11,7 @@ alone: each component configures tracing under its own name, and the first confi
 
 from __future__ import annotations
 
+import os
 from typing import Any, NoReturn
 
 import click
@@ -31,6 +32,8 @@ from scheduler.cli.quarantine import quarantine
 from scheduler.cli.run import run
 from scheduler.cli.runs import runs
 from scheduler.cli.schedules import schedules
+from scheduler.kafka import messages
+from scheduler.kafka.avro import SCHEMAS_DIR_ENV, SchemaCatalogError, default_catalog, default_schemas_dir
 from scheduler.telemetry.tracing import configure_tracing, shutdown_tracing
 
 
@@ -56,6 +59,31 @@ class _Scheduler(click.Group):
             raise
         except click.UsageError as error:
             _one_line(error, ctx.command_path)
+        except SchemaCatalogError as error:
+            # SCHEDULER_SCHEMAS_DIR names a folder without the Avro schemas, or with a broken one: a
+            # bad setting, said in one line (the message names the folder or file) as for any other.
+            fail(str(error), code=2)
+
+
+# The records the scheduler writes and reads: each needs its schema in the catalog.
+_MESSAGES = (
+    messages.JobMessage,
+    messages.JobResult,
+    messages.JobRetry,
+    messages.JobDeadLetter,
+    messages.ScheduleCommand,
+    messages.ScheduleCommandRejected,
+)
+
+
+def _check_schemas() -> None:
+    """A SCHEDULER_SCHEMAS_DIR of the operator's is checked before any command uses it: one that
+    lacks a schema would fail every message of that record (and the scanner would set each due
+    schedule aside in state error). A broken file raises SchemaCatalogError, reported by invoke."""
+    names = default_catalog().names
+    missing = [f"{m.SCHEMA}.avsc" for m in _MESSAGES if m.SCHEMA not in names]
+    if missing:
+        fail(f"{SCHEMAS_DIR_ENV}: {default_schemas_dir()} has no {', '.join(missing)}", code=2)
 
 
 def _one_line(error: click.UsageError, command_path: str) -> NoReturn:
@@ -68,6 +96,8 @@ def _one_line(error: click.UsageError, command_path: str) -> NoReturn:
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """A distributed job scheduler on Kafka and PostgreSQL."""
+    if os.environ.get(SCHEMAS_DIR_ENV):
+        _check_schemas()
     if ctx.invoked_subcommand == run.name:
         return
     configure_tracing("cli")

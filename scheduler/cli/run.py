@@ -8,6 +8,7 @@ process lifecycle (:mod:`scheduler.runtime.process`): JSON logs (human on a term
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 
 import click
@@ -289,11 +290,33 @@ def all_(
     raise SystemExit(supervisor.run())
 
 
+def _cannot_listen_on(host: str, family: socket.AddressFamily) -> str | None:
+    """Why no socket can listen on ``host`` (a name that does not resolve, an address not of this
+    machine), or None when one can."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, 0, family, socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.bind(address)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def _refuse_taken_ports(settings: Settings, metrics_base: int | None, components: int) -> None:
-    """One line and exit 2 for a port another process holds: its component would only fail to
-    start, again and again, under the supervisor's restarts."""
+    """One line and exit 2 for a port another process holds, or an address no socket can listen on:
+    its component would only fail to start, again and again, under the supervisor's restarts."""
     from scheduler.devstack.process import port_in_use
 
+    hosts: list[tuple[str, str, socket.AddressFamily]] = []
+    if settings.jwt.configured:
+        hosts.append((settings.api_host, "SCHEDULER_API_HOST", socket.AF_UNSPEC))
+    if metrics_base is not None:
+        # The health and metrics server listens on IPv4 only.
+        hosts.append((settings.metrics_host, "SCHEDULER_METRICS_HOST", socket.AF_INET))
+    for host, setting, family in hosts:
+        reason = _cannot_listen_on(host, family)
+        if reason is not None:
+            fail(f"{setting}={host!r}: cannot listen there: {reason}", code=2)
     wanted: list[tuple[int, str]] = []
     if settings.jwt.configured:
         wanted += [(settings.api_port, "SCHEDULER_API_PORT"), (settings.grpc_port, "SCHEDULER_GRPC_PORT")]

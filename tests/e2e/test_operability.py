@@ -385,3 +385,24 @@ def test_run_all_refuses_a_port_another_process_holds_with_one_line(settings_env
         )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == f"error: port {taken} is in use by another process (set SCHEDULER_API_PORT)"
+
+
+@pytest.mark.parametrize(
+    ("variable", "host", "reason"),
+    [
+        ("SCHEDULER_METRICS_HOST", "no-such-host.invalid", "Name or service not known"),
+        ("SCHEDULER_METRICS_HOST", "::1", "Address family for hostname not supported"),  # IPv4 only
+        ("SCHEDULER_API_HOST", "no-such-host.invalid", "Name or service not known"),
+    ],
+)
+def test_run_all_refuses_an_address_it_cannot_listen_on_with_one_line(
+    settings_env: dict[str, str], variable: str, host: str, reason: str
+) -> None:
+    """Every child would die binding its port, and be restarted, for as long as run all ran."""
+    env = settings_env | {"SCHEDULER_JWT_SECRET": "s" * 40, variable: host}
+    done = subprocess.run(
+        [SCHEDULER, "run", "all", "--metrics-port", str(free_port())],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"error: {variable}={host!r}: cannot listen there: {reason}\n"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +19,8 @@ from scheduler.kafka.transport import TopicAdmin
 from scheduler.store import connect
 from scheduler.wiring import Wiring
 from tests.support import SCHEDULER
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 pytestmark = pytest.mark.integration
 
@@ -425,6 +429,40 @@ def test_a_bad_logging_variable_stops_every_command_with_one_line(
     assert done.returncode == 2, done
     assert done.stderr.count("\n") == 1 and variable in done.stderr, done.stderr
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("run", "scanner"),
+        ("run", "reconciler"),
+        ("run", "ingestor"),
+        ("run", "worker", "--app", "billing"),
+        ("run", "all"),
+        ("dlq", "replay", "--dry-run"),
+        ("produce",),
+        ("apps", "list"),
+    ],
+)
+def test_a_schemas_dir_without_the_schemas_stops_a_command_with_one_line(
+    cli: Cli, app: str, tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """Not a traceback, nor (for a dir that lacks the job's schema) a scanner that sets every due
+    schedule aside in state error because it cannot encode its fire."""
+    custom = Cli(cli.env | {"SCHEDULER_SCHEMAS_DIR": str(tmp_path)})
+    assert custom.refused(*command) == f"error: no *.avsc files in {tmp_path} (set SCHEDULER_SCHEMAS_DIR?)"
+    shutil.copy(SCHEMAS / "ScheduleCommand.avsc", tmp_path)
+    assert custom.refused(*command) == (
+        f"error: SCHEDULER_SCHEMAS_DIR: {tmp_path} has no JobMessage.avsc, JobResult.avsc, JobRetry.avsc, "
+        "JobDeadLetter.avsc, ScheduleCommandRejected.avsc"
+    )
+    (tmp_path / "JobMessage.avsc").write_text("{not json")
+    assert custom.refused(*command).startswith(
+        f"error: {tmp_path / 'JobMessage.avsc'}: not a valid Avro schema"
+    )
+    for schema in SCHEMAS.glob("*.avsc"):
+        shutil.copy(schema, tmp_path)
+    assert custom("apps", "list", "--json").returncode == 0
 
 
 @pytest.mark.parametrize(
