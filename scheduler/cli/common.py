@@ -157,10 +157,24 @@ def uuid_arg(value: str) -> UUID:
         raise click.BadParameter(f"{value!r} is not an id (a UUID)") from None
 
 
+# Columns of ids a user copies into the next command (`schedules get ID`, `dlq replay --run ID`).
+WHOLE_COLUMNS = frozenset({"id", "run"})
+
+
 def print_table(table: Table) -> None:
     """``table`` on stdout. Its cells are data (names, error texts, a Kafka command's own text), not
-    rich markup: a ``[/]`` in a handler's error must print as written, not end the command."""
-    Console(markup=False, highlight=False).print(table)
+    rich markup: a ``[/]`` in a handler's error must print as written, not end the command. Ids are
+    never cut short (the other columns wrap around them on a narrow terminal), and output that is
+    not a terminal (a pipe, a file) is as wide as the table needs."""
+    console = Console(markup=False, highlight=False)
+    for column in table.columns:
+        if str(column.header) in WHOLE_COLUMNS:
+            column.no_wrap = True
+            column.min_width = max((len(str(cell)) for cell in column.cells), default=0)
+    if not console.is_terminal:
+        unbounded = console.options.update_width(100_000)
+        console.width = max(console.width, console.measure(table, options=unbounded).maximum)
+    console.print(table)
 
 
 def echo_json(value: Any) -> None:

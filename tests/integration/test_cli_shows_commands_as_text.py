@@ -61,3 +61,22 @@ def test_a_listing_shows_markup_from_a_handlers_error_as_text(
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert error in done.stdout, done.stdout
+
+
+def test_a_listing_shows_ids_whole_for_the_next_command(cli: Cli, settings: Settings) -> None:
+    """Piped, or on an 80-column terminal, the ids a user copies into `schedules get` or `dlq replay
+    --run` are whole, not cut to `01a2492…`."""
+    with connect(settings.database_url) as conn:
+        make_dead_runs(conn, "billing", 1, "HandlerError: no")
+        row = conn.execute("select id::text as id, schedule_id::text as schedule_id from runs").fetchone()
+    assert row is not None
+    run_id, schedule_id = str(row["id"]), str(row["schedule_id"])
+    narrow = Cli(cli.env | {"COLUMNS": "80"})
+    for args, wanted in (
+        (("schedules", "list", "--app", "billing"), schedule_id),
+        (("runs", "list", "--app", "billing"), run_id),
+        (("dlq", "list"), run_id),
+    ):
+        done = narrow(*args)
+        assert done.returncode == 0, done.stderr
+        assert wanted in done.stdout, (args, done.stdout)
