@@ -10,7 +10,8 @@ ingestor applies them to PostgreSQL and reports what it could not apply on
             handler="builtin:noop", payload={"invoice_run": True},
         )
         client.pause(key="billing:nightly", app="billing")
-    # leaving the block flushes: every command acknowledged by Kafka, or DeliveryError
+    # leaving the block flushes: every command acknowledged by Kafka, or DeliveryError (when the
+    # block raised, its exception instead, with the delivery failure as a note)
 
 Every command carries a command id (a new UUID unless given): resending a command with the same id
 is harmless, it is applied once. Commands are keyed by ``<app>/<schedule_key>``, so those of one
@@ -252,8 +253,15 @@ class ScheduleClient:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc_type is None:
+        if exc is None:
             self.flush()
+            return
+        # Commands sent before the error were given ids and must not vanish with the client; the
+        # caller's exception goes on, noting any that Kafka did not acknowledge.
+        try:
+            self.flush()
+        except DeliveryError as failed:
+            exc.add_note(f"scheduler client: {failed}")
 
 
 _COMMAND_FIELDS = frozenset(f for f in ScheduleCommand.__dataclass_fields__)

@@ -2,10 +2,11 @@
 
 Each line is one command in the JSON shape the README documents; it is encoded as Avro and
 produced with :class:`scheduler.client.ScheduleClient` (idempotent producer, acks=all). A line
-without a ``command_id`` gets one derived from its text, so producing the same file twice applies
-every command once. Bad lines are reported one per line on stderr and do not stop the run; the
-exit code says whether every line was acknowledged by Kafka. What the ingestor then makes of each
-command (applied, or rejected with a reason) is in ``scheduler schedules rejected``.
+without a ``command_id`` gets one derived from its text (and, for a line repeated in the input, how
+many times it came before), so producing the same file twice applies every command once. Bad
+lines are reported one per line on stderr and do not stop the run; the exit code says whether
+every line was acknowledged by Kafka. What the ingestor then makes of each command (applied, or
+rejected with a reason) is in ``scheduler schedules rejected``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,21 @@ COMMAND_ID_NAMESPACE = uuid.UUID("5c4ed01e-3a1d-4c0e-9a8b-1f2e3d4c5b6a")
 
 def derived_command_id(line: str) -> str:
     return str(uuid.uuid5(COMMAND_ID_NAMESPACE, line.strip()))
+
+
+class CommandIds:
+    """The command ids of one input's lines: a line's :func:`derived_command_id`, and for the n-th
+    repetition of the same text (n > 1) that of the text with ``#n``, so that pause, resume, pause
+    pauses again (one id for both would make the second pause a duplicate), while the same input
+    produced twice still gets the same ids."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, int] = {}
+
+    def derive(self, line: str) -> str:
+        first = derived_command_id(line)
+        count = self._seen[first] = self._seen.get(first, 0) + 1
+        return first if count == 1 else str(uuid.uuid5(COMMAND_ID_NAMESPACE, f"{line.strip()}#{count}"))
 
 
 class _RateColumn(ProgressColumn):
@@ -127,6 +143,7 @@ def produce(path: Path | None, as_json: bool) -> None:
     try:
         with progress:
             tally = _Tally(progress, progress.add_task("producing", total=total), err)
+            command_ids = CommandIds()
             for number, line in _lines(stream):
                 if isinstance(line, UnicodeDecodeError):
                     tally.bad_line(number, f"not UTF-8 (byte {line.start + 1} of the line)")
@@ -137,7 +154,7 @@ def produce(path: Path | None, as_json: bool) -> None:
                     tally.bad_line(number, f"not JSON: {exc}")
                     continue
                 try:
-                    command = command_from_json(document, default_command_id=derived_command_id(line))
+                    command = command_from_json(document, default_command_id=command_ids.derive(line))
                     client.send(command, on_delivery=partial(tally.delivered, number))
                 except (CommandFormatError, MessageEncodeError) as exc:
                     tally.bad_line(number, str(exc))

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.cli.produce import derived_command_id
+from scheduler.cli.produce import CommandIds, derived_command_id
 from scheduler.client import CommandFormatError, command_from_json, spec
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind
 from scheduler.kafka.avro import AvroCodec, default_catalog
@@ -169,3 +169,17 @@ def test_the_readme_zigzag_examples_hold(value: int, encoded: str) -> None:
     out.append(zigzag)
     assert out.hex(" ") == encoded
     assert f"{value} → `{encoded}`" in README
+
+
+def test_a_line_repeated_in_one_input_gets_a_command_id_of_its_own_each_time() -> None:
+    # pause, resume, pause: the second pause must not be a duplicate of the first.
+    pause = '{"schedule_key": "k", "app": "a", "operation": "pause"}'
+    resume = '{"schedule_key": "k", "app": "a", "operation": "resume"}'
+    ids = CommandIds()
+    first, second, third = ids.derive(pause), ids.derive(resume), ids.derive(pause + "\n")
+    assert len({first, second, third}) == 3
+    assert first == derived_command_id(pause), "the first occurrence keeps the id it always had"
+    again = CommandIds()
+    assert [again.derive(pause), again.derive(resume), again.derive(pause)] == [first, second, third], (
+        "producing the same input twice gives the same ids"
+    )
