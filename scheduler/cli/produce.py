@@ -37,7 +37,7 @@ from rich.progress import (
 from rich.text import Text
 
 from scheduler.cli.common import echo_json, fail, wiring_or_exit
-from scheduler.client import KAFKA_LOG, CommandFormatError, DeliveryError, command_from_json
+from scheduler.client import KAFKA_LOG, CommandFormatError, DeliveryError, ScheduleClient, command_from_json
 from scheduler.kafka.avro import MessageEncodeError
 from scheduler.kafka.registry import RegistryUnavailable
 
@@ -62,6 +62,32 @@ class CommandIds:
         first = derived_command_id(line)
         count = self._seen[first] = self._seen.get(first, 0) + 1
         return first if count == 1 else str(uuid.uuid5(COMMAND_ID_NAMESPACE, f"{line.strip()}#{count}"))
+
+
+INTERRUPTED_FLUSH_S = 10.0
+"""How long an interrupted run still waits for Kafka to acknowledge what it sent."""
+
+
+def _produce_lines(stream: IO[bytes], client: ScheduleClient, command_ids: CommandIds, tally: _Tally) -> bool:
+    """Send each line's command; True when Ctrl-C stopped the reading."""
+    try:
+        for number, line in _lines(stream):
+            if isinstance(line, UnicodeDecodeError):
+                tally.bad_line(number, f"not UTF-8 (byte {line.start + 1} of the line)")
+                continue
+            try:
+                document = json.loads(line)
+            except json.JSONDecodeError as exc:
+                tally.bad_line(number, f"not JSON: {exc}")
+                continue
+            try:
+                command = command_from_json(document, default_command_id=command_ids.derive(line))
+                client.send(command, on_delivery=partial(tally.delivered, number))
+            except (CommandFormatError, MessageEncodeError) as exc:
+                tally.bad_line(number, str(exc))
+    except KeyboardInterrupt:
+        return True
+    return False
 
 
 class _RateColumn(ProgressColumn):
@@ -140,26 +166,15 @@ def produce(path: Path | None, as_json: bool) -> None:
         fail(str(exc))
     started = time.monotonic()
     stream = path.open("rb") if path is not None else sys.stdin.buffer
+    interrupted = False
     try:
         with progress:
             tally = _Tally(progress, progress.add_task("producing", total=total), err)
             command_ids = CommandIds()
-            for number, line in _lines(stream):
-                if isinstance(line, UnicodeDecodeError):
-                    tally.bad_line(number, f"not UTF-8 (byte {line.start + 1} of the line)")
-                    continue
-                try:
-                    document = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    tally.bad_line(number, f"not JSON: {exc}")
-                    continue
-                try:
-                    command = command_from_json(document, default_command_id=command_ids.derive(line))
-                    client.send(command, on_delivery=partial(tally.delivered, number))
-                except (CommandFormatError, MessageEncodeError) as exc:
-                    tally.bad_line(number, str(exc))
-            # Delivery reports of the tail arrive here; each one is counted by its callback.
-            client.flush()
+            interrupted = _produce_lines(stream, client, command_ids, tally)
+            # Delivery reports of the tail arrive here; each one is counted by its callback. After
+            # Ctrl-C too, for a while: what was sent is delivered and counted.
+            client.flush(INTERRUPTED_FLUSH_S if interrupted else 60.0)
     except RegistryUnavailable as exc:
         fail(str(exc))
     except DeliveryError as exc:
@@ -176,12 +191,19 @@ def produce(path: Path | None, as_json: bool) -> None:
                 "failed": tally.failed,
                 "seconds": round(seconds, 3),
                 "rate": round(rate, 1),
+                "interrupted": interrupted,
             }
         )
     else:
         click.echo(
             f"produced {tally.produced} commands to {client.topic}, {tally.failed} failed, "
             f"in {seconds:.1f} s ({rate:,.0f} commands/s)"
+        )
+    if interrupted:
+        fail(
+            "interrupted: the rest of the input was not produced; producing the same input again sends "
+            "what is missing (its lines keep their command ids, so none is applied twice)",
+            code=130,
         )
     if tally.failed:
         raise SystemExit(1)

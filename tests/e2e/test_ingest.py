@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -322,3 +323,59 @@ def test_two_ingestors_apply_a_command_once_when_its_copies_land_on_different_pa
     assert count(stack, "select count(*) from schedules") == n
     assert count(stack, "select count(*) from applied_commands") == n
     assert count(stack, "select count(*) from ingest_rejections") == 0
+
+
+def test_ctrl_c_stops_produce_with_what_it_sent_delivered_and_counted(
+    stack: Settings, settings_env: dict[str, str]
+) -> None:
+    """Interrupted, `scheduler produce` still delivers and counts what it sent, says the rest was not
+    produced (exit 130), and producing the same input again sends each line's command once more,
+    with its command id: a duplicate the ingestor ignores."""
+
+    def create(key: int) -> bytes:
+        return json.dumps(
+            {
+                "schedule_key": f"k{key}",
+                "app": APP,
+                "operation": "create",
+                "spec": {"handler": "builtin:noop"},
+            }
+        ).encode()
+
+    lines = [create(i) for i in range(50)]
+    proc = subprocess.Popen(
+        [SCHEDULER, "produce", "--json"],
+        env=settings_env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(b"\n".join(lines) + b"\n")
+    proc.stdin.flush()
+    wait_for(
+        lambda: len(read_topic(stack.kafka_bootstrap, stack.schedules_topic)) == 50, 60, "50 commands sent"
+    )
+    proc.send_signal(signal.SIGINT)  # while it waits for more input
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err.decode()
+    assert (
+        err.decode()
+        .strip()
+        .endswith(
+            "error: interrupted: the rest of the input was not produced; producing the same input again "
+            "sends what is missing (its lines keep their command ids, so none is applied twice)"
+        )
+    ), err
+    summary = json.loads(out)
+    assert (summary["produced"], summary["failed"], summary["interrupted"]) == (50, 0, True), summary
+
+    again = cli(settings_env, "produce", stdin=(b"\n".join(lines) + b"\n").decode())
+    assert again.returncode == 0, again.stderr
+    ids = [
+        CODEC.decode(ScheduleCommand, value).command_id
+        for _, value, _ in read_topic(stack.kafka_bootstrap, stack.schedules_topic)
+    ]
+    assert len(ids) == 100 and len(set(ids)) == 50
