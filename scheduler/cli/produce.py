@@ -173,8 +173,15 @@ def produce(path: Path | None, as_json: bool) -> None:
             command_ids = CommandIds()
             interrupted = _produce_lines(stream, client, command_ids, tally)
             # Delivery reports of the tail arrive here; each one is counted by its callback. After
-            # Ctrl-C too, for a while: what was sent is delivered and counted.
-            client.flush(INTERRUPTED_FLUSH_S if interrupted else 60.0)
+            # Ctrl-C too, for a while: what was sent is delivered and counted. Ctrl-C may also land
+            # here, past the reading (the input ended as it came); a second one stops the wait.
+            try:
+                client.flush(INTERRUPTED_FLUSH_S if interrupted else 60.0)
+            except KeyboardInterrupt:
+                if interrupted:
+                    raise
+                interrupted = True
+                client.flush(INTERRUPTED_FLUSH_S)
     except RegistryUnavailable as exc:
         fail(str(exc))
     except DeliveryError as exc:
