@@ -33,12 +33,14 @@ from typing import Any, Self, get_args
 
 from scheduler.config import Settings
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind
+from scheduler.ingest.commands import check_command
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.connection import KafkaConnection
 from scheduler.kafka.messages import ScheduleCommand, ScheduleOperation, ScheduleSpec
 from scheduler.kafka.registry import Framing, registry_for
 from scheduler.kafka.tracing import HEADER, new_traceparent
 from scheduler.kafka.transport import DeliveryError, OutgoingMessage, Producer, producer_config
+from scheduler.schedule.spec import InvalidSchedule
 
 __all__ = ["CommandFormatError", "DeliveryError", "ScheduleClient", "command_from_json", "spec"]
 
@@ -210,13 +212,22 @@ class ScheduleClient:
         return self.send(command)
 
     def send(self, command: ScheduleCommand, on_delivery: DeliveryCallback | None = None) -> str:
-        """Produce ``command`` (encoding errors raise at once); returns its id.
+        """Produce ``command`` (encoding errors, and what the ingestor would reject whatever the
+        database holds, raise :class:`CommandFormatError` at once); returns its id.
 
         ``on_delivery`` is called from :meth:`flush` (or a later send) with the outcome, and at once
         for a command the client refuses itself (too large). Without it, failures are collected and
         raised by :meth:`flush`.
         """
         value = self._codec.encode(command, confluent_schema_id=self._framing.schema_id)
+        try:
+            check_command(command)
+        except InvalidSchedule as exc:
+            # Certain to be rejected by the ingestor: the producer learns it now, not from the
+            # rejected topic later. What needs the database (the app, its handlers) is not checked.
+            raise CommandFormatError(str(exc)) from None
+        except (ValueError, TypeError, OverflowError) as exc:  # as the ingestor words them
+            raise CommandFormatError(f"{type(exc).__name__}: {exc}") from None
 
         def delivered(error: DeliveryError | None) -> None:
             reason = None if error is None else str(error)

@@ -110,7 +110,7 @@ def domain_spec(command: ScheduleCommand, spec: SpecMessage) -> ScheduleSpec:
         app=command.app,
         # A schedule made by a command is named by its key unless it says otherwise.
         name=spec.name or command.schedule_key,
-        kind=spec.kind.value,
+        kind=str(spec.kind),  # a StrEnum, or the text a producer built the message with
         handler=spec.handler,
         cron=spec.cron,
         tz=spec.tz or "UTC",  # an empty zone is UTC, as over the API
@@ -120,8 +120,8 @@ def domain_spec(command: ScheduleCommand, spec: SpecMessage) -> ScheduleSpec:
         payload=payload,
         max_attempts=spec.max_attempts,
         timeout_ms=spec.timeout_seconds * 1000,
-        misfire_policy=spec.misfire.value,
-        overlap_policy=spec.overlap.value,
+        misfire_policy=str(spec.misfire),
+        overlap_policy=str(spec.overlap),
         backoff_base_ms=spec.backoff_base_ms,
         backoff_max_ms=spec.backoff_max_ms,
         jitter_ms=spec.jitter_ms,
@@ -174,6 +174,25 @@ def _beyond_python(codec: AvroCodec, consumed: Consumed) -> Rejection | None:
     )
 
 
+def check_command(command: ScheduleCommand) -> tuple[ScheduleSpec, str] | None:
+    """What the ingestor checks of a command on its own (not against the database: the app, its
+    handlers, the key's schedule): its spec in the domain's terms and the encoded payload, None for
+    an operation without a spec. Raises :class:`InvalidSchedule` (or ValueError, TypeError,
+    OverflowError for a value the domain cannot hold). Producers run it before they send, so that a
+    command certain to be rejected fails at once."""
+    _check_identity(command)
+    if command.operation in SPEC_OPERATIONS:
+        if command.spec is None:
+            raise InvalidSchedule(f"the {command.operation} command needs a spec")
+        spec = domain_spec(command, command.spec)
+        return spec, validate_encoded(spec)
+    if command.spec is not None:
+        raise InvalidSchedule(
+            f"the {command.operation} command takes no spec (only create and update take one)"
+        )
+    return None
+
+
 def decode_command(codec: AvroCodec, consumed: Consumed) -> ValidCommand | Rejection:
     """The command in ``consumed``, validated, or why it cannot be applied."""
     try:
@@ -181,17 +200,10 @@ def decode_command(codec: AvroCodec, consumed: Consumed) -> ValidCommand | Rejec
     except MessageDecodeError as exc:
         return _beyond_python(codec, consumed) or rejection("undecodable", str(exc), consumed)
     try:
-        _check_identity(command)
-        if command.operation in SPEC_OPERATIONS:
-            if command.spec is None:
-                raise InvalidSchedule(f"the {command.operation} command needs a spec")
-            spec = domain_spec(command, command.spec)
-            return ValidCommand(consumed, command, spec, validate_encoded(spec))
-        if command.spec is not None:
-            raise InvalidSchedule(
-                f"the {command.operation} command takes no spec (only create and update take one)"
-            )
-        return ValidCommand(consumed, command, None, None)
+        checked = check_command(command)
+        if checked is None:
+            return ValidCommand(consumed, command, None, None)
+        return ValidCommand(consumed, command, *checked)
     except InvalidSchedule as exc:
         return rejection("invalid", str(exc), consumed, command)
     except (ValueError, TypeError, OverflowError) as exc:

@@ -379,3 +379,21 @@ def test_ctrl_c_stops_produce_with_what_it_sent_delivered_and_counted(
         for _, value, _ in read_topic(stack.kafka_bootstrap, stack.schedules_topic)
     ]
     assert len(ids) == 100 and len(set(ids)) == 50
+
+
+def test_produce_refuses_a_line_the_ingestor_would_reject_with_its_reason(
+    stack: Settings, settings_env: dict[str, str]
+) -> None:
+    bad = {"schedule_key": "b", "app": APP, "operation": "create",
+           "spec": {"handler": "builtin:noop", "cron": "0 3 * * *", "tz": "Europe/Nowhere"}}  # fmt: skip
+    good = {"schedule_key": "g", "app": APP, "operation": "pause"}
+    done = cli(settings_env, "produce", "--json", stdin=f"{json.dumps(bad)}\n{json.dumps(good)}\n")
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("line ")]
+    assert len(errors) == 1 and errors[0].startswith("line 1: ") and "Europe/Nowhere" in errors[0], errors
+    assert (json.loads(done.stdout)["produced"], json.loads(done.stdout)["failed"]) == (1, 1)
+    produced = [
+        CODEC.decode(ScheduleCommand, value).schedule_key
+        for _, value, _ in read_topic(stack.kafka_bootstrap, stack.schedules_topic)
+    ]
+    assert produced == ["g"]

@@ -3,9 +3,11 @@ reaches the topic, however the ``with`` block is left."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from scheduler.client import ScheduleClient
+from scheduler.client import CommandFormatError, ScheduleClient
 from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import ScheduleCommand
@@ -41,3 +43,31 @@ def test_an_undelivered_command_is_noted_on_the_exception_that_left_the_block(se
         client.pause(key="a", app="billing")
         raise _Boom("the caller's own error")
     assert [n for n in raised.value.__notes__ if n.startswith("scheduler client: 1 failures")]
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"cron": "99 * * * *"}, "invalid cron expression '99 * * * *'"),
+        ({"cron": "0 3 * * *", "tz": "Mars/Olympus"}, "Mars/Olympus"),
+        ({"timeout_seconds": -5}, "timeout_seconds must be 1 to 86400, got -5"),
+        ({"payload": {"blob": "x" * (1024 * 1024 + 1)}}, "the limit is 1048576 (1 MiB)"),
+    ],
+    ids=["cron", "zone", "timeout", "payload"],
+)
+def test_a_command_the_ingestor_would_reject_is_refused_before_it_is_sent(
+    settings: Settings, fields: dict[str, Any], error: str
+) -> None:
+    """What the ingestor rejects whatever the database holds fails at the call, with its reason,
+    instead of coming back later on the rejected topic; nothing is produced."""
+    TopicAdmin(settings.kafka).ensure_topics([settings.schedules_topic], 1)
+    with ScheduleClient.from_settings(settings) as client:
+        with pytest.raises(CommandFormatError) as refused:
+            client.create(key="k", app="billing", handler="builtin:noop", **fields)
+        client.pause(key="k", app="billing")  # the client goes on
+    assert error in str(refused.value) and "\n" not in str(refused.value)
+    operations = [
+        AvroCodec().decode(ScheduleCommand, value).operation
+        for _, value, _ in read_topic(settings.kafka_bootstrap, settings.schedules_topic)
+    ]
+    assert operations == ["pause"]

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import threading
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
@@ -15,7 +16,7 @@ from typing import Any, ClassVar
 import pytest
 from confluent_kafka import Producer as RawProducer
 
-from scheduler.client import ScheduleClient
+from scheduler.client import CommandFormatError, ScheduleClient, spec
 from scheduler.config import Settings
 from scheduler.ingest.commands import Consumed
 from scheduler.ingest.ingestor import Ingestor
@@ -94,9 +95,20 @@ def test_commands_from_the_python_client_are_applied_and_bad_ones_reported(
             )
         client.pause(key="nightly-0", app=APP)
         client.update(key="nightly-1", app=APP, cron="0 5 * * *", handler="builtin:noop", expected_version=1)
-        bad_cron = client.create(key="broken", app=APP, cron="99 * * * *", handler="builtin:noop")
+        with pytest.raises(CommandFormatError, match="99"):  # refused before it is sent
+            client.create(key="broken", app=APP, cron="99 * * * *", handler="builtin:noop")
         missing = client.cancel(key="no-such-key", app=APP)
         conflict = client.create(key="nightly-3", app=APP, cron="0 1 * * *", handler="builtin:noop")
+    # Another producer's (without the client's checks): the ingestor rejects it.
+    bad_cron = str(uuid.uuid4())
+    broken = ScheduleCommand(
+        command_id=bad_cron,
+        schedule_key="broken",
+        app=APP,
+        operation="create",
+        spec=spec(cron="99 * * * *", handler="builtin:noop"),
+    )
+    _produce_unchecked(settings, broken)
 
     found = wait_for(
         lambda: (k := keyed(settings)) and len(k) == 20 and k["nightly-0"]["state"] == "paused" and k,
@@ -157,16 +169,17 @@ def test_a_rejection_too_large_for_the_rejected_topic_is_published_without_its_b
     # The commands topic takes 4 MiB messages; the rejected topic keeps Kafka's default (about 1 MB).
     _large_commands_topic(settings, 4 * 1024 * 1024)
     payload = json.dumps({"blob": os.urandom(900 * 1024).hex()})  # random, so compression cannot shrink it
-    with _large_client(settings) as client:
-        big = client.send(
-            ScheduleCommand(
-                command_id="big",
-                schedule_key="big",
-                app=APP,
-                operation="create",
-                spec=dataclasses.replace(_spec(), payload=payload),
-            )
-        )
+    big = _produce_unchecked(
+        settings,
+        ScheduleCommand(
+            command_id="big",
+            schedule_key="big",
+            app=APP,
+            operation="create",
+            spec=dataclasses.replace(_spec(), payload=payload),
+        ),
+    )
+    with ScheduleClient(settings.kafka, settings.topic_prefix) as client:
         client.create(key="after", app=APP, handler="builtin:noop")
     for _ in running(settings):
         [letter] = wait_for(lambda: rejected_on_topic(settings), 60, "the rejection of the big command")
@@ -187,16 +200,17 @@ def test_a_command_quoting_megabytes_in_its_error_is_rejected_and_holds_nothing_
     without the command's bytes, retried for ever while every later command waited."""
     _large_commands_topic(settings, 8 * 1024 * 1024)
     field = os.urandom(1536 * 1024).hex()  # 3 MiB, random so that compression cannot shrink it
-    with _large_client(settings) as client:
-        huge = client.send(
-            ScheduleCommand(
-                command_id="huge-cron",
-                schedule_key="huge",
-                app=APP,
-                operation="create",
-                spec=dataclasses.replace(_spec(), kind="cron", cron=f"* * * * {field}"),
-            )
-        )
+    huge = _produce_unchecked(
+        settings,
+        ScheduleCommand(
+            command_id="huge-cron",
+            schedule_key="huge",
+            app=APP,
+            operation="create",
+            spec=dataclasses.replace(_spec(), kind="cron", cron=f"* * * * {field}"),
+        ),
+    )
+    with ScheduleClient(settings.kafka, settings.topic_prefix) as client:
         client.create(key="after", app=APP, handler="builtin:noop")
     for _ in running(settings):
         [letter] = wait_for(lambda: rejected_on_topic(settings), 60, "the rejection of the huge command")
@@ -217,10 +231,16 @@ def _large_commands_topic(settings: Settings, max_bytes: int) -> None:
         conn.commit()
 
 
-def _large_client(settings: Settings) -> ScheduleClient:
-    return ScheduleClient(
-        settings.kafka, settings.topic_prefix, config={"message.max.bytes": 8 * 1024 * 1024}
+def _produce_unchecked(settings: Settings, command: ScheduleCommand) -> str:
+    """``command`` on the commands topic as a producer without the client's checks would send it
+    (the client refuses what the ingestor is certain to reject); its command id."""
+    producer = RawProducer(
+        {"bootstrap.servers": settings.kafka_bootstrap, "message.max.bytes": 8 * 1024 * 1024}
     )
+    key = f"{command.app}/{command.schedule_key}".encode()
+    producer.produce(settings.schedules_topic, CODEC.encode(command), key=key)
+    assert producer.flush(30) == 0
+    return command.command_id
 
 
 def _spec() -> Any:
