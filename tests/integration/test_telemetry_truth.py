@@ -6,10 +6,12 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 
 from scheduler.config import Settings
-from scheduler.kafka.transport import TopicAdmin
+from scheduler.kafka.transport import Received, TopicAdmin
+from scheduler.reconcile import metrics as reconcile_metrics
 from scheduler.scan import metrics as scan_metrics
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
@@ -58,3 +60,20 @@ def test_a_fire_created_before_is_not_counted_again_as_scheduled(settings: Setti
     assert after is not None and after["next_fire_at"] == first + timedelta(seconds=5)
     assert scheduled("cron") - before == 1
     assert fire_lags() - lags_before == 1
+
+
+def test_an_undecodable_outcome_read_again_after_a_failed_batch_is_counted_once(settings: Settings) -> None:
+    """A batch whose transaction fails (PostgreSQL gone) is read again from the committed offsets:
+    its poison message is quarantined once, and scheduler_reconciler_undecodable_total said two."""
+    reconciler = Wiring(settings).reconciler_service()
+    poison = Received(settings.results_topic, 0, 7, b"\xc3\x01 not an avro record at all")
+    before = reconcile_metrics.UNDECODABLE._value.get()
+    broken = connect(settings.database_url)
+    broken.close()
+    with pytest.raises(psycopg.OperationalError):
+        reconciler.apply(broken, [poison])
+    with connect(settings.database_url) as conn:
+        reconciler.apply(conn, [poison])
+        kept = conn.execute("select count(*) as n from quarantine where component = 'reconciler'").fetchone()
+    assert kept is not None and kept["n"] == 1
+    assert reconcile_metrics.UNDECODABLE._value.get() - before == 1
