@@ -12,6 +12,7 @@ import pytest
 from scheduler.config import Settings
 from scheduler.kafka.transport import Received, TopicAdmin
 from scheduler.reconcile import metrics as reconcile_metrics
+from scheduler.reconcile.reconciler import Reconciler
 from scheduler.scan import metrics as scan_metrics
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
@@ -65,7 +66,7 @@ def test_a_fire_created_before_is_not_counted_again_as_scheduled(settings: Setti
 def test_an_undecodable_outcome_read_again_after_a_failed_batch_is_counted_once(settings: Settings) -> None:
     """A batch whose transaction fails (PostgreSQL gone) is read again from the committed offsets:
     its poison message is quarantined once, and scheduler_reconciler_undecodable_total said two."""
-    reconciler = Wiring(settings).reconciler_service()
+    reconciler: Reconciler = Wiring(settings).reconciler_service()
     poison = Received(settings.results_topic, 0, 7, b"\xc3\x01 not an avro record at all")
     before = reconcile_metrics.UNDECODABLE._value.get()
     broken = connect(settings.database_url)
