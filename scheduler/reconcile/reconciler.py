@@ -185,7 +185,6 @@ class Reconciler(Service):
             dead = self.codec.decode(JobDeadLetter, value)
         # A record the schema accepts may still not build its message (a value out of range).
         except (MessageDecodeError, ValueError, TypeError, KeyError, OverflowError) as exc:
-            metrics.UNDECODABLE.inc()
             self.log.error(
                 "quarantining an undecodable message at %s[%s]@%s: %s",
                 topic,
@@ -255,6 +254,8 @@ class Reconciler(Service):
         metrics.EVENTS.labels("reexecution").inc(applied.reexecution)
         undecodable = sum(isinstance(d, Quarantined) for d in decoded)
         if undecodable:
+            # Counted once stored: a batch that fails is read again and decoded again.
+            metrics.UNDECODABLE.inc(undecodable)
             metrics.QUARANTINED.labels("undecodable").inc(undecodable)
         for app in applied.dead_apps:
             metrics.DEAD_LETTERS.labels(app).inc()

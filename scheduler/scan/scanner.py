@@ -162,6 +162,8 @@ class Scanner(Service):
                 extra={"app": apps[error.schedule_id], "schedule_id": str(error.schedule_id)},
             )
         for run in runs:
+            if run.id not in created.ids:
+                continue  # a fire made before (UNIQUE (schedule_id, scheduled_for)): nothing new
             if run.state is RunState.SKIPPED:
                 metrics.RUNS_SKIPPED.labels(str(run.skip_reason)).inc()
                 continue

@@ -86,6 +86,7 @@ class CreatedRuns:
     created: int
     skipped: int
     queued: int
+    ids: frozenset[UUID] = frozenset()  # the runs really inserted (a fire made before is not)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +167,7 @@ def create_runs(conn: psycopg.Connection[Row], runs: Sequence[NewRun]) -> Create
         },
     ).fetchone()
     assert row is not None
-    return CreatedRuns(row["created"], row["skipped"], row["queued"])
+    return CreatedRuns(row["created"], row["skipped"], row["queued"], frozenset(row["ids"]))
 
 
 def advance_schedules(conn: psycopg.Connection[Row], advances: Sequence[ScheduleAdvance]) -> None:

@@ -70,7 +70,8 @@ with candidate as (
 )
 select (select count(*) from created where state <> 'skipped') as created,
        (select count(*) from created where state = 'skipped') as skipped,
-       (select count(*) from queued) as queued;
+       (select count(*) from queued) as queued,
+       (select coalesce(array_agg(id), '{}') from created) as ids;
 
 -- name: advance_schedules
 -- Not a user's update, so the version stays: a five-second cron must not defeat optimistic locking.
