@@ -481,7 +481,8 @@ class Consumer:
         """Per assigned partition, messages between this consumer's position and the end of the log.
 
         From the watermarks the last fetch responses brought (no request to the broker), so cheap
-        enough for every metrics scrape; a partition that has not fetched or consumed yet is left out.
+        enough for every metrics scrape; a partition that has consumed nothing since its assignment
+        has no known position and is left out.
         """
         lags: dict[Partition, int] = {}
         with _consumer_errors("lag"):
