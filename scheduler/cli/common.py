@@ -158,19 +158,18 @@ def uuid_arg(value: str) -> UUID:
 
 
 # Columns of ids a user copies into the next command (`schedules get ID`, `dlq replay --run ID`).
-WHOLE_COLUMNS = frozenset({"id", "run"})
+WHOLE_COLUMNS = frozenset({"id", "run", "command id"})
 
 
 def print_table(table: Table) -> None:
     """``table`` on stdout. Its cells are data (names, error texts, a Kafka command's own text), not
     rich markup: a ``[/]`` in a handler's error must print as written, not end the command. Ids are
-    never cut short (the other columns wrap around them on a narrow terminal), and output that is
-    not a terminal (a pipe, a file) is as wide as the table needs."""
+    never cut short: on a narrow terminal one folds onto a second line rather than lose its end, and
+    output that is not a terminal (a pipe, a file) is as wide as the table needs."""
     console = Console(markup=False, highlight=False)
     for column in table.columns:
         if str(column.header) in WHOLE_COLUMNS:
-            column.no_wrap = True
-            column.min_width = max((len(str(cell)) for cell in column.cells), default=0)
+            column.overflow = "fold"
     if not console.is_terminal:
         unbounded = console.options.update_width(100_000)
         console.width = max(console.width, console.measure(table, options=unbounded).maximum)

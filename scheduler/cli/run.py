@@ -307,16 +307,20 @@ def _refuse_taken_ports(settings: Settings, metrics_base: int | None, components
     its component would only fail to start, again and again, under the supervisor's restarts."""
     from scheduler.devstack.process import port_in_use
 
-    hosts: list[tuple[str, str, socket.AddressFamily]] = []
     if settings.jwt.configured:
-        hosts.append((settings.api_host, "SCHEDULER_API_HOST", socket.AF_UNSPEC))
+        from scheduler.api.server import listen
+
+        try:  # as the API will: its address family follows from the host's spelling
+            listen(settings.api_host, 0).close()
+        except OSError as exc:
+            # create_server adds "(while attempting to bind on address …)": the port 0 of this check.
+            reason = (exc.strerror or str(exc)).split(" (while attempting", 1)[0]
+            fail(f"SCHEDULER_API_HOST={settings.api_host!r}: cannot listen there: {reason}", code=2)
     if metrics_base is not None:
         # The health and metrics server listens on IPv4 only.
-        hosts.append((settings.metrics_host, "SCHEDULER_METRICS_HOST", socket.AF_INET))
-    for host, setting, family in hosts:
-        reason = _cannot_listen_on(host, family)
-        if reason is not None:
-            fail(f"{setting}={host!r}: cannot listen there: {reason}", code=2)
+        refused = _cannot_listen_on(settings.metrics_host, socket.AF_INET)
+        if refused is not None:
+            fail(f"SCHEDULER_METRICS_HOST={settings.metrics_host!r}: cannot listen there: {refused}", code=2)
     wanted: list[tuple[int, str]] = []
     if settings.jwt.configured:
         wanted += [(settings.api_port, "SCHEDULER_API_PORT"), (settings.grpc_port, "SCHEDULER_GRPC_PORT")]
