@@ -50,6 +50,10 @@ DeliveryCallback = Callable[[str | None], None]
 """Called once per command with None once Kafka acknowledged it, or with the error."""
 
 
+EXIT_ON_ERROR_FLUSH_S = 10.0
+"""How long leaving the ``with`` block by an exception waits for Kafka's acknowledgements."""
+
+
 class CommandFormatError(ValueError):
     """A command in JSON that does not have the documented shape; ``str()`` is one line."""
 
@@ -270,7 +274,9 @@ class ScheduleClient:
         # Commands sent before the error were given ids and must not vanish with the client; the
         # caller's exception goes on, noting any that Kafka did not acknowledge.
         try:
-            self.flush()
+            # Not the full minute: the caller is on its way out (an error, Ctrl-C), and a broker that
+            # does not answer within this will not be waited for; what is lost is noted.
+            self.flush(EXIT_ON_ERROR_FLUSH_S)
         except DeliveryError as failed:
             exc.add_note(f"scheduler client: {failed}")
 

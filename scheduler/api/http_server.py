@@ -88,6 +88,11 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
 
     def _head_late(self) -> None:
         self._head_timer = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            # The head of a request pipelined behind one still being answered: that answer must
+            # not be cut off, so the next request's head gets its time once it is sent.
+            self._await_head()
+            return
         if not self.transport.is_closing():
             self.transport.close()
 

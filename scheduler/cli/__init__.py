@@ -12,6 +12,7 @@ alone: each component configures tracing under its own name, and the first confi
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, NoReturn
 
 import click
@@ -96,7 +97,8 @@ def _one_line(error: click.UsageError, command_path: str) -> NoReturn:
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """A distributed job scheduler on Kafka and PostgreSQL."""
-    if os.environ.get(SCHEMAS_DIR_ENV):
+    asks_help = any(arg in ("--help", "-h") for arg in sys.argv[1:])
+    if os.environ.get(SCHEMAS_DIR_ENV) and not asks_help:  # help needs no schema
         _check_schemas()
     if ctx.invoked_subcommand == run.name:
         return

@@ -161,19 +161,26 @@ def test_a_connection_whose_request_head_does_not_come_is_closed(api: ApiProcess
         socket.create_connection((host, int(port)), timeout=30) as trickling,
     ):
         started = time.monotonic()
-        head = b"GET /v1/schedules HTTP/1.1\r\nHost: api\r\nX-Slow: "
-        trickling.sendall(head)
+        waited: dict[str, float] = {}
+
+        def watch_silent() -> None:
+            wait_closed(silent, HEAD_READ_S + 30)
+            waited["silent"] = time.monotonic() - started
+
+        watcher = threading.Thread(target=watch_silent)
+        watcher.start()
+        trickling.sendall(b"GET /v1/schedules HTTP/1.1\r\nHost: api\r\nX-Slow: ")
         while time.monotonic() - started < HEAD_READ_S + 5:
             try:
-                trickling.sendall(b"a")
+                trickling.sendall(b"a")  # a byte a second: each keeps the connection busy, not alive
             except OSError:
                 break
             time.sleep(1)
-        waited = []
-        for sock in (silent, trickling):
-            wait_closed(sock, 30)
-            waited.append(time.monotonic() - started)
-    assert all(HEAD_READ_S - 1 < w < HEAD_READ_S + 15 for w in waited), waited
+        wait_closed(trickling, 30)
+        waited["trickling"] = time.monotonic() - started
+        watcher.join()
+    assert all(HEAD_READ_S - 1 < w < HEAD_READ_S + 15 for w in waited.values()), waited
+    assert set(waited) == {"silent", "trickling"}
     answer = http_get_health(api)
     assert answer == 200, "the API still answers"
 

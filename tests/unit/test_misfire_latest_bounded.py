@@ -43,7 +43,7 @@ def test_the_latest_missed_fire_is_found_without_walking_the_backlog(
 ) -> None:
     began = time.monotonic()
     plan = plan_fires(JANUARY_SECONDS, first, now, policy)
-    assert time.monotonic() - began < 1.0
+    assert time.monotonic() - began < 10.0  # milliseconds now; the walk took 76 s
     assert plan.misfired and len(plan.skipped) == 100 and plan.more_skipped
     if policy is MisfirePolicy.FIRE_ONCE:
         assert plan.fires == (latest.replace(tzinfo=UTC),)

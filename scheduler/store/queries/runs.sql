@@ -45,7 +45,7 @@ union all
 select d.event_id::uuid, d.app, 'undecodable'
   from dead_letters d
  where d.event_id = any(%(ids)s::uuid[]::text[])
-   and not exists (select 1 from runs r where r.id::text = d.event_id);
+   and not exists (select 1 from runs r where r.id = any(%(ids)s::uuid[]) and r.id::text = d.event_id);
 
 -- name: history_of_runs
 -- Each run's attempts as a user reads them: the events recorded in `attempts`, and the two that
