@@ -2,8 +2,9 @@
 
 The second step of the ingestor. The steps, in the batch's transaction:
 
-1. Drop messages rejected before at the same position with the same bytes (a batch replayed after a
-   crash between the database commit and the Kafka offset commit): their decision stands.
+1. Drop messages rejected before at the same position with the same bytes and Kafka timestamp (a
+   batch replayed after a crash between the database commit and the Kafka offset commit): their
+   decision stands.
 2. Claim the command ids (one statement); an id applied before, or twice in the batch, is a
    duplicate and is ignored, counted.
 3. Look up the keys the batch names and the apps it uses (two statements, keys locked), then decide
@@ -267,7 +268,7 @@ def apply_batch(
     dispatcher = dispatcher or JobDispatcher(settings)
     result = BatchResult()
     with conn.transaction():
-        decided = store.decided_sources(conn, {d.source: _bytes_of(d) for d in decoded})
+        decided = store.decided_sources(conn, {d.source: _identity_of(d) for d in decoded})
         pending = [d for d in decoded if d.source not in decided]
         result.replayed = len(decoded) - len(pending)
         commands = [d for d in pending if isinstance(d, ValidCommand)]
@@ -306,8 +307,11 @@ def apply_batch(
     return result
 
 
-def _bytes_of(decoded: ValidCommand | Rejection) -> bytes:
-    return decoded.consumed.value if isinstance(decoded, ValidCommand) else decoded.original_bytes
+def _identity_of(decoded: ValidCommand | Rejection) -> tuple[bytes, int | None]:
+    """What tells this message from another at its position: its bytes and Kafka timestamp."""
+    if isinstance(decoded, ValidCommand):
+        return decoded.consumed.value, decoded.consumed.timestamp_ms
+    return decoded.original_bytes, decoded.source_timestamp_ms
 
 
 def _in_source_order(rejections: Sequence[Rejection]) -> list[Rejection]:

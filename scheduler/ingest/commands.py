@@ -46,6 +46,9 @@ class Consumed:
     key: bytes | None = None
     traceparent: str | None = None
     """The producer's W3C trace context, continued by the command's rejection if it has one."""
+    timestamp_ms: int | None = None
+    """The message's Kafka timestamp: with its bytes, what tells a batch read again after a crash
+    from a new message at the same position of a topic recreated since."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,7 @@ def rejection(
         **{name: _storable(value) if isinstance(value, str) else None for name, value in named.items()},
         original_bytes=consumed.value,
         source=consumed.source,
+        source_timestamp_ms=consumed.timestamp_ms,
     )
 
 

@@ -82,6 +82,7 @@ def consumed(message: Received) -> Consumed:
         value=message.value,
         key=message.key,
         traceparent=traceparent_of(message.headers),
+        timestamp_ms=message.timestamp_ms,
     )
 
 

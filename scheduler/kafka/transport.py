@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka import Consumer as _Consumer
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka import Producer as _Producer
 from confluent_kafka.admin import AdminClient, NewTopic, TopicMetadata  # type: ignore[attr-defined]
 from prometheus_client import Gauge
@@ -118,6 +118,8 @@ class Received:
     value: bytes
     key: bytes | None = None
     headers: tuple[tuple[str, bytes | None], ...] = ()
+    timestamp_ms: int | None = None
+    """The message's timestamp (its producer's, or the broker's append time), if it has one."""
 
     def header(self, name: str) -> bytes | None:
         """The first value of header ``name``, or None."""
@@ -429,6 +431,7 @@ class Consumer:
                         value=message.value() or b"",
                         key=message.key(),
                         headers=_headers(message),
+                        timestamp_ms=_timestamp_ms(message),
                     )
                 )
             elif err.code() != KafkaError._PARTITION_EOF:
@@ -503,6 +506,11 @@ class Consumer:
         self._closed = True
         with _consumer_errors("close"):
             self._consumer.close()
+
+
+def _timestamp_ms(message: Message) -> int | None:
+    kind, value = message.timestamp()
+    return None if kind == TIMESTAMP_NOT_AVAILABLE else value
 
 
 def _commit_report(on_commit: CommitCallback) -> Callable[[KafkaError | None, list[TopicPartition]], None]:

@@ -83,6 +83,7 @@ class Rejection:
     operation: str | None
     original_bytes: bytes
     source: Source
+    source_timestamp_ms: int | None = None
 
 
 def _tuples(conn: psycopg.Connection[Row], name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -92,10 +93,14 @@ def _tuples(conn: psycopg.Connection[Row], name: str, params: dict[str, Any]) ->
         return cursor.execute(query(name), params).fetchall()
 
 
-def decided_sources(conn: psycopg.Connection[Row], messages: Mapping[Source, bytes]) -> set[Source]:
-    """The positions among ``messages`` (position → the bytes consumed there) whose message was
-    rejected before: the same bytes at the same position. Other bytes there are another message, of
-    a topic recreated since (its offsets started again), to be judged on its own."""
+def decided_sources(
+    conn: psycopg.Connection[Row], messages: Mapping[Source, tuple[bytes, int | None]]
+) -> set[Source]:
+    """The positions among ``messages`` (position → the bytes consumed there and their Kafka
+    timestamp) whose message was rejected before: the same bytes, with the same timestamp, at the
+    same position. Another message there, of a topic recreated since (its offsets started again),
+    is judged on its own, even with the same bytes (the same input produced again). A row without
+    a timestamp (recorded before they were kept) compares by bytes alone."""
     if not messages:
         return set()
     sources = list(messages)
@@ -110,7 +115,9 @@ def decided_sources(conn: psycopg.Connection[Row], messages: Mapping[Source, byt
     decided: set[Source] = set()
     for r in rows:
         source = Source(r["topic"], r["partition"], r["offset"])
-        if bytes(r["digest"]) == hashlib.sha256(messages[source]).digest():
+        value, timestamp_ms = messages[source]
+        same_time = r["timestamp_ms"] is None or r["timestamp_ms"] == timestamp_ms
+        if same_time and bytes(r["digest"]) == hashlib.sha256(value).digest():
             decided.add(source)
     return decided
 
@@ -212,6 +219,7 @@ def record_rejections(
             "topics": [r.source.topic for r in rejections],
             "partitions": [r.source.partition for r in rejections],
             "offsets": [r.source.offset for r in rejections],
+            "timestamps": [r.source_timestamp_ms for r in rejections],
         },
     ).fetchall()
     return {

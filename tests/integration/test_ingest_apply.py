@@ -42,7 +42,10 @@ def conn(settings: Settings) -> Iterator[psycopg.Connection[Row]]:
 
 
 class Topic:
-    """Hands out increasing offsets, as one partition of the commands topic would."""
+    """Hands out increasing offsets, as one partition of the commands topic would, and message
+    timestamps after those of every topic made before (a recreated topic's messages are newer)."""
+
+    clock_ms = 1_800_000_000_000
 
     def __init__(self, settings: Settings) -> None:
         self.name = settings.schedules_topic
@@ -51,7 +54,8 @@ class Topic:
     def message(self, value: bytes | ScheduleCommand) -> Consumed:
         data = CODEC.encode(value) if isinstance(value, ScheduleCommand) else value
         self.offset += 1
-        return Consumed(Source(self.name, 0, self.offset), data)
+        Topic.clock_ms += 1
+        return Consumed(Source(self.name, 0, self.offset), data, timestamp_ms=Topic.clock_ms)
 
 
 @pytest.fixture

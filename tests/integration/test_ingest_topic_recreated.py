@@ -66,3 +66,21 @@ def test_a_batch_read_again_still_rejects_and_publishes_nothing_twice(
     replay = ingest(conn, settings, batch, published)
     assert (replay.replayed, replay.rejected) == (2, [])
     assert len(published) == 2
+
+
+def test_the_same_input_produced_again_into_the_recreated_topic_is_judged_again(
+    conn: psycopg.Connection[Row], settings: Settings
+) -> None:
+    """The usual recovery: the cause of a rejection fixed (here, the app created), the same file
+    produced again. Its bytes land at the very positions of the old topic's rejections; only their
+    Kafka timestamps are new. They are applied, not dropped as replays."""
+    old = Topic(settings)
+    later = command("for-later", "k", app="later")
+    first = ingest(conn, settings, [old.message(later)])
+    assert codes(first) == [("invalid", "for-later")]
+    schedules.create_app(conn, "later", 1)
+    conn.commit()
+
+    new = Topic(settings)
+    again = ingest(conn, settings, [new.message(later)])
+    assert (again.applied, again.replayed, again.rejected) == (1, 0, [])

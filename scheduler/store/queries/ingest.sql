@@ -7,7 +7,7 @@
 -- compares the digest with the message's bytes: a topic recreated after a loss of Kafka's topics
 -- starts its offsets again, and a new message at an old rejection's position is not that message.
 select r.source_topic as topic, r.source_partition as partition, r.source_offset as "offset",
-       sha256(r.original_bytes) as digest
+       sha256(r.original_bytes) as digest, r.source_timestamp_ms as timestamp_ms
   from ingest_rejections r
   join unnest(%(topics)b::text[], %(partitions)b::int[], %(offsets)b::bigint[])
        as m(source_topic, source_partition, source_offset)
@@ -101,19 +101,22 @@ select id from inserted;
 
 -- name: record_rejections
 -- A message already rejected at the same position (a replayed batch) is left as it was and not
--- returned, so its rejection is published once. Other bytes at that position are another message
--- (the topic was recreated, its offsets started again): its rejection replaces the old topic's.
+-- returned, so its rejection is published once. Other bytes or another timestamp at that position
+-- are another message (the topic was recreated, its offsets started again): its rejection replaces
+-- the old topic's.
 insert into ingest_rejections (code, reason, command_id, schedule_key, app, operation, original_bytes,
-                               source_topic, source_partition, source_offset)
+                               source_topic, source_partition, source_offset, source_timestamp_ms)
 select *
   from unnest(%(codes)b::text[], %(reasons)b::text[], %(command_ids)b::text[], %(keys)b::text[],
               %(apps)b::text[], %(operations)b::text[], %(original_bytes)b::bytea[], %(topics)b::text[],
-              %(partitions)b::int[], %(offsets)b::bigint[])
+              %(partitions)b::int[], %(offsets)b::bigint[], %(timestamps)b::bigint[])
 on conflict (source_topic, source_partition, source_offset) do update
    set rejected_at = now(), code = excluded.code, reason = excluded.reason,
        command_id = excluded.command_id, schedule_key = excluded.schedule_key, app = excluded.app,
-       operation = excluded.operation, original_bytes = excluded.original_bytes
+       operation = excluded.operation, original_bytes = excluded.original_bytes,
+       source_timestamp_ms = excluded.source_timestamp_ms
  where ingest_rejections.original_bytes <> excluded.original_bytes
+    or ingest_rejections.source_timestamp_ms is distinct from excluded.source_timestamp_ms
 returning source_topic, source_partition, source_offset, rejected_at;
 
 -- name: list_rejections
