@@ -40,6 +40,7 @@ from scheduler.cli.common import echo_json, fail, wiring_or_exit
 from scheduler.client import KAFKA_LOG, CommandFormatError, DeliveryError, ScheduleClient, command_from_json
 from scheduler.kafka.avro import MessageEncodeError
 from scheduler.kafka.registry import RegistryUnavailable
+from scheduler.kafka.transport import KafkaUnavailable
 
 COMMAND_ID_NAMESPACE = uuid.UUID("5c4ed01e-3a1d-4c0e-9a8b-1f2e3d4c5b6a")
 """Namespace of the uuid5 command ids derived from a line's text (stripped of surrounding blanks)."""
@@ -67,6 +68,9 @@ class CommandIds:
         count = self._seen[key] = self._seen.get(key, 0) + 1
         return str(first) if count == 1 else str(uuid.uuid5(COMMAND_ID_NAMESPACE, f"{line.strip()}#{count}"))
 
+
+TOPIC_CHECK_S = 10.0
+"""How long the check that the commands topic exists waits for Kafka's metadata."""
 
 INTERRUPTED_FLUSH_S = 10.0
 """How long an interrupted run still waits for Kafka to acknowledge what it sent."""
@@ -168,6 +172,14 @@ def produce(path: Path | None, as_json: bool) -> None:
         client = wiring.schedule_client("scheduler-produce")
     except RegistryUnavailable as exc:
         fail(str(exc))
+    try:
+        # Asked once, up front: without the topic (or a broker) every line would wait out its
+        # delivery timeout and fail with librdkafka's "Message timed out", naming neither.
+        exists = client.topic in wiring.admin.topics(TOPIC_CHECK_S)
+    except KafkaUnavailable as exc:
+        fail(f"Kafka at {wiring.settings.kafka_bootstrap} did not answer: {exc}")
+    if not exists:
+        fail(f"topic {client.topic} does not exist: `scheduler init` creates it")
     started = time.monotonic()
     stream = path.open("rb") if path is not None else sys.stdin.buffer
     interrupted = False

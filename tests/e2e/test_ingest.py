@@ -397,3 +397,13 @@ def test_produce_refuses_a_line_the_ingestor_would_reject_with_its_reason(
         for _, value, _ in read_topic(stack.kafka_bootstrap, stack.schedules_topic)
     ]
     assert produced == ["g"]
+
+
+def test_produce_without_the_commands_topic_says_so_at_once(
+    stack: Settings, settings_env: dict[str, str]
+) -> None:
+    line = {"schedule_key": "k", "app": APP, "operation": "pause"}
+    env = settings_env | {"SCHEDULER_TOPIC_PREFIX": "nosuch"}
+    done = cli(env, "produce", stdin=json.dumps(line) + "\n")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == "error: topic nosuch.schedules does not exist: `scheduler init` creates it\n"
