@@ -64,6 +64,8 @@ NAME_CHARS = 256
 REFUSED_CLASSES = ("22", "23", "54")
 Row = dict[str, Any]
 Decoded = OutcomeEvent | UndecodableLetter | Quarantined | None
+# A process span's attribute: applied, or stale, duplicate or reexecution (the event moved nothing).
+EVENT_OUTCOME = "scheduler.event.outcome"
 # The run state each kind of outcome event moves a run to, for the spans' job.status.
 OUTCOME_STATES = {
     "started": RunState.RUNNING,
@@ -240,7 +242,8 @@ class Reconciler(Service):
         """Apply one batch in one transaction; what PostgreSQL refuses is quarantined, the rest applied."""
         decoded = [self.decode(m) for m in messages]
         batch = list(zip(messages, decoded, strict=True))
-        with ending(self._trace(messages, decoded) if self._tracing else ()):
+        spans = self._trace(messages, decoded) if self._tracing else []
+        with ending(spans):
             try:
                 with conn.transaction():
                     applied = self._apply(conn, batch)
@@ -248,6 +251,10 @@ class Reconciler(Service):
                 if not refused(exc):
                     raise
                 applied = self._apply_isolating(conn, batch, exc)
+            for span, event in zip(spans, decoded, strict=bool(spans)):  # no spans: not traced
+                if isinstance(event, OutcomeEvent):
+                    # What the event did: a stale or duplicate one claims a status its run never got.
+                    span.set_attribute(EVENT_OUTCOME, applied.not_applied.get(event.event_id, "applied"))
         metrics.EVENTS.labels("applied").inc(applied.applied)
         metrics.EVENTS.labels("stale").inc(applied.stale)
         metrics.EVENTS.labels("duplicate").inc(applied.duplicate)

@@ -4,7 +4,7 @@ Each takes a whole batch in one round trip."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -78,6 +78,8 @@ class Applied:
     finished: int = 0
     dead_apps: tuple[str, ...] = ()  # the app of each run this batch made dead
     cross_app: int = 0  # stale events sent as another app's than their run's (not in its attempts)
+    not_applied: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """Event id → stale, duplicate or reexecution, for each event that did not move its run."""
 
     def __add__(self, other: Applied) -> Applied:
         return Applied(
@@ -88,6 +90,7 @@ class Applied:
             self.finished + other.finished,
             self.dead_apps + other.dead_apps,
             self.cross_app + other.cross_app,
+            {**self.not_applied, **other.not_applied},
         )
 
 
@@ -133,6 +136,7 @@ def apply_outcomes(
         row["finished"],
         tuple(row["dead_apps"]),
         row["cross_app"],
+        row["not_applied"],
     )
 
 

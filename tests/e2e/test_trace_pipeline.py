@@ -153,6 +153,7 @@ def check_chain(
         assert span["attributes"]["messaging.system"] == "kafka", span
         assert str(span["attributes"]["messaging.destination.name"]).startswith(f"{topic_prefix}."), span
     assert chain.process["attributes"]["messaging.destination.name"] == outcome_topic
+    assert chain.process["attributes"].get("scheduler.event.outcome") == "applied", chain.process
     assert all(s["end_ns"] >= s["start_ns"] > 0 for s in chain.trace)
     # The relay publishes bytes it never decodes, so only the worker's span can name the handler.
     assert chain.execution["attributes"].get("job.type") == handler, chain.execution

@@ -526,6 +526,8 @@ def test_another_apps_events_in_a_batch_neither_end_a_started_run_nor_count_as_e
         with conn.transaction():
             applied = reconcile.apply_outcomes(conn, [foreign_end, foreign_start, own_start], 30)
     assert (applied.applied, applied.stale, applied.reexecution, applied.cross_app) == (1, 2, 0, 2)
+    # What the reconciler's trace spans say of each event that moved nothing.
+    assert applied.not_applied == {foreign_end.event_id: "stale", foreign_start.event_id: "stale"}
     for run in (running_run, fresh):
         row = run_row(settings, run)
         assert (row["state"], row["worker"]) == ("running", "w1"), row

@@ -213,7 +213,10 @@ select (select count(*) from classified where outcome = 'applied') as applied,
            + (select count(*) from revealed) as reexecution,
        (select count(*) from applied where state in ('succeeded', 'dead')) as finished,
        array(select app from applied where state = 'dead') as dead_apps,
-       (select count(*) from classified where cross_app and outcome = 'stale') as cross_app;
+       (select count(*) from classified where cross_app and outcome = 'stale') as cross_app,
+       -- Each event that did not move its run (usually none): what its trace span says it was.
+       (select coalesce(jsonb_object_agg(event_id, outcome), '{}') from classified
+         where outcome <> 'applied') as not_applied;
 
 -- name: record_undecodable_dead_letters
 -- Dead letters without a run (their job could not be decoded) are kept for the DLQ listing.
