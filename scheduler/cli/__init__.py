@@ -66,23 +66,12 @@ class _Scheduler(click.Group):
             fail(str(error), code=2)
 
 
-# The records the scheduler writes and reads: each needs its schema in the catalog.
-_MESSAGES = (
-    messages.JobMessage,
-    messages.JobResult,
-    messages.JobRetry,
-    messages.JobDeadLetter,
-    messages.ScheduleCommand,
-    messages.ScheduleCommandRejected,
-)
-
-
 def _check_schemas() -> None:
     """A SCHEDULER_SCHEMAS_DIR of the operator's is checked before any command uses it: one that
     lacks a schema would fail every message of that record (and the scanner would set each due
     schedule aside in state error). A broken file raises SchemaCatalogError, reported by invoke."""
     names = default_catalog().names
-    missing = [f"{m.SCHEMA}.avsc" for m in _MESSAGES if m.SCHEMA not in names]
+    missing = [f"{m.SCHEMA}.avsc" for m in messages.RECORDS if m.SCHEMA not in names]
     if missing:
         fail(f"{SCHEMAS_DIR_ENV}: {default_schemas_dir()} has no {', '.join(missing)}", code=2)
 

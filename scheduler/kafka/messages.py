@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal, Self
 from uuid import UUID
 
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind
+from scheduler.kafka.avro import AvroMessage
 
 JobResultStatus = Literal["started", "heartbeat", "succeeded"]
 DeadLetterCause = Literal["non_retryable", "retries_exhausted", "undecodable"]
@@ -283,3 +284,14 @@ class ScheduleCommandRejected(_Record):
     @classmethod
     def from_avro(cls, record: Mapping[str, Any]) -> Self:
         return cls(**{**record, "source": KafkaSource.from_avro(record["source"])})
+
+
+RECORDS: tuple[type[AvroMessage], ...] = (
+    JobMessage,
+    JobResult,
+    JobRetry,
+    JobDeadLetter,
+    ScheduleCommand,
+    ScheduleCommandRejected,
+)
+"""Every record the scheduler writes or reads: each needs its schema in the catalog."""

@@ -5,32 +5,23 @@ old topic was rejected. It must be judged on its own, never dropped as a replay 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import psycopg
 import pytest
 
 from scheduler.config import Settings
 from scheduler.ingest.apply import RecordedRejection
-from scheduler.store import connect, schedules
-from tests.integration.test_ingest_apply import APP, Topic, by_key, codes, command, ingest
+from scheduler.store import schedules
+from tests.integration import test_ingest_apply
+from tests.integration.test_ingest_apply import Row, Topic, by_key, codes, command, ingest
 
 pytestmark = pytest.mark.integration
 
-Row = dict[str, Any]
-
-
-@pytest.fixture
-def conn(settings: Settings) -> Iterator[psycopg.Connection[Row]]:
-    with connect(settings.database_url) as conn:
-        schedules.create_app(conn, APP, 3)
-        conn.commit()
-        yield conn
+conn = test_ingest_apply.conn  # the fixture: a connection, with the app created
 
 
 def test_a_command_at_the_position_of_a_rejection_of_the_old_topic_is_applied(
-    conn: psycopg.Connection[Row], settings: Settings
+    conn: psycopg.Connection[Row],
+    settings: Settings,
 ) -> None:
     old = Topic(settings)
     first = ingest(conn, settings, [old.message(command("1", "a")), old.message(b"garbage")])
@@ -43,7 +34,8 @@ def test_a_command_at_the_position_of_a_rejection_of_the_old_topic_is_applied(
 
 
 def test_a_bad_command_at_the_position_of_a_rejection_of_the_old_topic_is_rejected_and_published(
-    conn: psycopg.Connection[Row], settings: Settings
+    conn: psycopg.Connection[Row],
+    settings: Settings,
 ) -> None:
     old = Topic(settings)
     ingest(conn, settings, [old.message(command("1", "a", "pause"))])
@@ -57,7 +49,8 @@ def test_a_bad_command_at_the_position_of_a_rejection_of_the_old_topic_is_reject
 
 
 def test_a_batch_read_again_still_rejects_and_publishes_nothing_twice(
-    conn: psycopg.Connection[Row], settings: Settings
+    conn: psycopg.Connection[Row],
+    settings: Settings,
 ) -> None:
     topic = Topic(settings)
     batch = [topic.message(command("1", "k", "pause")), topic.message(b"garbage")]
@@ -69,7 +62,8 @@ def test_a_batch_read_again_still_rejects_and_publishes_nothing_twice(
 
 
 def test_the_same_input_produced_again_into_the_recreated_topic_is_judged_again(
-    conn: psycopg.Connection[Row], settings: Settings
+    conn: psycopg.Connection[Row],
+    settings: Settings,
 ) -> None:
     """The usual recovery: the cause of a rejection fixed (here, the app created), the same file
     produced again. Its bytes land at the very positions of the old topic's rejections; only their

@@ -24,14 +24,7 @@ from scheduler.kafka.avro import (
 )
 
 SCHEMAS = default_schemas_dir()
-MESSAGE_TYPES = (
-    messages.JobMessage,
-    messages.JobResult,
-    messages.JobRetry,
-    messages.JobDeadLetter,
-    messages.ScheduleCommand,
-    messages.ScheduleCommandRejected,
-)
+MESSAGE_TYPES = messages.RECORDS
 
 # The fingerprints of the current schemas. A failure here means a schema's canonical form changed: if
 # the old version ever reached a topic, copy the old file to schemas/history/<Name>.v<N>.avsc first (so
