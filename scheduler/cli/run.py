@@ -8,7 +8,6 @@ process lifecycle (:mod:`scheduler.runtime.process`): JSON logs (human on a term
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 
 import click
@@ -290,37 +289,29 @@ def all_(
     raise SystemExit(supervisor.run())
 
 
-def _cannot_listen_on(host: str, family: socket.AddressFamily) -> str | None:
-    """Why no socket can listen on ``host`` (a name that does not resolve, an address not of this
-    machine), or None when one can."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, 0, family, socket.SOCK_STREAM)[0]
-        with socket.socket(family, kind, proto) as sock:
-            sock.bind(address)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None
-
-
 def _refuse_taken_ports(settings: Settings, metrics_base: int | None, components: int) -> None:
     """One line and exit 2 for a port another process holds, or an address no socket can listen on:
     its component would only fail to start, again and again, under the supervisor's restarts."""
     from scheduler.devstack.process import port_in_use
+    from scheduler.runtime.health import try_listen
 
+    def api_listen(host: str) -> None:
+        from scheduler.api.server import listen  # uvicorn and grpc only for a run with the API
+
+        listen(host, 0).close()
+
+    hosts: list[tuple[str, str, Callable[[str], None]]] = []
     if settings.jwt.configured:
-        from scheduler.api.server import listen
-
-        try:  # as the API will: its address family follows from the host's spelling
-            listen(settings.api_host, 0).close()
+        hosts.append((settings.api_host, "SCHEDULER_API_HOST", api_listen))
+    if metrics_base is not None:
+        hosts.append((settings.metrics_host, "SCHEDULER_METRICS_HOST", try_listen))
+    for host, setting, bind in hosts:
+        try:  # as the component will bind it
+            bind(host)
         except OSError as exc:
             # create_server adds "(while attempting to bind on address …)": the port 0 of this check.
             reason = (exc.strerror or str(exc)).split(" (while attempting", 1)[0]
-            fail(f"SCHEDULER_API_HOST={settings.api_host!r}: cannot listen there: {reason}", code=2)
-    if metrics_base is not None:
-        # The health and metrics server listens on IPv4 only.
-        refused = _cannot_listen_on(settings.metrics_host, socket.AF_INET)
-        if refused is not None:
-            fail(f"SCHEDULER_METRICS_HOST={settings.metrics_host!r}: cannot listen there: {refused}", code=2)
+            fail(f"{setting}={host!r}: cannot listen there: {reason}", code=2)
     wanted: list[tuple[int, str]] = []
     if settings.jwt.configured:
         wanted += [(settings.api_port, "SCHEDULER_API_PORT"), (settings.grpc_port, "SCHEDULER_GRPC_PORT")]

@@ -141,6 +141,12 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
 
+def try_listen(host: str) -> None:
+    """Bind and release a port on ``host`` as :class:`HealthServer` would; raises OSError where it
+    could not listen (a name that does not resolve, an address not of this machine)."""
+    _Server((host, 0), BaseHTTPRequestHandler).server_close()
+
+
 class HealthServer:
     """Serves :class:`Health` over HTTP from a daemon thread."""
 
