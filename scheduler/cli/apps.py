@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from rich.table import Table
 
-from scheduler.cli.common import actor, database, echo_json, fail, print_table, wiring_or_exit
+from scheduler.cli.common import DataTable, actor, database, echo_json, fail, print_table, wiring_or_exit
 from scheduler.kafka.transport import KafkaUnavailable, TransportError
 from scheduler.schedule import service
 from scheduler.store import schedules
@@ -101,7 +100,7 @@ def list_(as_json: bool) -> None:
     if as_json:
         echo_json(rows)
         return
-    table = Table("app", "partitions", "handlers", "active schedules", "in error", "created")
+    table = DataTable("app", "partitions", "handlers", "active schedules", "in error", "created")
     for row in rows:
         table.add_row(
             row["name"],

@@ -6,9 +6,16 @@ import json
 from datetime import UTC
 
 import click
-from rich.table import Table
 
-from scheduler.cli.common import database, echo_json, known_app, parse_instant, print_table, wiring_or_exit
+from scheduler.cli.common import (
+    DataTable,
+    database,
+    echo_json,
+    known_app,
+    parse_instant,
+    print_table,
+    wiring_or_exit,
+)
 from scheduler.store import api as store
 
 
@@ -50,7 +57,7 @@ def list_(
     if as_json:
         echo_json(rows)
         return
-    table = Table("at (UTC)", "actor", "action", "entity", "id", "app", "new value")
+    table = DataTable("at (UTC)", "actor", "action", "entity", "id", "app", "new value")
     for r in rows:
         new = "" if r["new_value"] is None else json.dumps(r["new_value"], ensure_ascii=False)
         table.add_row(

@@ -27,11 +27,10 @@ import click
 import psycopg
 from rich.console import Group
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from scheduler.api.auth import Role, issue_token
-from scheduler.cli.common import FiniteFloatRange, actor, database, wiring_or_exit
+from scheduler.cli.common import DataTable, FiniteFloatRange, actor, database, wiring_or_exit
 from scheduler.cli.init import initialise
 from scheduler.runtime.supervisor import Supervisor, pipeline_children
 from scheduler.schedule import service
@@ -64,8 +63,8 @@ class _Hello(BaseHTTPRequestHandler):
         pass
 
 
-def _table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(title="runs (newest first) — Ctrl-C stops every component", expand=True)
+def _table(rows: list[dict[str, Any]]) -> DataTable:
+    table = DataTable(title="runs (newest first) — Ctrl-C stops every component", expand=True)
     table.add_column("schedule", min_width=14, no_wrap=True)
     table.add_column("scheduled for (UTC)", min_width=12, no_wrap=True)
     table.add_column("state", min_width=10, no_wrap=True)

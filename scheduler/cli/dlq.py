@@ -10,9 +10,9 @@ from uuid import UUID
 import click
 from rich.console import Console
 from rich.progress import Progress, TextColumn
-from rich.table import Table
 
 from scheduler.cli.common import (
+    DataTable,
     FiniteFloatRange,
     actor,
     database,
@@ -84,7 +84,7 @@ def list_(
     if as_json:
         echo_json(rows)
         return
-    table = Table("id", "kind", "app", "attempt", "dead at", "error")
+    table = DataTable("id", "kind", "app", "attempt", "dead at", "error")
     for r in rows:
         table.add_row(
             r["id"], r["kind"], r["app"], str(r["attempt"] or "-"),
@@ -185,7 +185,7 @@ def replay(
             if as_json:
                 echo_json([{k: getattr(dead.run, k) for k in DRY_RUN_FIELDS} for dead in candidates])
                 return
-            table = Table(
+            table = DataTable(
                 "run", "app", "attempt", "dead at", "error", title=f"would replay {len(candidates)} runs"
             )
             for dead in candidates:

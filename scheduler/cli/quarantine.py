@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 
 import click
-from rich.table import Table
 
 from scheduler.cli.common import (
+    DataTable,
     database,
     echo_json,
     known_or_named_app,
@@ -59,7 +59,7 @@ def list_(
                 row["original_bytes_base64"] = None if raw is None else base64.b64encode(raw).decode()
         echo_json(rows)
         return
-    table = Table("id", "at", "component", "app", "run", "source", "bytes", "reason")
+    table = DataTable("id", "at", "component", "app", "run", "source", "bytes", "reason")
     for r in rows:
         source = (
             f"{r['source_topic']}[{r['source_partition']}]@{r['source_offset']}" if r["source_topic"] else "-"

@@ -5,9 +5,9 @@ from __future__ import annotations
 from uuid import UUID
 
 import click
-from rich.table import Table
 
 from scheduler.cli.common import (
+    DataTable,
     actor,
     database,
     echo_json,
@@ -45,7 +45,7 @@ def list_(schedule_id: UUID | None, app: str | None, state: str | None, limit: i
     if as_json:
         echo_json(rows)
         return
-    table = Table("run", "app", "scheduled for", "state", "attempt", "started", "worker", "error")
+    table = DataTable("run", "app", "scheduled for", "state", "attempt", "started", "worker", "error")
     for r in rows:
         table.add_row(
             str(r["id"]),

@@ -11,10 +11,10 @@ from uuid import UUID
 
 import click
 import psycopg
-from rich.table import Table
 
 from scheduler.cli.common import (
     ANY_TEXT,
+    DataTable,
     FiniteFloatRange,
     actor,
     database,
@@ -321,7 +321,7 @@ def list_(app: str | None, state: str | None, limit: int, as_json: bool) -> None
         echo_json([shown(r) for r in rows])
         return
     errors = any(r["error"] for r in rows)
-    table = Table(
+    table = DataTable(
         "id", "app", "name", "kind", "when", "state", "next fire (UTC)", "v", *(["error"] if errors else [])
     )
     for r in rows:
@@ -387,7 +387,7 @@ def rejected(app: str | None, code: str | None, limit: int, as_json: bool) -> No
     if as_json:
         echo_json(rows)
         return
-    table = Table("rejected at (UTC)", "code", "command id", "app/key", "source", "reason")
+    table = DataTable("rejected at (UTC)", "code", "command id", "app/key", "source", "reason")
     table.columns[1].no_wrap = True
     for r in rows:
         table.add_row(

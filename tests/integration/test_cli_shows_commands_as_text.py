@@ -1,8 +1,11 @@
 """What a Kafka command carries (its id, key, name, actor, and the reason quoting them) is shown by
 the CLI's tables as the text it is: a producer's `[/]` or `[link=…]` is no markup for the operator's
-terminal, and never a traceback instead of the listing."""
+terminal, and never a traceback instead of the listing; its terminal controls (an escape sequence
+that clears the screen or moves the cursor, a bidirectional override) are shown, not sent."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -17,6 +20,9 @@ from tests.support import make_dead_runs
 pytestmark = pytest.mark.integration
 
 MARKUP = "[/]x[link=http://evil.example]y[bold]"
+# Clears the screen, retitles the window, erases the line above, reverses what follows, 8-bit CSI.
+CONTROLS = "a\x1b[2J\x1b]0;t\x07\x1b[1A\x1b[2K\u202eb\x9b2Jc"
+SHOWN = "a\\x1b[2J\\x1b]0;t\\x07\\x1b[1A\\x1b[2K\\u202eb\\x9b2Jc"
 
 
 @pytest.fixture
@@ -28,10 +34,11 @@ def cli(settings: Settings, settings_env: dict[str, str]) -> Cli:
     batch = [
         topic.message(command(MARKUP, MARKUP, "pause")),  # not found: a rejection naming both
         topic.message(command("c", "k", spec=spec(name=MARKUP), actor=MARKUP)),
+        topic.message(command("c2", "k2", spec=spec(name=CONTROLS), actor=CONTROLS)),
     ]
     with connect(settings.database_url) as conn:
         result = apply_batch(conn, settings, [decode_command(CODEC, m) for m in batch])
-    assert result.applied == 1 and len(result.rejected) == 1
+    assert result.applied == 2 and len(result.rejected) == 1
     return Cli(settings_env | {"COLUMNS": "400"})  # wide enough for every cell whole
 
 
@@ -45,6 +52,23 @@ def test_a_listing_shows_markup_from_a_command_as_text(cli: Cli, args: tuple[str
     assert MARKUP in done.stdout, done.stdout
 
 
+@pytest.mark.parametrize("args", [("schedules", "list"), ("audit", "list")], ids=" ".join)
+def test_a_listing_shows_terminal_controls_from_a_command_as_escapes(cli: Cli, args: tuple[str, ...]) -> None:
+    """A name or an actor (a token's subject) cannot clear, rewrite or reorder the operator's screen."""
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr
+    assert SHOWN in done.stdout, done.stdout
+    assert not {"\x1b", "\x07", "\x9b", "\u202e"} & set(done.stdout), done.stdout
+
+
+def test_json_output_keeps_a_name_with_controls_exactly(cli: Cli) -> None:
+    """--json is for programs: the name reads back as stored, written with JSON's escapes only."""
+    done = cli("schedules", "list", "--json")
+    assert done.returncode == 0, done.stderr
+    assert not {"\x1b", "\x9b", "\u202e"} & set(done.stdout), done.stdout
+    assert CONTROLS in {s["name"] for s in json.loads(done.stdout)}
+
+
 @pytest.mark.parametrize(
     "args",
     [("runs", "list", "--app", "billing"), ("dlq", "list"), ("dlq", "replay", "--dry-run")],
@@ -54,13 +78,15 @@ def test_a_listing_shows_markup_from_a_handlers_error_as_text(
     cli: Cli, settings: Settings, args: tuple[str, ...]
 ) -> None:
     """A handler's error text is the handler's, whatever brackets it holds."""
-    error = f"HandlerError: {MARKUP}"
+    error = f"HandlerError: {MARKUP} {CONTROLS}"
     with connect(settings.database_url) as conn:
         make_dead_runs(conn, "billing", 1, error)
     done = cli(*args)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
-    assert error in done.stdout, done.stdout
+    # `runs list` shows an error's beginning: as far as it goes, as the escapes show it.
+    assert f"HandlerError: {MARKUP} {SHOWN[:8]}" in done.stdout, done.stdout
+    assert not {"\x1b", "\x07", "\x9b", "\u202e"} & set(done.stdout), done.stdout
 
 
 def test_a_listing_shows_ids_whole_for_the_next_command(cli: Cli, settings: Settings) -> None:
