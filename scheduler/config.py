@@ -11,12 +11,14 @@ from a file named by ``<variable>_FILE`` (a mounted Kubernetes Secret). No secre
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import cast
+from urllib.parse import urlsplit
 
 from psycopg import ProgrammingError
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -419,6 +421,17 @@ def _group_instance_id(env: Mapping[str, str]) -> str | None:
     return value
 
 
+def _is_loopback(host: str | None) -> bool:
+    if host is None:
+        return False
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _jwt_settings(env: Mapping[str, str]) -> JwtSettings:
     secret = _secret(env, "SCHEDULER_JWT_SECRET")
     jwks = env.get("SCHEDULER_JWT_JWKS") or None
@@ -428,6 +441,12 @@ def _jwt_settings(env: Mapping[str, str]) -> JwtSettings:
         raise ConfigError(f"SCHEDULER_JWT_SECRET must be at least {MIN_JWT_SECRET_BYTES} bytes")
     if jwks is not None and not jwks.startswith(("https://", "http://")) and not Path(jwks).is_file():
         raise ConfigError(f"SCHEDULER_JWT_JWKS={jwks!r} is neither an http(s) URL nor a readable file")
+    if jwks is not None and jwks.startswith("http://") and not _is_loopback(urlsplit(jwks).hostname):
+        # Whoever answers a plain-HTTP fetch on the way supplies the keys, and so signs any token.
+        raise ConfigError(
+            f"SCHEDULER_JWT_JWKS: http://{urlsplit(jwks).hostname} is plain HTTP to another host, whose keys "
+            "anyone on the way could replace; use https://, a file, or a loopback address (a local proxy)"
+        )
     raw = env.get("SCHEDULER_JWT_ALGORITHMS") or ""
     algorithms = tuple(a.strip() for a in raw.split(",") if a.strip())
     if not algorithms:

@@ -218,13 +218,19 @@ class Authenticator:
                 audience=s.audience,
                 issuer=s.issuer,
                 leeway=s.leeway_s,
-                options={"require": ["exp", "sub"], "verify_aud": s.audience is not None},
+                # The audience is always checked: with none configured, a token naming one (one an
+                # identity provider shared with other services issued for them) is refused.
+                options={"require": ["exp", "sub"]},
             )
         except jwt.ExpiredSignatureError:
             raise _unauthenticated("the token has expired") from None
         except jwt.ImmatureSignatureError:
             raise _unauthenticated("the token is not valid yet (its nbf or iat is in the future)") from None
         except jwt.InvalidAudienceError:
+            if s.audience is None:
+                raise _unauthenticated(
+                    "the token is for an audience (aud), and this API accepts none"
+                ) from None
             raise _unauthenticated("the token is for another audience") from None
         except jwt.InvalidIssuerError:
             raise _unauthenticated("the token is from another issuer") from None

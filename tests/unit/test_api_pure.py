@@ -31,6 +31,12 @@ SECRET = "unit-tests-secret-of-32-bytes-or-more"
             "'HS256' cannot be used",
         ),
         ({"SCHEDULER_JWT_JWKS": "/no/such/jwks.json"}, "neither an http(s) URL nor a readable file"),
+        # Whoever answers a plain-HTTP fetch supplies the keys: refused, the URL's credentials unshown.
+        (
+            {"SCHEDULER_JWT_JWKS": f"http://u:{SECRET}@idp.example/jwks?s={SECRET}"},
+            "http://idp.example is plain",
+        ),
+        ({"SCHEDULER_JWT_JWKS": "http://10.0.0.5:8080/certs"}, "use https://"),
         ({"SCHEDULER_API_RATE_LIMITS": "trigger=five/min"}, "SCHEDULER_API_RATE_LIMITS"),
         ({"SCHEDULER_API_RATE_LIMITS": "nope=1/min"}, "SCHEDULER_API_RATE_LIMITS"),
         ({"SCHEDULER_API_PORT": "70000"}, "SCHEDULER_API_PORT"),
@@ -41,6 +47,13 @@ def test_bad_api_settings_are_one_line_naming_the_variable(env: dict[str, str], 
         load_settings(env)
     assert names in str(raised.value) and "\n" not in str(raised.value)
     assert SECRET not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["https://idp.example/jwks", "http://127.0.0.1:8080/jwks", "http://localhost/k"]
+)
+def test_a_jwks_url_over_https_or_from_this_host_is_taken(url: str) -> None:
+    assert load_settings({"SCHEDULER_JWT_JWKS": url}).jwt.jwks == url
 
 
 def test_the_secret_never_shows_in_the_settings_repr_and_limits_override_their_class() -> None:
