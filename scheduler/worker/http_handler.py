@@ -49,7 +49,12 @@ USER_AGENT = "kafka-pg-scheduler (builtin:http)"
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 # Credentials are for the origin the author wrote; a redirect elsewhere must not carry them along.
-_CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie")
+# They hide in headers of any name (X-Api-Key, X-Auth-Token, a webhook's signature), so across
+# origins only headers that describe the request, never who sends it, go on.
+_CROSS_ORIGIN_HEADERS = frozenset(
+    {"accept", "accept-encoding", "accept-language", "user-agent", "content-type", "content-length",
+     "content-encoding", "content-language", "transfer-encoding"}
+)  # fmt: skip
 _CONTENT_HEADERS = ("content-type", "content-length", "content-encoding", "transfer-encoding")
 
 _THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")  # Linux connects 0.0.0.0 to the local host
@@ -360,7 +365,7 @@ class _Hop:
         _check_scheme(target)
         method, headers, content = self.method, self.headers.copy(), self.content
         if _origin(target) != _origin(self.url):
-            for name in _CREDENTIAL_HEADERS:
+            for name in [name for name in headers if name.lower() not in _CROSS_ORIGIN_HEADERS]:
                 headers.pop(name, None)
         # As browsers do: 303 always, and 301/302 after a POST, become a GET without a body.
         if (status == 303 and method != "HEAD") or (status in (301, 302) and method == "POST"):

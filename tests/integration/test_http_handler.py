@@ -238,11 +238,15 @@ def test_a_cross_origin_redirect_drops_credentials(server: Server, start_server:
     inner = start_server("127.0.0.2")
     payload = {
         "url": f"{server.url}/redirect?to={inner.url}/ok",
-        "headers": {"Authorization": "Bearer s3cret"},
+        "headers": {"Authorization": "Bearer s3cret", "X-Api-Key": "k3y", "Accept": "text/plain"},
     }
     assert call(payload, ["127.0.0.0/8"])["status"] == 200
     assert server.requests[0].headers["authorization"] == "Bearer s3cret"
+    assert server.requests[0].headers["x-api-key"] == "k3y"
+    # A credential under any name stays with the origin it was written for; the request's own go on.
     assert "authorization" not in inner.requests[0].headers
+    assert "x-api-key" not in inner.requests[0].headers
+    assert inner.requests[0].headers["accept"] == "text/plain"
 
 
 def test_303_turns_a_post_into_a_get_and_307_keeps_it(server: Server) -> None:
