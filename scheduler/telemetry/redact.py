@@ -294,9 +294,13 @@ class PayloadMask:
             decoded = None
         # First four characters -> last four -> the values (and whether each is a number).
         self._by_ends: dict[str, dict[str, dict[str, bool]]] = {}
+        # The longest value's length: a text cut short must be masked with this much more of it,
+        # or a value the cut splits keeps its first part unmasked.
+        self.longest = 0
         for value, number in _quotable_values(decoded, sys.maxsize):
             tails = self._by_ends.setdefault(value[:MIN_MASKED_CHARS], {})
             tails.setdefault(value[-MIN_MASKED_CHARS:], {})[value] = number
+            self.longest = max(self.longest, len(value))
 
     def mask(self, text: str) -> str:
         """``text`` with the payload's values it quotes masked, as :func:`mask_payload_values`."""

@@ -110,7 +110,7 @@ from scheduler.kafka.transport import (
 )
 from scheduler.runtime.service import Check, Service
 from scheduler.telemetry.logs import job_outcomes, log_context
-from scheduler.telemetry.redact import mask_payload_values, redact_text
+from scheduler.telemetry.redact import PayloadMask, redact_text
 from scheduler.telemetry.tracing import (
     JOB_EXECUTION,
     job_attributes,
@@ -1707,13 +1707,16 @@ def _cancel_requested() -> bool:
 def _published_error(error: str, job: JobMessage) -> str:
     """A failed attempt's error as it is stored in PostgreSQL, published and shown to operators:
     secrets redacted, the job's payload values it quotes masked, and of any size or content."""
-    text = redact_text(error[:SCANNED_ERROR_CHARS])
-    if not job.handler.startswith(BUILTIN_PREFIX):
-        # An operator's handler may quote its payload in its error; the builtins never do (they
-        # name the field or the origin that failed, which is what an operator needs). The payload
-        # is parsed again rather than taken from the handler's context: the handler may have
-        # changed or emptied what it was given, and its error may quote what it removed.
-        text = mask_payload_values(text, job.payload)
+    # An operator's handler may quote its payload in its error; the builtins never do (they name
+    # the field or the origin that failed, which is what an operator needs). The payload is parsed
+    # again rather than taken from the handler's context: the handler may have changed or emptied
+    # what it was given, and its error may quote what it removed.
+    mask = None if job.handler.startswith(BUILTIN_PREFIX) else PayloadMask(job.payload)
+    # A long error is kept cut short; a payload value quoted across the cut is read whole (so the
+    # scan goes on by the longest value), or the part of it before the cut would be kept unmasked.
+    text = redact_text(error[: SCANNED_ERROR_CHARS + (mask.longest if mask is not None else 0)])
+    if mask is not None:
+        text = mask.mask(text)
     if len(error) <= SCANNED_ERROR_CHARS:
         return capped_text(text)
     marker = f" [truncated: the error had {len(error)} characters]"

@@ -60,3 +60,14 @@ def test_masking_shrinks_the_text_but_no_unsearched_text_is_kept() -> None:
     error = (f"card {CARD} " * 2000) + f"and {CARD[:8]}"
     published = _published_error(error, job({"card": CARD}))
     assert CARD[:8] not in published and published.startswith("card *** card ***")
+
+
+def test_a_value_longer_than_the_margin_is_masked_wherever_the_scan_would_cut_it() -> None:
+    """A PEM key or a long token (longer than the 256 characters scanned past what is kept) quoted
+    across the scan's end: none of it is kept."""
+    key = "-----BEGIN KEY-----" + "".join(f"{n:04x}" for n in range(250)) + "-----END KEY-----"
+    for at in (MAX_ERROR_CHARS - 600, SCANNED_ERROR_CHARS - 500, SCANNED_ERROR_CHARS - 20):
+        error = f"ValueError: {'c' * (at - 12)}{key} end{'z' * 2000}"
+        published = _published_error(error, job({"key": key}))
+        assert key[19:40] not in published and "0040" not in published, at
+        assert len(published) <= MAX_ERROR_CHARS
