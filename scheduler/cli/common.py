@@ -24,6 +24,7 @@ from scheduler.schedule.service import AppConflict, InvalidTransition, KeyConfli
 from scheduler.schedule.spec import InvalidSchedule
 from scheduler.store.schedules import VersionConflict, get_app, get_schedule
 from scheduler.telemetry.logs import check_environment as check_logging_environment
+from scheduler.telemetry.terminal import json_shown, shown
 from scheduler.wiring import Wiring
 
 
@@ -158,27 +159,6 @@ def uuid_arg(value: str) -> UUID:
         raise click.BadParameter(f"{value!r} is not an id (a UUID)") from None
 
 
-# What a cell of data must not send to a terminal as it is: C0 controls but tab and newline (ESC
-# starts the sequences that move the cursor, clear lines, retitle the window), DEL, C1 controls
-# (0x9b is CSI to a terminal that reads 8-bit controls) and the bidirectional overrides and isolates
-# that show text in another order than it is stored. A schedule's name, a token's subject (the
-# audit log's actor) or a handler's error is anyone's text; each is shown as a visible escape.
-_CONTROLS = {
-    code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-    for code in (
-        *(c for c in range(0x20) if c not in (0x09, 0x0A)),
-        *range(0x7F, 0xA0),
-        *range(0x202A, 0x202F),
-        *range(0x2066, 0x206A),
-    )
-}
-
-
-def shown(text: str) -> str:
-    """``text`` with the controls a terminal would act on shown as escapes (``\\x1b``)."""
-    return text.translate(_CONTROLS)
-
-
 class DataTable(Table):
     """A table whose text cells are data: their terminal controls are shown, not sent (:func:`shown`)."""
 
@@ -205,12 +185,8 @@ def print_table(table: Table) -> None:
     console.print(table)
 
 
-# JSON escapes C0 controls itself; the rest of _CONTROLS as \u escapes, which read back the same.
-_JSON_CONTROLS = {code: f"\\u{code:04x}" for code in _CONTROLS if code >= 0x7F}
-
-
 def echo_json(value: Any) -> None:
-    click.echo(json.dumps(to_jsonable(value), ensure_ascii=False).translate(_JSON_CONTROLS))
+    click.echo(json_shown(json.dumps(to_jsonable(value), ensure_ascii=False)))
 
 
 def actor() -> str:

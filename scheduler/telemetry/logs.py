@@ -48,6 +48,7 @@ from pythonjsonlogger.json import JsonFormatter
 
 from scheduler.telemetry import redact
 from scheduler.telemetry.redact import MASK, PayloadMask, Redactor, describe_payload
+from scheduler.telemetry.terminal import shown
 
 __all__ = [
     "FORMAT_ENV",
@@ -380,7 +381,8 @@ class JsonLineFormatter(JsonFormatter):
 
 
 class HumanFormatter(logging.Formatter):
-    """``<timestamp> <LEVEL> <component> <logger>: <message>  key=value...``, then any traceback."""
+    """``<timestamp> <LEVEL> <component> <logger>: <message>  key=value...``, then any traceback;
+    terminal controls shown as escapes (:func:`scheduler.telemetry.terminal.shown`)."""
 
     def __init__(self, component: str, redactor: Redactor | None = None) -> None:
         super().__init__()
@@ -408,4 +410,5 @@ class HumanFormatter(logging.Formatter):
             line += "\n" + fields.redactor.text(text)
         if record.stack_info:
             line += "\n" + fields.redactor.text(self.formatStack(record.stack_info))
-        return line
+        # Read on a terminal: a schedule's name or a handler's error it quotes cannot act on it.
+        return shown(line)

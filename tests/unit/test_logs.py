@@ -213,6 +213,20 @@ def test_human_format_is_one_readable_line_with_the_context_and_a_redacted_trace
     assert "hunter2" not in text and f"sasl.password={MASK}" in text
 
 
+def test_a_human_line_shows_terminal_controls_in_what_it_quotes_as_escapes() -> None:
+    """A schedule's name or a handler's error in a line on an operator's terminal cannot clear the
+    screen, rewrite the lines above or reverse the text; the JSON lines keep the text as it is."""
+    name = "n\x1b[2J\x1b[1A\u202eb\x9bc"
+    stream = configured(fmt="human")
+    log.warning("schedule %s is in error", name, extra={"reason": name})
+    text = stream.getvalue()
+    assert not {"\x1b", "\x9b", "\u202e"} & set(text)
+    assert "schedule n\\x1b[2J\\x1b[1A\\u202eb\\x9bc is in error" in text
+    stream = configured()
+    log.warning("schedule %s is in error", name)
+    assert json_lines(stream)[0]["message"] == f"schedule {name} is in error"
+
+
 def test_auto_is_human_on_a_terminal_and_json_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
     terminal = Terminal()
     configure_logging("worker", stream=terminal)
