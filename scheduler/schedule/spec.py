@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from scheduler.domain.cron import CronSchedule, InvalidCronExpression, UnknownTimeZone, time_zone
@@ -123,13 +124,24 @@ def check_text(text: str, what: str) -> str:
     return text
 
 
-def _check_payload_value(payload: Any) -> None:
-    """Depth and text of a payload, walked without recursion (so depth itself cannot break it)."""
+def _check_payload_value(payload: Any) -> int:
+    """Depth and text of a payload, walked without recursion (so depth itself cannot break it);
+    returns how many more bytes its numbers take as PostgreSQL keeps them than as JSON writes them.
+
+    A payload is stored as ``jsonb``, whose numbers are exact decimals written out in full: JSON's
+    ``1e+300`` (6 bytes) is a 1 and 300 zeros in the job message made from it, so 140,000 of them
+    (a 980 KB payload) made a 42 MB message that Kafka refused. Only a float written with an
+    exponent grows; the rest keep their digits."""
+    grows = 0
     stack: list[tuple[Any, int]] = [(payload, 1)]
     while stack:
         value, depth = stack.pop()
         if isinstance(value, str):
             check_text(value, "payload")
+        elif isinstance(value, float):
+            written = repr(value)
+            if "e" in written:
+                grows += len(format(Decimal(written), "f")) - len(written)
         elif isinstance(value, dict | list | tuple):
             if depth > MAX_PAYLOAD_DEPTH:
                 raise InvalidSchedule(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} levels")
@@ -140,6 +152,7 @@ def _check_payload_value(payload: Any) -> None:
                     stack.append((item, depth + 1))
             else:
                 stack.extend((item, depth + 1) for item in value)
+    return grows
 
 
 def parse_payload(text: str) -> Any:
@@ -160,7 +173,7 @@ _PAYLOAD_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, a
 def encoded_payload(payload: Any) -> str:
     """The payload as the JSON text stored and sent; refuses what JSON cannot carry, what PostgreSQL
     cannot store, what nests too deep, and what is too big."""
-    _check_payload_value(payload)
+    grows = _check_payload_value(payload)
     try:
         text = _PAYLOAD_ENCODER.encode(payload)
     except (TypeError, ValueError) as exc:
@@ -168,6 +181,11 @@ def encoded_payload(payload: Any) -> str:
     size = len(text.encode())
     if size > MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(f"payload is {size} bytes encoded; the limit is {MAX_PAYLOAD_BYTES} (1 MiB)")
+    if size + grows > MAX_PAYLOAD_BYTES:
+        raise PayloadTooLarge(
+            f"payload is {size + grows} bytes with its numbers written out in full, as they are stored "
+            f"(1e+300 is 301 digits); the limit is {MAX_PAYLOAD_BYTES} (1 MiB)"
+        )
     return text
 
 

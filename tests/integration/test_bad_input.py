@@ -140,6 +140,11 @@ BAD: dict[str, tuple[bytes, str, str]] = {
         "invalid",
         f"payload is {MAX_PAYLOAD_BYTES + 1} bytes encoded; the limit is 1048576 (1 MiB)",
     ),
+    "numbers that grow as stored": (
+        CODEC.encode(create("expand", payload=[1e-300] * 3500)),
+        "invalid",
+        "bytes with its numbers written out in full, as they are stored",
+    ),
     "NUL in a payload string": (
         CODEC.encode(create("nul-value", payload={"a": "x\x00y"})),
         "invalid",
@@ -289,6 +294,11 @@ def test_the_cli_refuses_each_bad_payload_and_name_with_one_line(
         "too big": (
             ["--payload", payload_file("big.json", json.dumps(blob(MAX_PAYLOAD_BYTES + 1)))],
             "the limit is 1048576 (1 MiB)",
+        ),
+        # 21 KB as written, 1.05 MB as PostgreSQL keeps it (each a 1 and 300 zeros).
+        "numbers written out": (
+            ["--payload", payload_file("expand.json", "[" + ",".join(["1e300"] * 3500) + "]")],
+            "bytes with its numbers written out in full",
         ),
         "NUL": (
             ["--payload", payload_file("nul.json", '{"a": "\\u0000"}')],
