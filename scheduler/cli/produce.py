@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import IO
@@ -76,23 +77,39 @@ INTERRUPTED_FLUSH_S = 10.0
 """How long an interrupted run still waits for Kafka to acknowledge what it sent."""
 
 
+MAX_LINE_BYTES = 16 * 1024 * 1024
+"""The longest line read: a command with a 1 MiB payload, its strings escaped, fits several times.
+A longer one (or a stream without newlines, such as /dev/zero) is one bad line, read past in
+pieces rather than held whole."""
+
+
+@dataclass(frozen=True, slots=True)
+class _BadLine:
+    reason: str
+
+
 def _produce_lines(stream: IO[bytes], client: ScheduleClient, command_ids: CommandIds, tally: _Tally) -> bool:
     """Send each line's command; True when Ctrl-C stopped the reading."""
     try:
         for number, line in _lines(stream):
-            if isinstance(line, UnicodeDecodeError):
-                tally.bad_line(number, f"not UTF-8 (byte {line.start + 1} of the line)")
+            if isinstance(line, _BadLine):
+                tally.bad_line(number, line.reason)
                 continue
             try:
                 document = json.loads(line)
-            except json.JSONDecodeError as exc:
+            except ValueError as exc:  # JSONDecodeError, or an integer past Python's 4300 digits
                 tally.bad_line(number, f"not JSON: {exc}")
+                continue
+            except RecursionError:
+                tally.bad_line(number, "not JSON this reader can take: it nests about a thousand levels deep")
                 continue
             try:
                 command = command_from_json(document, default_command_id=command_ids.derive(line))
                 client.send(command, on_delivery=partial(tally.delivered, number))
             except (CommandFormatError, MessageEncodeError) as exc:
                 tally.bad_line(number, str(exc))
+            except RecursionError:
+                tally.bad_line(number, "its payload nests too deep to encode")
     except KeyboardInterrupt:
         return True
     return False
@@ -104,14 +121,23 @@ class _RateColumn(ProgressColumn):
         return Text("" if speed is None else f"{speed:,.0f} lines/s", style="progress.data.speed")
 
 
-def _lines(stream: IO[bytes]) -> Iterator[tuple[int, str | UnicodeDecodeError]]:
+def _lines(stream: IO[bytes]) -> Iterator[tuple[int, str | _BadLine]]:
     """The non-blank lines, each decoded on its own (a BOM before the first is none of its text):
-    one that is not UTF-8 is its decoding error, one bad line rather than the end of the run."""
-    for number, raw in enumerate(stream, start=1):
+    one that is not UTF-8, or longer than :data:`MAX_LINE_BYTES`, is one bad line rather than the
+    end of the run."""
+    number = 0
+    while raw := stream.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if len(raw) > MAX_LINE_BYTES:
+            yield number, _BadLine(f"longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB; not read")
+            ended = raw.endswith(b"\n")
+            while not ended and (rest := stream.readline(1024 * 1024)):
+                ended = rest.endswith(b"\n")
+            continue
         try:
             line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
         except UnicodeDecodeError as exc:
-            yield number, exc
+            yield number, _BadLine(f"not UTF-8 (byte {exc.start + 1} of the line)")
             continue
         if line.strip():  # blank as text: non-ASCII spaces too
             yield number, line

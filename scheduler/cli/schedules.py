@@ -31,6 +31,7 @@ from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind
 from scheduler.schedule import service
 from scheduler.schedule.spec import (
     MAX_DELAY_MS,
+    MAX_PAYLOAD_BYTES,
     MISFIRE_POLICIES,
     OVERLAP_POLICIES,
     InvalidSchedule,
@@ -62,15 +63,30 @@ def shown(row: dict[str, Any]) -> dict[str, Any]:
     return {name: row.get(name) for name in names}
 
 
+# What a payload file may hold, blanks and indentation included: 16 times a payload's limit. More
+# (or an endless file, /dev/zero) is refused once that much is read, rather than read to the end.
+MAX_PAYLOAD_FILE_BYTES = 16 * MAX_PAYLOAD_BYTES
+
+
 def _payload(text: str) -> Any:
     """``--payload``: JSON text, or @FILE; one line (exit 2) for anything that is not a payload."""
     if text.startswith("@"):
+        name = text[1:]
         try:
-            text = Path(text[1:]).read_text(encoding="utf-8")
+            with Path(name).open("rb") as file:
+                raw = file.read(MAX_PAYLOAD_FILE_BYTES + 1)
         except OSError as exc:
-            fail(f"--payload: cannot read {text[1:]}: {exc.strerror}", code=2)
+            fail(f"--payload: cannot read {name}: {exc.strerror}", code=2)
+        if len(raw) > MAX_PAYLOAD_FILE_BYTES:
+            fail(
+                f"--payload: {name} is over {MAX_PAYLOAD_FILE_BYTES // (1024 * 1024)} MiB; "
+                f"a payload is at most {MAX_PAYLOAD_BYTES // (1024 * 1024)} MiB encoded",
+                code=2,
+            )
+        try:
+            text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            fail(f"--payload: {text[1:]} is not UTF-8 text ({exc.reason})", code=2)
+            fail(f"--payload: {name} is not UTF-8 text ({exc.reason})", code=2)
     try:
         return parse_payload(text)
     except InvalidSchedule as exc:

@@ -236,17 +236,28 @@ def test_produce_reports_each_bad_line_and_exits_non_zero(
 
 
 @pytest.mark.parametrize("source", ["file", "stdin"])
-def test_a_line_that_is_not_utf8_is_one_bad_line_and_the_others_are_produced(
+def test_a_line_that_is_not_utf8_deep_or_huge_is_one_bad_line_and_the_others_are_produced(
     stack: Settings, settings_env: dict[str, str], tmp_path: Path, source: str
 ) -> None:
+    """Each bad line is one line on stderr, and the lines after it are produced: not UTF-8, JSON
+    nested deeper than the reader goes, a line longer than 16 MiB (read past, not held)."""
+
     def create(key: str) -> bytes:
         return json.dumps(
             {"schedule_key": key, "app": APP, "operation": "create", "spec": {"handler": "builtin:noop"}}
         ).encode()
 
     # A byte-order mark before the first line (as editors on Windows write) is no bad line.
+    deep = b'{"schedule_key": "deep", "operation": "create", "spec": {"payload": ' + b"[" * 5000 + b"]" * 5000
+    huge = b'{"schedule_key": "huge", "payload": "' + b"x" * (17 * 1024 * 1024) + b'"}'
     data = b"\n".join(
-        [b"\xef\xbb\xbf" + create("first"), create("bad-\xff").replace(b"\\u00ff", b"\xff"), create("third")]
+        [
+            b"\xef\xbb\xbf" + create("first"),
+            create("bad-\xff").replace(b"\\u00ff", b"\xff"),
+            deep + b"}}",
+            huge,
+            create("third"),
+        ]
     )
     assert b"\xff" in data.splitlines()[1]
     if source == "file":
@@ -265,9 +276,11 @@ def test_a_line_that_is_not_utf8_is_one_bad_line_and_the_others_are_produced(
     assert done.returncode == 1, stderr
     assert "Traceback" not in stderr
     assert [line for line in stderr.splitlines() if line.startswith("line ")] == [
-        "line 2: not UTF-8 (byte 23 of the line)"
+        "line 2: not UTF-8 (byte 23 of the line)",
+        "line 3: not JSON this reader can take: it nests about a thousand levels deep",
+        "line 4: longer than 16 MiB; not read",
     ]
-    assert (json.loads(done.stdout)["produced"], json.loads(done.stdout)["failed"]) == (2, 1)
+    assert (json.loads(done.stdout)["produced"], json.loads(done.stdout)["failed"]) == (2, 3)
     produced = [
         CODEC.decode(ScheduleCommand, value).schedule_key
         for _, value, _ in read_topic(stack.kafka_bootstrap, stack.schedules_topic)

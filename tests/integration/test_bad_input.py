@@ -306,6 +306,8 @@ def test_the_cli_refuses_each_bad_payload_and_name_with_one_line(
         ),
         "surrogate": (["--payload", '{"a": "\\udc80"}'], "payload is not valid Unicode"),
         "not UTF-8": (["--payload", payload_file("latin1.json", b'{"a": "\xe9"}')], "is not UTF-8 text"),
+        # Read up to 16 MiB, not to the end: an endless file is one line, not all the memory.
+        "endless": (["--payload", "@/dev/zero"], "/dev/zero is over 16 MiB; a payload is at most 1 MiB"),
         "invalid UTF-8 name": (["--name", b"nightly-\xff"], "'--name': 'nightly-\\xff' is not valid UTF-8"),
     }
     for what, (args, reason) in refused.items():
