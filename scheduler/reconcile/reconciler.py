@@ -198,7 +198,7 @@ class Reconciler(Service):
         if dead.run_id is None or dead.attempt is None:
             return UndecodableLetter(
                 event_id=str(dead.event_id),
-                app=storable_text(dead.app),
+                app=capped_text(dead.app, NAME_CHARS),
                 cause=dead.cause,
                 error=capped_text(dead.error),
                 original_bytes=dead.original_bytes,
@@ -281,7 +281,13 @@ class Reconciler(Service):
         letters = [d for _, d in batch if isinstance(d, UndecodableLetter)]
         quarantined = [d for _, d in batch if isinstance(d, Quarantined)]
         applied = store.apply_outcomes(conn, events, self.settings.lease_window_s)
-        store.record_undecodable(conn, letters)
+        if unknown := store.record_undecodable(conn, letters):
+            # A worker writes its own app, which exists: a letter naming none is forged or junk.
+            quarantined += [
+                self._quarantined(message, f"a dead letter of app {d.app!r}, which does not exist", d)
+                for message, d in batch
+                if isinstance(d, UndecodableLetter) and d.event_id in unknown
+            ]
         store.quarantine(conn, COMPONENT, quarantined)
         if applied.finished:
             store.notify_run_finished(conn)

@@ -177,10 +177,11 @@ def notify_run_finished(conn: psycopg.Connection[Row]) -> None:
     conn.execute(query("notify_run_finished"))
 
 
-def record_undecodable(conn: psycopg.Connection[Row], letters: Sequence[UndecodableLetter]) -> None:
+def record_undecodable(conn: psycopg.Connection[Row], letters: Sequence[UndecodableLetter]) -> set[str]:
+    """Keeps ``letters``; returns the event ids of those naming an app that does not exist, not kept."""
     if not letters:
-        return
-    conn.execute(
+        return set()
+    rows = conn.execute(
         query("record_undecodable_dead_letters"),
         {
             "event_ids": [x.event_id for x in letters],
@@ -192,7 +193,8 @@ def record_undecodable(conn: psycopg.Connection[Row], letters: Sequence[Undecoda
             "partitions": [x.partition for x in letters],
             "offsets": [x.offset for x in letters],
         },
-    )
+    ).fetchall()
+    return {r["event_id"] for r in rows}
 
 
 def quarantine(conn: psycopg.Connection[Row], component: str, items: Sequence[Quarantined]) -> None:

@@ -290,6 +290,54 @@ def test_undecodable_messages_are_quarantined_with_their_bytes_and_the_partition
     assert counter(metrics.QUARANTINED, "undecodable") == undecodable_before + 2
 
 
+def test_a_runless_dead_letter_of_no_app_there_is_quarantined_and_its_apps_letter_kept(
+    settings: Settings,
+) -> None:
+    """A worker writes its own app into a letter for a job it could not decode; one naming an app
+    that does not exist (forged, or junk), however long its name, is quarantined, not listed."""
+    (after,) = dispatched_runs(settings, 1)
+    now = datetime.now(UTC)
+
+    def letter(app: str) -> bytes:
+        return AvroCodec().encode(
+            JobDeadLetter(
+                event_id=uuid.uuid4(),
+                cause="undecodable",
+                app=app,
+                run_id=None,
+                schedule_id=None,
+                attempt=None,
+                worker="w1",
+                started_at=None,
+                finished_at=now,
+                error="unknown framing",
+                error_class="UndecodableMessage",
+                attempts=(),
+                original_bytes=b"junk",
+                source=None,
+            )
+        )
+
+    publish(
+        settings,
+        [
+            OutgoingMessage(settings.dlq_topic, letter(APP)),
+            OutgoingMessage(settings.dlq_topic, letter("nosuchapp")),
+            OutgoingMessage(settings.dlq_topic, letter("x" * 100_000)),
+            result(after),
+        ],
+    )
+    with running(Wiring(settings).reconciler_service()):
+        wait_for(
+            lambda: run_row(settings, after)["state"] == "succeeded", 60, "the event behind them applied"
+        )
+    assert [r["app"] for r in rows(settings, "select app from dead_letters")] == [APP]
+    kept = rows(settings, "select app, reason from quarantine order by length(app)")
+    assert len(kept) == 2 and kept[0]["app"] == "nosuchapp"
+    assert len(kept[1]["app"]) <= 256 and "[truncated" in kept[1]["app"]
+    assert all("which does not exist" in k["reason"] for k in kept), kept
+
+
 # --- path 6: a consumer error in the middle of a polled batch ------------------------------------
 
 

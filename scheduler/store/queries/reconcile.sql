@@ -219,13 +219,22 @@ select (select count(*) from classified where outcome = 'applied') as applied,
          where outcome <> 'applied') as not_applied;
 
 -- name: record_undecodable_dead_letters
--- Dead letters without a run (their job could not be decoded) are kept for the DLQ listing.
-insert into dead_letters (event_id, app, cause, error, original_bytes, source_topic, source_partition,
-                          source_offset)
-select * from unnest(%(event_ids)b::text[], %(apps)b::text[], %(causes)b::text[], %(errors)b::text[],
-                     %(original_bytes)b::bytea[], %(topics)b::text[], %(partitions)b::int[],
-                     %(offsets)b::bigint[])
-on conflict (event_id) do nothing;
+-- Dead letters without a run (their job could not be decoded) are kept for the DLQ listing, each
+-- under its app; one naming no app there is (forged, or its app deleted) is not kept, and its
+-- event id is returned for the caller to quarantine.
+with letters as (
+    select *
+      from unnest(%(event_ids)b::text[], %(apps)b::text[], %(causes)b::text[], %(errors)b::text[],
+                  %(original_bytes)b::bytea[], %(topics)b::text[], %(partitions)b::int[],
+                  %(offsets)b::bigint[])
+           as l (event_id, app, cause, error, original_bytes, source_topic, source_partition, source_offset)
+), kept as (
+    insert into dead_letters (event_id, app, cause, error, original_bytes, source_topic, source_partition,
+                              source_offset)
+    select l.* from letters l where exists (select 1 from apps a where a.name = l.app)
+    on conflict (event_id) do nothing
+)
+select l.event_id from letters l where not exists (select 1 from apps a where a.name = l.app);
 
 -- name: expired_leases_due
 -- Whether any started run's lease has passed, and the database time that answer holds for: the
