@@ -598,7 +598,9 @@ class Worker(Service):
             reason = f"a job of app {job.app[:100]!r} on the topic of app {self.app!r}: not run"
             return _Fetched(delivery, None, reason, "waiting", datetime.now(UTC), foreign=True)
         now = datetime.now(UTC)
-        start_at = job.scheduled_for
+        # A job due already may start now. Taking "now" rather than its instant keeps the arithmetic
+        # on start_at (announced ANNOUNCE_AHEAD before it) in range for an instant in year 1.
+        start_at = max(job.scheduled_for, now)
         if start_at > now + MAX_HOLD:
             # Held to its instant, it would keep its partition's commits behind it for that long.
             # No scanner sends a job this far ahead, so this worker's clock (or the message) is off.

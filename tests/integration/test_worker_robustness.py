@@ -573,6 +573,28 @@ def test_a_job_of_another_app_on_this_apps_topic_is_not_run_and_its_letter_is_th
     assert worker.stop() == 0, worker.output()[-3000:]
 
 
+def test_a_job_due_in_year_one_runs_at_once(topics: Settings, start_worker: Any) -> None:
+    """The earliest instant Avro and Python hold is long past: started now, like any job due
+    already, and succeeded, rather than an OverflowError that left its run without an outcome."""
+    ancient = replace(job("builtin:noop"), scheduled_for=datetime(1, 1, 1, tzinfo=UTC))
+    publish(topics, [ancient], partition=0)
+    worker = start_worker()
+
+    def succeeded() -> set[Any]:
+        return {
+            r.run_id
+            for r in (
+                CODEC.decode(JobResult, v)
+                for _, v, _, _ in read_records(topics.kafka_bootstrap, topics.results_topic)
+            )
+            if r.status == "succeeded"
+        }
+
+    until([worker], lambda: ancient.run_id in succeeded(), 60, "the job due in year 1")
+    assert "OverflowError" not in worker.output()
+    assert worker.stop() == 0, worker.output()[-3000:]
+
+
 def test_a_fenced_worker_rebuilds_its_consumer_and_takes_its_partitions_back(
     topics: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
