@@ -26,6 +26,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -164,7 +165,7 @@ class Reconciler(Service):
                     kind=result.status,
                     worker=capped_text(result.worker, NAME_CHARS),
                     started_at=result.started_at,
-                    finished_at=result.finished_at,
+                    finished_at=_not_before(result.finished_at, result.started_at),
                     result=storable_result(result.result),
                     app=storable_text(result.app),
                 )
@@ -177,7 +178,7 @@ class Reconciler(Service):
                     kind="retry",
                     worker=capped_text(retry.worker, NAME_CHARS),
                     started_at=retry.started_at,
-                    finished_at=retry.finished_at,
+                    finished_at=_not_before(retry.finished_at, retry.started_at),
                     error=capped_text(retry.error),
                     error_class=capped_text(retry.error_class, NAME_CHARS),
                     not_before=retry.not_before,
@@ -215,7 +216,7 @@ class Reconciler(Service):
             kind="dead",
             worker=capped_text(dead.worker, NAME_CHARS),
             started_at=dead.started_at,
-            finished_at=dead.finished_at,
+            finished_at=_not_before(dead.finished_at, dead.started_at),
             error=capped_text(dead.error),
             error_class=capped_text(dead.error_class, NAME_CHARS),
             app=storable_text(dead.app),
@@ -378,3 +379,11 @@ def next_offsets(messages: Sequence[Received]) -> list[Offset]:
         key = (m.topic, m.partition)
         highest[key] = max(highest.get(key, -1), m.offset)
     return [Offset(t, p, o + 1) for (t, p), o in highest.items()]
+
+
+def _not_before(finished_at: datetime | None, started_at: datetime | None) -> datetime | None:
+    """When an attempt ended, never before it started: a worker's clock stepped back mid-job (or a
+    forged event) would store a run that ended before it began, and a negative duration."""
+    if finished_at is None or started_at is None:
+        return finished_at
+    return max(finished_at, started_at)

@@ -338,6 +338,39 @@ def test_a_runless_dead_letter_of_no_app_there_is_quarantined_and_its_apps_lette
     assert all("which does not exist" in k["reason"] for k in kept), kept
 
 
+def test_absurd_times_in_outcome_events_neither_park_a_run_for_years_nor_end_it_before_it_began(
+    settings: Settings,
+) -> None:
+    """A retry's wait is at most a day (the longest backoff a schedule can hold) whatever the event
+    says, and an attempt never ends before it started (a worker's clock stepped back mid-job)."""
+    long_wait, far_until, backwards, after = dispatched_runs(settings, 4)
+    started = datetime.now(UTC)
+    ended_before = JobResult(
+        event_id=uuid.uuid4(), status="succeeded", run_id=backwards.id, schedule_id=backwards.schedule_id,
+        app=APP, attempt=backwards.attempt, worker="w", started_at=started,
+        finished_at=started - timedelta(days=20_000),
+    )  # fmt: skip
+    publish(
+        settings,
+        [
+            retry(long_wait, backoff_ms=2**62),
+            retry(far_until, not_before=datetime(9999, 1, 1, tzinfo=UTC)),
+            ended_before,
+            result(after),
+        ],
+    )
+    with running(Wiring(settings).reconciler_service()):
+        wait_for(
+            lambda: run_row(settings, after)["state"] == "succeeded", 60, "the event behind them applied"
+        )
+    day_from_now = datetime.now(UTC) + timedelta(days=1)
+    for run in (long_wait, far_until):
+        row = run_row(settings, run)
+        assert row["state"] == "retry_wait" and row["next_attempt_at"] <= day_from_now, row
+    row = run_row(settings, backwards)
+    assert row["state"] == "succeeded" and row["finished_at"] == row["started_at"], row
+
+
 # --- path 6: a consumer error in the middle of a polled batch ------------------------------------
 
 

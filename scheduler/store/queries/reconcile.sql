@@ -145,10 +145,11 @@ with received as (
                         when d.kind = 'succeeded' then null
                         else r.error end,
            -- The database's clock, never the worker's: the worker says how long to wait (older
-           -- workers only say until when), at most the longest backoff a schedule can hold.
+           -- workers only say until when), at most the longest backoff a schedule can hold (a
+           -- day, MAX_DELAY_MS): an event saying more is junk, and must not park the run for years.
            next_attempt_at = case when d.kind <> 'retry' then null
-                                  when d.backoff_ms is null then d.not_before
-                                  else now() + least(greatest(d.backoff_ms, 0), 2147483647)
+                                  when d.backoff_ms is null then least(d.not_before, now() + interval '1 day')
+                                  else now() + least(greatest(d.backoff_ms, 0), 86400000)
                                                * interval '1 millisecond' end,
            -- Only a started job holds a lease, renewed by each start and heartbeat; a job that
            -- stopped running holds none.
