@@ -31,7 +31,11 @@ def _declared(handlers: list[str] | None) -> str:
 
 @apps.command("create")
 @click.argument("name")
-@click.option("--partitions", type=click.IntRange(1, 10_000), default=6, show_default=True)
+@click.option(
+    "--partitions",
+    type=click.IntRange(1, 10_000),
+    help=f"Partitions of its job topic.  [default: {service.DEFAULT_APP_PARTITIONS}; an existing app's own]",
+)
 @click.option(
     "--handler",
     "handlers",
@@ -39,7 +43,7 @@ def _declared(handlers: list[str] | None) -> str:
     help="A handler or module the app's schedules may name (repeatable); none: any registered one.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-def create(name: str, partitions: int, handlers: tuple[str, ...], as_json: bool) -> None:
+def create(name: str, partitions: int | None, handlers: tuple[str, ...], as_json: bool) -> None:
     """Create an app and its topic (idempotent)."""
     wiring = wiring_or_exit()
     settings = wiring.settings

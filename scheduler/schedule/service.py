@@ -74,30 +74,41 @@ class AppConflict(ValueError):
     """An app exists already, with other settings than the ones asked for."""
 
 
+DEFAULT_APP_PARTITIONS = 6
+
+
 def create_app(
     conn: psycopg.Connection[Row],
     admin: TopicAdmin,
     settings: Settings,
     name: str,
-    partitions: int,
+    partitions: int | None,
     actor: str,
     handlers: Sequence[str] | None = None,
 ) -> Row:
     """Record the app and create its topic; an existing app is returned as it is (idempotent).
 
-    ``handlers``: what the app's schedules may name (None: not declared). Creating an existing app
-    with another declaration is refused rather than silently ignored.
+    ``partitions``: its topic's (None: :data:`DEFAULT_APP_PARTITIONS` for a new app, whatever an
+    existing one has). ``handlers``: what the app's schedules may name (None: not declared).
+    Creating an existing app with other partitions or another declaration is refused rather than
+    silently ignored.
     """
     validate_app_name(name)
-    if not 1 <= partitions <= 10_000:
+    if partitions is not None and not 1 <= partitions <= 10_000:
         raise InvalidSchedule(f"partitions must be 1 to 10000, got {partitions}")
     declared = None if handlers is None else validate_handler_refs(handlers)
     with conn.transaction():
-        created = schedules.create_app(conn, name, partitions, declared)
+        created = schedules.create_app(conn, name, partitions or DEFAULT_APP_PARTITIONS, declared)
         if created is not None:
             schedules.audit(conn, actor, "create", "app", name, None, created)
     app = created or schedules.get_app(conn, name)
     assert app is not None
+    if partitions is not None and app["partitions"] != partitions:
+        # Kafka adds partitions but never removes any, and adding them moves keys between them.
+        raise AppConflict(
+            f"app {name} exists with {app['partitions']} partitions; its topic's partitions are not "
+            "changed by `apps create`"
+        )
     if declared is not None and app["handlers"] != declared:
         raise AppConflict(
             f"app {name} exists and declares {_declaration(app['handlers'])}; change that with "

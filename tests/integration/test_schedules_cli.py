@@ -76,6 +76,11 @@ def test_apps_create_makes_the_topic_and_lists_it(cli: Cli, settings: Settings) 
     assert TopicAdmin(settings.kafka_bootstrap).partitions(settings.jobs_topic("billing")) == 4
     again = cli("apps", "create", "billing")
     assert again.returncode == 0, "creating an existing app is harmless"
+    assert cli("apps", "create", "billing", "--partitions", "4").returncode == 0
+    # Other partitions are refused, not silently ignored: the topic keeps its 4.
+    other = cli("apps", "create", "billing", "--partitions", "5")
+    assert other.returncode == 1 and "exists with 4 partitions" in other.stderr, other.stderr
+    assert TopicAdmin(settings.kafka_bootstrap).partitions(settings.jobs_topic("billing")) == 4
     assert [a["name"] for a in cli.json("apps", "list", "--json")] == ["billing"]
 
 
