@@ -12,7 +12,7 @@ from itertools import islice
 
 import click
 
-from scheduler.cli.common import fail
+from scheduler.cli.common import UTC_NAMES, fail
 from scheduler.domain.cron import CronSchedule, InvalidCronExpression, UnknownTimeZone
 from scheduler.schedule.spec import EARLIEST, LATEST
 
@@ -26,7 +26,8 @@ def cron() -> None:
 @click.argument("expression", metavar="EXPR")
 @click.option("--tz", "tz", default="UTC", show_default=True, help="IANA time zone, e.g. Europe/Berlin.")
 @click.option(
-    "--after", help="Start after this ISO 8601 time (Z or an offset; no offset means UTC). [default: now]"
+    "--after",
+    help="Start after this ISO 8601 time (Z or an offset; none only with a UTC --tz). [default: now]",
 )
 @click.option(
     "--count", type=click.IntRange(1, 1000), default=5, show_default=True, help="How many fire times."
@@ -37,7 +38,7 @@ def next_fire_times(
     expression: str, tz: str, after: str | None, count: int, schedule_id: str | None, as_json: bool
 ) -> None:
     """Print the next fire times of EXPR (5 fields, minute first; or 6, second first)."""
-    start = datetime.now(UTC).replace(microsecond=0) if after is None else _parse_after(after)
+    start = datetime.now(UTC).replace(microsecond=0) if after is None else _parse_after(after, tz or "UTC")
     try:
         schedule = CronSchedule.of(expression, tz or "UTC", schedule_id)  # an empty zone is UTC
     except (InvalidCronExpression, UnknownTimeZone) as error:
@@ -54,11 +55,19 @@ def next_fire_times(
         click.echo("(no further fire times within 50 years)")
 
 
-def _parse_after(text: str) -> datetime:
+def _parse_after(text: str, zone: str) -> datetime:
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
         fail(f"--after {text!r} is not an ISO 8601 time such as 2027-03-28T00:00:00Z", code=2)
+    if moment.tzinfo is None and zone not in UTC_NAMES:
+        # Read as UTC it would be an hour or more off what its reader meant (02:30 in that zone),
+        # as `schedules create --at` refuses it too.
+        fail(
+            f"--after {text!r} has no UTC offset; with --tz {zone} give one "
+            "(e.g. 2027-03-28T00:00:00+01:00, or Z for UTC)",
+            code=2,
+        )
     # A time without an offset is read as UTC, not as this machine's local time.
     try:
         moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)

@@ -94,6 +94,11 @@ def test_six_fields_and_h_with_a_schedule_id() -> None:
         (("0 0 * * *", "--after", "0001-01-01T00:00:00+01:00"), "between 1970"),
         (("0 0 * * *", "--after", "9999-12-31T23:59:59-01:00"), "between 1970"),
         (("* * * * *", "--tz", "right/America/New_York"), "unknown time zone 'right/America/New_York'"),
+        # As `schedules create --at`: a time without an offset is ambiguous beside another zone.
+        (
+            ("30 2 * * *", "--tz", "Europe/Berlin", "--after", "2027-03-28T00:00:00"),
+            "--after '2027-03-28T00:00:00' has no UTC offset; with --tz Europe/Berlin give one",
+        ),
     ],
 )
 def test_bad_input_is_one_line_on_stderr_and_exit_code_2(args: tuple[str, ...], message: str) -> None:
