@@ -18,6 +18,7 @@ Every other path answers 404. Dependency probes are cached for a second, so that
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -139,6 +140,13 @@ class _Server(ThreadingHTTPServer):
     # second for the kernel's retry: longer than a kubelet's default probe timeout.
     request_queue_size = 128
     daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A probe that gave up (its timeout passed while a check waited on a stalled PostgreSQL)
+        # closed its end before the answer: normal for a kubelet, so not a traceback on stderr.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 def try_listen(host: str) -> None:

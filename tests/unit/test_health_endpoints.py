@@ -7,6 +7,7 @@ nothing real: a :class:`FakeProbe` answers or raises as the test says and counts
 from __future__ import annotations
 
 import http.client
+import http.server
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -566,3 +567,23 @@ def test_close_without_start_returns() -> None:
     closer.start()
     closer.join(0.5)
     assert not closer.is_alive()
+
+
+def test_a_probe_that_hung_up_before_its_answer_is_no_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    """A kubelet's probe gives up after its timeout (a check waiting on a stalled PostgreSQL) and
+    closes its end: the late answer's broken pipe is no traceback on stderr; other errors still are."""
+    server = health_module._Server(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    try:
+        for gone in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "reset")):
+            try:
+                raise gone
+            except ConnectionError:
+                server.handle_error(None, ("127.0.0.1", 1))
+        assert "Traceback" not in capsys.readouterr().err
+        try:
+            raise ValueError("a real fault")
+        except ValueError:
+            server.handle_error(None, ("127.0.0.1", 1))
+        assert "ValueError: a real fault" in capsys.readouterr().err
+    finally:
+        server.server_close()
