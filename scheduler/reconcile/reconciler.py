@@ -26,6 +26,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -165,7 +166,7 @@ class Reconciler(Service):
                     kind=result.status,
                     worker=capped_text(result.worker, NAME_CHARS),
                     started_at=result.started_at,
-                    finished_at=_not_before(result.finished_at, result.started_at),
+                    finished_at=_no_earlier_than_started(result.finished_at, result.started_at),
                     result=storable_result(result.result),
                     app=storable_text(result.app),
                 )
@@ -178,7 +179,7 @@ class Reconciler(Service):
                     kind="retry",
                     worker=capped_text(retry.worker, NAME_CHARS),
                     started_at=retry.started_at,
-                    finished_at=_not_before(retry.finished_at, retry.started_at),
+                    finished_at=_no_earlier_than_started(retry.finished_at, retry.started_at),
                     error=capped_text(retry.error),
                     error_class=capped_text(retry.error_class, NAME_CHARS),
                     not_before=retry.not_before,
@@ -216,7 +217,7 @@ class Reconciler(Service):
             kind="dead",
             worker=capped_text(dead.worker, NAME_CHARS),
             started_at=dead.started_at,
-            finished_at=_not_before(dead.finished_at, dead.started_at),
+            finished_at=_no_earlier_than_started(dead.finished_at, dead.started_at),
             error=capped_text(dead.error),
             error_class=capped_text(dead.error_class, NAME_CHARS),
             app=storable_text(dead.app),
@@ -265,6 +266,12 @@ class Reconciler(Service):
             # Counted once stored: a batch that fails is read again and decoded again.
             metrics.UNDECODABLE.inc(undecodable)
             metrics.QUARANTINED.labels("undecodable").inc(undecodable)
+        if applied.appless_letters:
+            metrics.QUARANTINED.labels("unknown_app").inc(applied.appless_letters)
+            self.log.warning(
+                "quarantined %d run-less dead letters naming an app that does not exist",
+                applied.appless_letters,
+            )
         for app in applied.dead_apps:
             metrics.DEAD_LETTERS.labels(app).inc()
         if applied.cross_app:
@@ -289,6 +296,7 @@ class Reconciler(Service):
                 for message, d in batch
                 if isinstance(d, UndecodableLetter) and d.event_id in unknown
             ]
+            applied = replace(applied, appless_letters=len(unknown))
         store.quarantine(conn, COMPONENT, quarantined)
         if applied.finished:
             store.notify_run_finished(conn)
@@ -381,7 +389,7 @@ def next_offsets(messages: Sequence[Received]) -> list[Offset]:
     return [Offset(t, p, o + 1) for (t, p), o in highest.items()]
 
 
-def _not_before(finished_at: datetime | None, started_at: datetime | None) -> datetime | None:
+def _no_earlier_than_started(finished_at: datetime | None, started_at: datetime | None) -> datetime | None:
     """When an attempt ended, never before it started: a worker's clock stepped back mid-job (or a
     forged event) would store a run that ended before it began, and a negative duration."""
     if finished_at is None or started_at is None:

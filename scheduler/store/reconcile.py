@@ -78,6 +78,7 @@ class Applied:
     finished: int = 0
     dead_apps: tuple[str, ...] = ()  # the app of each run this batch made dead
     cross_app: int = 0  # stale events sent as another app's than their run's (not in its attempts)
+    appless_letters: int = 0  # run-less dead letters naming no app there is, quarantined instead of kept
     not_applied: Mapping[str, str] = field(default_factory=dict, compare=False)
     """Event id → stale, duplicate or reexecution, for each event that did not move its run."""
 
@@ -90,7 +91,8 @@ class Applied:
             self.finished + other.finished,
             self.dead_apps + other.dead_apps,
             self.cross_app + other.cross_app,
-            {**self.not_applied, **other.not_applied},
+            self.appless_letters + other.appless_letters,
+            not_applied={**self.not_applied, **other.not_applied},
         )
 
 
@@ -136,7 +138,7 @@ def apply_outcomes(
         row["finished"],
         tuple(row["dead_apps"]),
         row["cross_app"],
-        row["not_applied"],
+        not_applied=row["not_applied"],
     )
 
 

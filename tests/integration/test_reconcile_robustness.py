@@ -297,6 +297,7 @@ def test_a_runless_dead_letter_of_no_app_there_is_quarantined_and_its_apps_lette
     that does not exist (forged, or junk), however long its name, is quarantined, not listed."""
     (after,) = dispatched_runs(settings, 1)
     now = datetime.now(UTC)
+    unknown_before = counter(metrics.QUARANTINED, "unknown_app")
 
     def letter(app: str) -> bytes:
         return AvroCodec().encode(
@@ -336,6 +337,7 @@ def test_a_runless_dead_letter_of_no_app_there_is_quarantined_and_its_apps_lette
     assert len(kept) == 2 and kept[0]["app"] == "nosuchapp"
     assert len(kept[1]["app"]) <= 256 and "[truncated" in kept[1]["app"]
     assert all("which does not exist" in k["reason"] for k in kept), kept
+    assert counter(metrics.QUARANTINED, "unknown_app") == unknown_before + 2
 
 
 def test_absurd_times_in_outcome_events_neither_park_a_run_for_years_nor_end_it_before_it_began(

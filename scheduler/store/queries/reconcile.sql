@@ -224,7 +224,7 @@ select (select count(*) from classified where outcome = 'applied') as applied,
 -- under its app; one naming no app there is (forged, or its app deleted) is not kept, and its
 -- event id is returned for the caller to quarantine.
 with letters as (
-    select *
+    select l.*, exists (select 1 from apps a where a.name = l.app) as app_exists
       from unnest(%(event_ids)b::text[], %(apps)b::text[], %(causes)b::text[], %(errors)b::text[],
                   %(original_bytes)b::bytea[], %(topics)b::text[], %(partitions)b::int[],
                   %(offsets)b::bigint[])
@@ -232,10 +232,11 @@ with letters as (
 ), kept as (
     insert into dead_letters (event_id, app, cause, error, original_bytes, source_topic, source_partition,
                               source_offset)
-    select l.* from letters l where exists (select 1 from apps a where a.name = l.app)
+    select event_id, app, cause, error, original_bytes, source_topic, source_partition, source_offset
+      from letters where app_exists
     on conflict (event_id) do nothing
 )
-select l.event_id from letters l where not exists (select 1 from apps a where a.name = l.app);
+select event_id from letters where not app_exists;
 
 -- name: expired_leases_due
 -- Whether any started run's lease has passed, and the database time that answer holds for: the
