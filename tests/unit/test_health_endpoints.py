@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import http.client
 import http.server
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 import pytest
@@ -569,21 +571,52 @@ def test_close_without_start_returns() -> None:
     assert not closer.is_alive()
 
 
-def test_a_probe_that_hung_up_before_its_answer_is_no_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_probe_that_hung_up_before_its_answer_is_no_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, no_probe_cache: None
+) -> None:
     """A kubelet's probe gives up after its timeout (a check waiting on a stalled PostgreSQL) and
     closes its end: the late answer's broken pipe is no traceback on stderr; other errors still are."""
-    server = health_module._Server(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    stalled = threading.Event()
+    answered = threading.Event()
+
+    def stalled_postgres() -> str:
+        stalled.wait(5)
+        return "pg 18"
+
+    done = health_module._Server.shutdown_request
+
+    def shutdown_request(server: health_module._Server, request: Any) -> None:
+        done(server, request)
+        answered.set()
+
+    monkeypatch.setattr(health_module._Server, "shutdown_request", shutdown_request)
+    server = HealthServer(
+        Health(
+            "testcomp",
+            [started(FakeService("svc", [Check("postgres", stalled_postgres)]))],
+            CollectorRegistry(),
+        ),
+        0,
+        "127.0.0.1",
+    )
+    server.start()
     try:
-        for gone in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "reset")):
-            try:
-                raise gone
-            except ConnectionError:
-                server.handle_error(None, ("127.0.0.1", 1))
+        probe = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        probe.sendall(b"GET /ready HTTP/1.1\r\nHost: probe\r\n\r\n")
+        # The probe's timeout: it hangs up with a reset, as a client closing an unread socket does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        probe.close()
+        stalled.set()
+        assert answered.wait(5), "the server never finished the probe's request"
         assert "Traceback" not in capsys.readouterr().err
+    finally:
+        server.close()
+    plain = health_module._Server(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    try:
         try:
             raise ValueError("a real fault")
         except ValueError:
-            server.handle_error(None, ("127.0.0.1", 1))
+            plain.handle_error(None, ("127.0.0.1", 1))
         assert "ValueError: a real fault" in capsys.readouterr().err
     finally:
-        server.server_close()
+        plain.server_close()
