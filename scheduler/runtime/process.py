@@ -14,6 +14,7 @@ import gc
 import logging
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -39,6 +40,45 @@ LIVE_CHECK_S = 1.0
 SUPERVISOR_ENV = "SCHEDULER_SUPERVISOR_PID"
 """Set by ``run all`` on its children: the pid whose death stops them (see :func:`stop_with_supervisor`)."""
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+HEARTBEAT_ENV = "SCHEDULER_HEARTBEAT_FD"
+"""Set by ``run all`` on its children: the pipe down which each says it runs (see :class:`Heartbeat`)."""
+HEARTBEAT_S = 1.0
+
+
+class Heartbeat:
+    """Under ``run all``, a byte a second down a pipe the supervisor reads. A process frozen whole
+    (stopped by SIGSTOP or a cgroup freezer, or in a C call that never lets go of the interpreter)
+    cannot notice that it is not live, as a wedged loop is noticed: the supervisor kills a child it
+    has not heard from instead. Elsewhere (a component run on its own) it does nothing."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._next = 0.0
+        # Taken out of the environment: a process this one starts (a handler's) is not run all's child.
+        value = os.environ.pop(HEARTBEAT_ENV, "")
+        if not value.isdigit():
+            return
+        fd = int(value)
+        try:
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                return  # the variable set by hand, naming some other file
+            os.set_blocking(fd, False)
+            os.set_inheritable(fd, False)
+        except OSError:
+            return  # not open: the variable set by hand
+        self._fd = fd
+
+    def beat(self) -> None:
+        if self._fd is None or time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + HEARTBEAT_S
+        try:
+            os.write(self._fd, b".")
+        except BlockingIOError:
+            pass  # the pipe is full: the supervisor has bytes enough to read
+        except OSError:
+            self._fd = None  # the supervisor is gone (its death stops this process anyway)
 
 
 def stop_with_supervisor(stop: signal.Signals = signal.SIGTERM) -> None:
@@ -104,6 +144,7 @@ def run_component(
     for signum in stop_signals():
         signal.signal(signum, on_signal)
     supervised = os.environ.get(SUPERVISOR_ENV, "").isdigit()
+    heartbeat = Heartbeat()
     stop_with_supervisor()  # after the handlers: the supervisor's death is then a clean stop
     build_info(registry, component)
     health = Health(component, services, registry, live_timeout_s=live_timeout_s)
@@ -135,6 +176,7 @@ def run_component(
     next_live_check = time.monotonic() + LIVE_CHECK_S
     while not stop.is_set() and not received and any(t.is_alive() for t in threads):
         stop.wait(SIGNAL_POLL_S)
+        heartbeat.beat()
         if supervised and time.monotonic() >= next_live_check:
             next_live_check = time.monotonic() + LIVE_CHECK_S
             wedged = health.wedged()
@@ -151,7 +193,10 @@ def run_component(
     stop.set()
     deadline = time.monotonic() + grace_s + EXIT_MARGIN_S
     for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
+        # Still heard from while it drains: a worker's grace period outlasts the supervisor's patience.
+        while thread.is_alive() and time.monotonic() < deadline:
+            heartbeat.beat()
+            thread.join(min(HEARTBEAT_S, max(0.0, deadline - time.monotonic())))
     stuck = [t.name for t in threads if t.is_alive()]
     if server is not None:
         server.close()

@@ -3,8 +3,10 @@
 Each component is a process of its own (they scale and fail independently, and use both cores).
 A child that dies on its own is logged with its name and exit status and restarted with capped
 full-jitter backoff; the others go on, since each component recovers from the others' absence
-(that is what the outbox and the consumer groups are for). Ctrl-C or SIGTERM stops every child:
-SIGTERM first, SIGKILL for whatever outlives the grace period.
+(that is what the outbox and the consumer groups are for). A child it has not heard from (each
+writes a byte a second down a pipe it reads) is frozen whole, and is killed and restarted the same
+way. Ctrl-C or SIGTERM stops every child: SIGTERM first, SIGKILL for whatever outlives the grace
+period.
 
 When a base metrics port is given, the children get consecutive ports starting at it, in the
 order the table printed at start shows. Each worker child gets a static group membership identity
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from signal import SIGTERM
 from typing import Any
 
-from scheduler.runtime.process import SUPERVISOR_ENV, stop_signals
+from scheduler.runtime.process import HEARTBEAT_ENV, SUPERVISOR_ENV, stop_signals
 
 log = logging.getLogger("scheduler.supervisor")
 
@@ -38,6 +40,11 @@ STABLE_AFTER_S = 60.0
 DEFAULT_GRACE_S = 40.0
 PIPELINE = ("scanner", "relay", "reconciler", "ingestor")
 GROUP_INSTANCE_ENV = "SCHEDULER_GROUP_INSTANCE_ID"
+# A child silent this long after its first heartbeat is frozen (as a liveness probe's three
+# failures ten seconds apart would judge); before its first, it may take as long as a Kubernetes
+# startup probe allows (imports, and building clients on a loaded machine).
+SILENT_S = 30.0
+STARTUP_SILENT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,9 @@ class _Child:
     failures: int = 0
     restart_at: float | None = None
     signalled: bool = False  # told to stop: it gets one SIGTERM, never a second
+    heartbeat: int | None = None  # the read end of the pipe it writes a byte a second down
+    heard_at: float | None = None  # when a byte last came, None before its first
+    killed: bool = False  # killed for its silence: reaped and restarted by the next watch
 
 
 class Supervisor:
@@ -135,6 +145,8 @@ class Supervisor:
         tick: Callable[[], None] | None = None,
         grace_s: float = DEFAULT_GRACE_S,
         echo: Callable[[str], None] = lambda line: print(line, flush=True),
+        silent_s: float = SILENT_S,
+        startup_silent_s: float = STARTUP_SILENT_S,
     ) -> None:
         self._children = [
             _Child(spec, None if metrics_port is None else metrics_port + index)
@@ -144,6 +156,8 @@ class Supervisor:
         self._tick = tick
         self._grace_s = grace_s
         self._echo = echo
+        self._silent_s = silent_s
+        self._startup_silent_s = startup_silent_s
         self._stopping = False
         self._received = 0  # the signal that stopped it, noted by the handler
 
@@ -153,10 +167,66 @@ class Supervisor:
         identity = group_instance_id(child.spec, env.get(GROUP_INSTANCE_ENV))
         if identity is not None:
             env[GROUP_INSTANCE_ENV] = identity
-        child.proc = subprocess.Popen(component_argv(child.spec.args, child.port), env=env)
+        self._close_heartbeat(child)
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        env[HEARTBEAT_ENV] = str(write_end)
+        try:
+            argv = component_argv(child.spec.args, child.port)
+            child.proc = subprocess.Popen(argv, env=env, pass_fds=(write_end,))
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)  # the child's alone: its exit then reads as the end of the pipe
+        child.heartbeat = read_end
+        child.heard_at = None
         child.started_at = time.monotonic()
         child.restart_at = None
         child.signalled = False
+        child.killed = False
+
+    @staticmethod
+    def _close_heartbeat(child: _Child) -> None:
+        if child.heartbeat is not None:
+            os.close(child.heartbeat)
+            child.heartbeat = None
+
+    @staticmethod
+    def _heard(child: _Child) -> bool:
+        """Whether the child wrote down its pipe since the last look (read to empty)."""
+        heard = False
+        while child.heartbeat is not None:
+            try:
+                data = os.read(child.heartbeat, 4096)
+            except BlockingIOError:
+                break
+            if not data:
+                break  # it closed its end, or exited: its exit is seen by poll
+            heard = True
+        return heard
+
+    def _kill_if_silent(self, child: _Child, now: float) -> None:
+        """SIGKILL a running child that has not been heard from: frozen whole, it can neither serve
+        nor stop, and a SIGTERM would wait on it. Its death is then seen, and restarted, as any."""
+        assert child.proc is not None
+        if self._heard(child):
+            child.heard_at = now
+        if child.killed:
+            return
+        since = child.started_at if child.heard_at is None else child.heard_at
+        limit = self._startup_silent_s if child.heard_at is None else self._silent_s
+        if now - since < limit:
+            return
+        log.error(
+            "%s (pid %d) has not been heard from for %.0f s (frozen: stopped, or stuck in a call that "
+            "holds the interpreter); killing it",
+            child.spec.name,
+            child.proc.pid,
+            now - since,
+        )
+        child.killed = True
+        child.proc.kill()
 
     def _stop_all(self, signum: int = 0, _frame: object = None) -> None:
         """The signal handler. It runs between two bytecodes of the main thread, which may be in
@@ -208,6 +278,8 @@ class Supervisor:
             stop_processes(
                 [c.proc for c in self._children if c.proc is not None], self._grace_s, signal=False
             )
+            for child in self._children:
+                self._close_heartbeat(child)
         failed = [c for c in self._children if not self._stopped_cleanly(c)]
         for child in failed:
             assert child.proc is not None
@@ -225,7 +297,10 @@ class Supervisor:
                 continue
             assert child.proc is not None
             code = child.proc.poll()
-            if code is None or self._stopping:
+            if self._stopping:
+                continue
+            if code is None:
+                self._kill_if_silent(child, now)
                 continue
             if now - child.started_at >= STABLE_AFTER_S:
                 child.failures = 0

@@ -4,11 +4,13 @@
 wedged (what ``/live`` reports to Kubernetes) would sit there for good. Each case runs a small
 component in a subprocess (``run_component`` installs signal handlers, and a wedged process ends
 with ``os._exit``), with a live timeout of 1.5 s instead of 90 s. The test process plays the
-supervisor: it is named in ``SCHEDULER_SUPERVISOR_PID``, as ``run all`` names itself.
+supervisor: it is named in ``SCHEDULER_SUPERVISOR_PID``, as ``run all`` names itself, and reads the
+heartbeat pipe it hands over in ``SCHEDULER_HEARTBEAT_FD``.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.runtime.process import LIVE_CHECK_S, SUPERVISOR_ENV
+from scheduler.runtime.process import HEARTBEAT_ENV, HEARTBEAT_S, LIVE_CHECK_S, SUPERVISOR_ENV
 from tests.support import wait_for
 
 LIVE_TIMEOUT_S = 1.5
@@ -63,15 +65,20 @@ sys.exit(code)
 """.replace("%(live)s", str(LIVE_TIMEOUT_S))
 
 
-def start(tmp_path: Path, mode: str, *, supervised: bool, port: int | None = None) -> subprocess.Popen[str]:
+def start(
+    tmp_path: Path, mode: str, *, supervised: bool, port: int | None = None, heartbeat: int | None = None
+) -> subprocess.Popen[str]:
     script = tmp_path / "component.py"
     script.write_text(COMPONENT)
-    env = {k: v for k, v in os.environ.items() if k != SUPERVISOR_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (SUPERVISOR_ENV, HEARTBEAT_ENV)}
     if supervised:
         env[SUPERVISOR_ENV] = str(os.getpid())
+    if heartbeat is not None:
+        env[HEARTBEAT_ENV] = str(heartbeat)
     return subprocess.Popen(
         [sys.executable, str(script), mode, str(tmp_path / "turns"), str(port or "")],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        pass_fds=() if heartbeat is None else (heartbeat,),
     )  # fmt: skip
 
 
@@ -151,3 +158,21 @@ def test_an_unsupervised_wedged_component_is_left_to_its_liveness_probe(tmp_path
         proc.send_signal(signal.SIGTERM)
     code, err = finish(proc)
     assert code == 1 and "not live" not in err, err
+
+
+def test_a_supervised_component_beats_down_its_pipe_while_it_runs_and_while_it_drains(tmp_path: Path) -> None:
+    """``run all`` kills a child it has not heard from (frozen whole): a live one must be heard
+    from about once a second, also through a stop that outlasts the supervisor's patience."""
+    read_end, write_end = os.pipe()
+    proc = start(tmp_path, "wedged", supervised=True, heartbeat=write_end)
+    os.close(write_end)  # the child's alone: its exit ends the pipe
+    arrivals: list[float] = []
+    with os.fdopen(read_end, "rb", buffering=0) as pipe:
+        while chunk := pipe.read(64):
+            arrivals.extend([time.monotonic()] * len(chunk))
+    code, err = finish(proc)
+    assert code == 1, err
+    assert "not live: loop" in err  # it stopped itself, and drained for its grace period and margin
+    assert len(arrivals) >= 5, err
+    gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+    assert max(gaps) < 3 * HEARTBEAT_S, gaps

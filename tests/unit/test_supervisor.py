@@ -5,7 +5,8 @@ it runs in a subprocess of its own: a small script (written to ``tmp_path``) tha
 ``component_argv`` so the children are tiny Python sleep loops instead of real components. Each
 child writes a marker file named by its pid once its SIGTERM handler is installed (so the test
 never signals a child that cannot yet handle it), holding the argv the real ``component_argv``
-would have given it. The test reads the table the supervisor prints (stdout) and its log
+would have given it. Like a component, a child writes its heartbeat with the real
+``Heartbeat`` (but a "mute" one). The test reads the table the supervisor prints (stdout) and its log
 (stderr), kills children, and signals the supervisor, polling every condition with a deadline.
 """
 
@@ -34,10 +35,13 @@ from scheduler.runtime.supervisor import (
 )
 from tests.support import wait_for
 
-# The children: "good" exits 0 on SIGTERM, "stubborn" ignores it, "crash" exits 3 at once.
+# The children: "good" exits 0 on SIGTERM, "stubborn" ignores it, "crash" exits 3 at once, "mute"
+# is good but never writes its heartbeat.
 CHILD = r"""
 import os, pathlib, signal, sys, time
+from scheduler.runtime.process import Heartbeat
 markers, mode = sys.argv[1], sys.argv[2]
+heartbeat = Heartbeat()
 if mode == "crash":
     sys.exit(3)
 if mode == "stubborn":
@@ -48,6 +52,8 @@ marker = pathlib.Path(markers, str(os.getpid()))
 marker.with_suffix(".tmp").write_text("\0".join(sys.argv[3:]))
 marker.with_suffix(".tmp").rename(marker)
 while True:
+    if mode != "mute":
+        heartbeat.beat()
     time.sleep(0.05)
 """
 
@@ -70,7 +76,9 @@ def fake_argv(args, metrics_port=None):
 
 supervisor.component_argv = fake_argv
 children = [supervisor.ChildSpec(name, (name,)) for name in config["children"]]
-sup = supervisor.Supervisor(children, metrics_port=config["metrics_port"], grace_s=config["grace_s"])
+sup = supervisor.Supervisor(
+    children, metrics_port=config["metrics_port"], grace_s=config["grace_s"], **config["silence"]
+)
 sys.exit(sup.run())
 """
 
@@ -114,6 +122,7 @@ class SupervisorRun:
         metrics_port: int | None = None,
         grace_s: float = 5.0,
         unbuffered: bool = True,
+        silence: dict[str, float] | None = None,
     ) -> None:
         self.markers = tmp / "markers"
         self.markers.mkdir()
@@ -126,6 +135,7 @@ class SupervisorRun:
             "grace_s": grace_s,
             "markers": str(self.markers),
             "child": CHILD,
+            "silence": silence or {},
         }
         self.stdout_path, self.stderr_path = tmp / "stdout.txt", tmp / "stderr.txt"
         env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
@@ -216,6 +226,7 @@ class Supervise(Protocol):
         metrics_port: int | None = None,
         grace_s: float = 5.0,
         unbuffered: bool = True,
+        silence: dict[str, float] | None = None,
     ) -> SupervisorRun: ...
 
 
@@ -230,6 +241,7 @@ def supervise(tmp_path: Path) -> Iterator[Supervise]:
         metrics_port: int | None = None,
         grace_s: float = 5.0,
         unbuffered: bool = True,
+        silence: dict[str, float] | None = None,
     ) -> SupervisorRun:
         directory = tmp_path / f"run{len(runs)}"
         directory.mkdir()
@@ -240,6 +252,7 @@ def supervise(tmp_path: Path) -> Iterator[Supervise]:
             metrics_port=metrics_port,
             grace_s=grace_s,
             unbuffered=unbuffered,
+            silence=silence,
         )
         runs.append(run)
         return run
@@ -334,6 +347,43 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(supervise
     assert code == 1  # the stubborn child was SIGKILLed, not stopped cleanly
     assert grace_s * 0.8 <= took < grace_s + 3.0
     wait_until(lambda: not any(running(pid) for pid in pids), 5, "every child to be gone")
+
+
+# Frozen children --------------------------------------------------------------------------------
+
+
+def test_a_frozen_child_is_killed_and_restarted_and_the_others_are_left_alone(supervise: Supervise) -> None:
+    """A child stopped whole (SIGSTOP here; a cgroup freezer, or a C call that never lets go of
+    the interpreter) neither dies nor notices it is not live: only its silence tells."""
+    run = supervise(["alpha", "beta"], silence={"silent_s": 2.0})
+    alpha, beta = [row.pid for row in run.table()]
+    run.wait_ready([alpha, beta])
+    time.sleep(3.0)  # past the silence allowed: both are heard from, so neither is touched
+    assert "heard" not in run.log() and running(alpha)
+
+    os.kill(alpha, signal.SIGSTOP)
+
+    run.wait_log(rf"alpha \(pid {alpha}\) has not been heard from for \d+ s \(frozen.*\); killing it")
+    run.wait_log(rf"alpha \(pid {alpha}\) died: killed by SIGKILL; restarting in")
+    restarted = int(run.wait_log(r"restarted alpha \(pid (\d+)\)")[1])
+    run.wait_ready([restarted])
+    assert not running(alpha)
+    assert running(beta) and "beta" not in run.log()
+
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.proc.wait(10) == 0
+
+
+def test_a_child_never_heard_from_is_given_its_start_up_allowance_then_killed(supervise: Supervise) -> None:
+    began = time.monotonic()
+    run = supervise(["quiet"], modes={"quiet": "mute"}, silence={"silent_s": 0.5, "startup_silent_s": 3.0})
+    (row,) = run.table()
+    run.wait_ready([row.pid])
+
+    run.wait_log(rf"quiet \(pid {row.pid}\) has not been heard from for \d+ s .*; killing it")
+
+    assert time.monotonic() - began >= 3.0  # not the 0.5 s allowed once it has been heard from
+    run.wait_log(r"restarted quiet \(pid (\d+)\)")
 
 
 # Ports ------------------------------------------------------------------------------------------
