@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 
 BACKOFF_INITIAL_S = 0.2
 BACKOFF_MAX_S = 5.0
+# An outage of an hour would otherwise log a warning every few seconds from every loop of every
+# process: the first failures of a streak are each a warning, then one a minute (the rest DEBUG).
+RETRY_WARNINGS = 3
+RETRY_WARN_EVERY_S = 60.0
 
 
 class _Stopped(Exception):
@@ -94,11 +98,14 @@ class Service(ABC):
     transient: tuple[type[BaseException], ...] = ()
     backoff_initial_s: float = BACKOFF_INITIAL_S
     backoff_max_s: float = BACKOFF_MAX_S
+    retry_warn_every_s: float = RETRY_WARN_EVERY_S
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.status = ServiceStatus()
         self.log = logging.getLogger(f"scheduler.{name}")
+        self._warned_at = 0.0  # when a retry was last logged as a warning
+        self._unwarned = 0  # retries logged at DEBUG since then
 
     @abstractmethod
     def step(self) -> bool:
@@ -158,6 +165,7 @@ class Service(ABC):
                     raise
                 if self.status.failures:
                     self.log.info("recovered after %d failed attempts", self.status.failures)
+                    self._unwarned = 0
                 self.status.succeeded()
                 if not more and not stop.is_set():
                     try:
@@ -182,11 +190,23 @@ class Service(ABC):
             return
         self.status.failed(error)
         delay = state.next_action.sleep if state.next_action is not None else 0.0
-        self.log.warning(
-            "%s (attempt %d); rebuilding clients and retrying in %.1f s",
+        now = time.monotonic()
+        if self.status.failures <= RETRY_WARNINGS or now - self._warned_at >= self.retry_warn_every_s:
+            unwarned = (
+                f" ({self._unwarned} more failed attempts since the last warning)" if self._unwarned else ""
+            )
+            self._warned_at, self._unwarned = now, 0
+            level = logging.WARNING
+        else:
+            unwarned, level = "", logging.DEBUG
+            self._unwarned += 1
+        self.log.log(
+            level,
+            "%s (attempt %d); rebuilding clients and retrying in %.1f s%s",
             self.status.last_error,
             state.attempt_number,
             delay,
+            unwarned,
         )
         try:
             self.reset()

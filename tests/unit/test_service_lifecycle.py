@@ -8,6 +8,7 @@ service to reach a state polls for it with a deadline.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -290,6 +291,57 @@ def test_failure_message_is_one_bounded_line() -> None:
     assert status.last_error is not None
     assert len(status.last_error) == 500
     assert "\n" not in status.last_error
+
+
+def retry_lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == level and "retrying in" in r.getMessage()]
+
+
+def test_a_long_outage_warns_for_its_first_failures_then_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every retry of an hour-long outage a warning, from every loop of every process, would bury
+    the log; each one still is at DEBUG, and the streak's size reaches the next warning."""
+    caplog.set_level(logging.DEBUG, logger="scheduler.scripted")
+    stop = threading.Event()
+    service = Scripted([*[fail("pg down")] * 20, more, fail("pg down again"), stop_then(True)], stop=stop)
+
+    service.run(stop)
+
+    warnings = retry_lines(caplog, logging.WARNING)
+    assert [line.split(";")[0] for line in warnings] == [
+        "Transient: pg down (attempt 1)",
+        "Transient: pg down (attempt 2)",
+        "Transient: pg down (attempt 3)",
+        "Transient: pg down again (attempt 1)",  # a new outage after a recovery warns at once
+    ]
+    assert len(retry_lines(caplog, logging.DEBUG)) == 17  # none lost: the rest of the first streak
+    assert "recovered after 20 failed attempts" in caplog.text
+
+
+def test_a_warning_a_minute_apart_says_how_many_failures_went_unwarned(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="scheduler.scripted")
+    clock = [1000.0]
+    monkeypatch.setattr("scheduler.runtime.service.time.monotonic", lambda: clock[0])
+
+    def fail_later(seconds: float) -> Action:
+        def action(service: Scripted, stop: threading.Event) -> bool:
+            clock[0] += seconds
+            raise Transient("kafka down")
+
+        return action
+
+    stop = threading.Event()
+    script = [*[fail_later(5.0)] * 15, fail_later(5.0), stop_then(True)]  # 16 failures, 5 s apart
+    Scripted(script, stop=stop).run(stop)
+
+    warnings = retry_lines(caplog, logging.WARNING)
+    # Failures 1-3 warn (the third at 1015 s); the next warning is the first a minute after it.
+    assert len(warnings) == 4, warnings
+    assert "(attempt 15)" in warnings[3]
+    assert warnings[3].endswith("retrying in 0.0 s (11 more failed attempts since the last warning)")
 
 
 # Backoff ------------------------------------------------------------------------------------------
