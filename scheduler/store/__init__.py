@@ -29,7 +29,7 @@ def connect(
     None leaves the URL's own, or none."""
     # Keyword arguments are merged into the connection string, over the URL's own.
     extra: dict[str, Any] = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
-    return psycopg.connect(url, autocommit=autocommit, **connection_options(url), **extra)
+    return psycopg.connect(url, autocommit=autocommit, **(connection_options(url) | extra))
 
 
 def connection_options(url: str) -> dict[str, Any]:
@@ -55,12 +55,15 @@ CONNECTION_OPTIONS: dict[str, Any] = {
 # How a connection notices that PostgreSQL's host is gone without a word (a crash, a network cut):
 # a keepalive after 30 s of silence, and sent data unacknowledged for 30 s, end it with an error
 # the component retries on a new connection. Left to the system (keepalives after two hours), a
-# statement would wait that long. A URL's own values win; over a Unix socket they do nothing.
+# statement would wait that long. A server that takes the connection but never answers it (its
+# process stopped, or swamped) fails a connect after 10 s instead of holding it for good; libpq
+# has no default. A URL's own values win; over a Unix socket only connect_timeout does anything.
 TCP_OPTIONS: dict[str, Any] = {
     "keepalives_idle": 30,
     "keepalives_interval": 10,
     "keepalives_count": 3,
     "tcp_user_timeout": 30_000,  # ms
+    "connect_timeout": 10,  # s
 }
 
 # Whether the server keeps this process's prepared statements; a pooler in transaction mode (or an

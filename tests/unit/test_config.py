@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+import time
+
+import psycopg
 import pytest
 
 from scheduler.config import ConfigError, load_settings
-from scheduler.store import TCP_OPTIONS, connection_options
+from scheduler.store import TCP_OPTIONS, connect, connection_options
 
 
 def test_defaults_point_at_the_local_stack() -> None:
@@ -74,3 +78,20 @@ def test_connections_notice_a_vanished_host_unless_the_url_says_otherwise() -> N
     own = connection_options("postgresql://u@db.example/scheduler?keepalives_idle=5&tcp_user_timeout=0")
     assert "keepalives_idle" not in own and "tcp_user_timeout" not in own, "the URL's own values win"
     assert own["keepalives_count"] == TCP_OPTIONS["keepalives_count"]
+
+
+def test_a_server_that_takes_a_connection_and_never_answers_fails_the_connect_in_seconds() -> None:
+    """A stopped (or swamped) PostgreSQL: the kernel accepts the connection, nobody answers it.
+    libpq alone would wait for good, and so would the component's loop."""
+    assert connection_options("postgresql://u@h/db")["connect_timeout"] == 10
+    assert connection_options("postgresql://u@h/db?connect_timeout=3").get("connect_timeout") is None
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"postgresql://u@127.0.0.1:{silent.getsockname()[1]}/db"
+        began = time.monotonic()
+        with pytest.raises(psycopg.OperationalError, match="timeout expired"):
+            connect(url)
+        assert time.monotonic() - began < 30
+        with pytest.raises(psycopg.OperationalError, match="timeout expired"):
+            connect(url, connect_timeout=1)  # the caller's own bound, over the default
