@@ -50,6 +50,7 @@ from bench.common import (
 )
 from bench.cost import ComponentCpu, CostProbe, component_groups
 from scheduler.store import query
+from scheduler.store.scan import MAX_BATCH_PAYLOAD_BYTES
 from scheduler.wiring import Wiring
 
 Conn = psycopg.Connection[Any]
@@ -128,7 +129,13 @@ def lease_query_ms(conn: Conn, batch: int, repeat: int = 20, lookahead_s: float 
     sql = "explain (analyze, format json) " + query("lease_due_schedules")
     for _ in range(repeat):
         with conn.cursor(row_factory=psycopg.rows.tuple_row) as cur:
-            cur.execute(sql, {"now": None, "limit": batch, "lookahead_s": lookahead_s})
+            params = {
+                "now": None,
+                "limit": batch,
+                "lookahead_s": lookahead_s,
+                "max_bytes": MAX_BATCH_PAYLOAD_BYTES,
+            }
+            cur.execute(sql, params)
             row = cur.fetchone()
         conn.rollback()
         assert row is not None
