@@ -57,16 +57,16 @@ class Heartbeat:
         self._next = 0.0
         # Taken out of the environment: a process this one starts (a handler's) is not run all's child.
         value = os.environ.pop(HEARTBEAT_ENV, "")
-        if not value.isdigit():
-            return
+        if not (value.isascii() and value.isdigit()) or int(value) <= 2:
+            return  # not run all's: set by hand, or naming stdin, stdout or stderr (a pipe in a container)
         fd = int(value)
         try:
             if not stat.S_ISFIFO(os.fstat(fd).st_mode):
                 return  # the variable set by hand, naming some other file
             os.set_blocking(fd, False)
             os.set_inheritable(fd, False)
-        except OSError:
-            return  # not open: the variable set by hand
+        except (OSError, OverflowError):
+            return  # not open, or no file descriptor at all: the variable set by hand
         self._fd = fd
 
     def beat(self) -> None:

@@ -45,6 +45,9 @@ GROUP_INSTANCE_ENV = "SCHEDULER_GROUP_INSTANCE_ID"
 # startup probe allows (imports, and building clients on a loaded machine).
 SILENT_S = 30.0
 STARTUP_SILENT_S = 300.0
+# Longer than this between two watches (each 0.1 s apart, after the caller's tick), and the
+# supervisor itself was paused.
+PAUSE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,8 @@ class _Child:
     restart_at: float | None = None
     signalled: bool = False  # told to stop: it gets one SIGTERM, never a second
     heartbeat: int | None = None  # the read end of the pipe it writes a byte a second down
-    heard_at: float | None = None  # when a byte last came, None before its first
+    heard: bool = False  # a byte came down its pipe since its start
+    silent_since: float = 0.0  # since when it has said nothing (its start, or its last byte)
     killed: bool = False  # killed for its silence: reaped and restarted by the next watch
 
 
@@ -159,6 +163,7 @@ class Supervisor:
         self._silent_s = silent_s
         self._startup_silent_s = startup_silent_s
         self._stopping = False
+        self._watched_at: float | None = None
         self._received = 0  # the signal that stopped it, noted by the handler
 
     def _start(self, child: _Child) -> None:
@@ -180,8 +185,8 @@ class Supervisor:
         finally:
             os.close(write_end)  # the child's alone: its exit then reads as the end of the pipe
         child.heartbeat = read_end
-        child.heard_at = None
-        child.started_at = time.monotonic()
+        child.heard = False
+        child.started_at = child.silent_since = time.monotonic()
         child.restart_at = None
         child.signalled = False
         child.killed = False
@@ -211,19 +216,18 @@ class Supervisor:
         nor stop, and a SIGTERM would wait on it. Its death is then seen, and restarted, as any."""
         assert child.proc is not None
         if self._heard(child):
-            child.heard_at = now
+            child.heard, child.silent_since = True, now
         if child.killed:
             return
-        since = child.started_at if child.heard_at is None else child.heard_at
-        limit = self._startup_silent_s if child.heard_at is None else self._silent_s
-        if now - since < limit:
+        limit = self._silent_s if child.heard else self._startup_silent_s
+        if now - child.silent_since < limit:
             return
         log.error(
             "%s (pid %d) has not been heard from for %.0f s (frozen: stopped, or stuck in a call that "
             "holds the interpreter); killing it",
             child.spec.name,
             child.proc.pid,
-            now - since,
+            now - child.silent_since,
         )
         child.killed = True
         child.proc.kill()
@@ -244,6 +248,9 @@ class Supervisor:
             if child.proc is not None and child.proc.poll() is None and not child.signalled:
                 child.signalled = True
                 child.proc.send_signal(signal.SIGTERM)
+                # A child stopped by SIGSTOP would hold its SIGTERM until its grace period ran out
+                # and it was killed: woken, it stops as the others do.
+                child.proc.send_signal(signal.SIGCONT)
 
     def _stopped_cleanly(self, child: _Child) -> bool:
         if child.proc is None:
@@ -288,6 +295,14 @@ class Supervisor:
 
     def _watch(self) -> None:
         now = time.monotonic()
+        # The supervisor was not running itself (stopped with its children by Ctrl-Z, or frozen with
+        # them in one cgroup): their silence over that time says nothing of them, so it is not held
+        # against them, and on waking they have the whole allowance again to be heard.
+        since_last = 0.0 if self._watched_at is None else now - self._watched_at
+        self._watched_at = now
+        if since_last > PAUSE_S:
+            for child in self._children:
+                child.silent_since += since_last
         for child in self._children:
             if child.restart_at is not None:
                 if now >= child.restart_at and not self._stopping:

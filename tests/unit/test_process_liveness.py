@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.runtime.process import HEARTBEAT_ENV, HEARTBEAT_S, LIVE_CHECK_S, SUPERVISOR_ENV
+from scheduler.runtime.process import HEARTBEAT_ENV, HEARTBEAT_S, LIVE_CHECK_S, SUPERVISOR_ENV, Heartbeat
 from tests.support import wait_for
 
 LIVE_TIMEOUT_S = 1.5
@@ -176,3 +176,24 @@ def test_a_supervised_component_beats_down_its_pipe_while_it_runs_and_while_it_d
     assert len(arrivals) >= 5, err
     gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
     assert max(gaps) < 3 * HEARTBEAT_S, gaps
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999", "\u00b2", "1", "2", "0", "-3", "abc", "", "7 "])
+def test_a_heartbeat_variable_set_by_hand_is_ignored(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """Only run all's pipe is taken: never stdout (a pipe in a container, which it would make
+    non-blocking and write into), nor a number that is no file descriptor."""
+    monkeypatch.setenv(HEARTBEAT_ENV, value)
+    blocking = os.get_blocking(1)
+    heartbeat = Heartbeat()
+    heartbeat.beat()
+    assert os.get_blocking(1) == blocking
+    assert HEARTBEAT_ENV not in os.environ  # not handed on to a handler's processes
+
+
+def test_a_heartbeat_variable_naming_a_file_that_is_no_pipe_is_ignored(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with (tmp_path / "f").open("wb") as f:
+        monkeypatch.setenv(HEARTBEAT_ENV, str(f.fileno()))
+        Heartbeat().beat()
+    assert (tmp_path / "f").read_bytes() == b""

@@ -374,6 +374,41 @@ def test_a_frozen_child_is_killed_and_restarted_and_the_others_are_left_alone(su
     assert run.proc.wait(10) == 0
 
 
+def test_a_pause_of_the_supervisor_with_its_children_kills_none_of_them(supervise: Supervise) -> None:
+    """Ctrl-Z on ``run all``, or a frozen cgroup, stops the supervisor and its children together:
+    their silence over that time says nothing of them, even when the supervisor wakes first."""
+    run = supervise([f"c{i}" for i in range(4)], silence={"silent_s": 2.0})
+    pids = [row.pid for row in run.table()]
+    run.wait_ready(pids)
+    everyone = [run.proc.pid, *pids]
+    for pid in everyone:
+        os.kill(pid, signal.SIGSTOP)
+    time.sleep(4.0)  # twice the silence allowed
+    os.kill(run.proc.pid, signal.SIGCONT)
+    time.sleep(0.5)  # the supervisor scheduled first, its children a moment later: it looks before they beat
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
+    time.sleep(3.0)  # past the allowance again: had the pause counted, they would be dead by now
+
+    assert "heard" not in run.log() and "died" not in run.log(), run.log()
+    assert all(running(pid) for pid in pids)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.proc.wait(10) == 0
+
+
+def test_a_stop_wakes_a_stopped_child_so_it_stops_cleanly_at_once(supervise: Supervise) -> None:
+    run = supervise(["alpha", "beta"], grace_s=20.0)
+    alpha, beta = [row.pid for row in run.table()]
+    run.wait_ready([alpha, beta])
+    os.kill(alpha, signal.SIGSTOP)  # not yet silent long enough to be killed for it
+
+    began = time.monotonic()
+    run.proc.send_signal(signal.SIGTERM)
+
+    assert run.proc.wait(15) == 0, run.log()  # alpha stopped on its SIGTERM, not killed at the grace's end
+    assert time.monotonic() - began < 10
+
+
 def test_a_child_never_heard_from_is_given_its_start_up_allowance_then_killed(supervise: Supervise) -> None:
     began = time.monotonic()
     run = supervise(["quiet"], modes={"quiet": "mute"}, silence={"silent_s": 0.5, "startup_silent_s": 3.0})
