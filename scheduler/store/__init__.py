@@ -8,6 +8,7 @@ the database's ``now()``, never from a process clock.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any, LiteralString
 
@@ -26,7 +27,7 @@ def connect(
     url: str, *, autocommit: bool = False, connect_timeout: int | None = None
 ) -> psycopg.Connection[dict[str, object]]:
     """``connect_timeout`` (whole seconds, libpq's) bounds a server that accepts and never answers;
-    None leaves the URL's own, or none."""
+    None leaves the URL's own, else ``PGCONNECT_TIMEOUT``'s, else 10 s (see :data:`TCP_OPTIONS`)."""
     # Keyword arguments are merged into the connection string, over the URL's own.
     extra: dict[str, Any] = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
     return psycopg.connect(url, autocommit=autocommit, **(connection_options(url) | extra))
@@ -38,7 +39,11 @@ def connection_options(url: str) -> dict[str, Any]:
         given = conninfo_to_dict(url)
     except psycopg.ProgrammingError:  # psycopg.connect says what is wrong with it
         given = {}
-    return CONNECTION_OPTIONS | {name: value for name, value in TCP_OPTIONS.items() if name not in given}
+    # libpq ranks a keyword over the environment: the operator's PGCONNECT_TIMEOUT stands.
+    env = {"connect_timeout"} if os.environ.get("PGCONNECT_TIMEOUT") else set()
+    return CONNECTION_OPTIONS | {
+        name: value for name, value in TCP_OPTIONS.items() if name not in given and name not in env
+    }
 
 
 # How every connection is made, alone (connect) or in a pool (Database.pool).

@@ -85,6 +85,7 @@ def test_a_server_that_takes_a_connection_and_never_answers_fails_the_connect_in
     libpq alone would wait for good, and so would the component's loop."""
     assert connection_options("postgresql://u@h/db")["connect_timeout"] == 10
     assert connection_options("postgresql://u@h/db?connect_timeout=3").get("connect_timeout") is None
+    assert connection_options("host=h dbname=db connect_timeout=3").get("connect_timeout") is None
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
@@ -95,3 +96,10 @@ def test_a_server_that_takes_a_connection_and_never_answers_fails_the_connect_in
         assert time.monotonic() - began < 30
         with pytest.raises(psycopg.OperationalError, match="timeout expired"):
             connect(url, connect_timeout=1)  # the caller's own bound, over the default
+
+
+def test_the_operators_pgconnect_timeout_stands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """libpq ranks a keyword over the environment: a default passed as one would hide it."""
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "3")
+    assert "connect_timeout" not in connection_options("postgresql://u@h/db")
+    assert connection_options("postgresql://u@h/db")["keepalives_idle"] == TCP_OPTIONS["keepalives_idle"]
