@@ -291,12 +291,14 @@ class Reconciler(Service):
         applied = store.apply_outcomes(conn, events, self.settings.lease_window_s)
         if unknown := store.record_undecodable(conn, letters):
             # A worker writes its own app, which exists: a letter naming none is forged or junk.
-            quarantined += [
+            appless = [
                 self._quarantined(message, f"a dead letter of app {d.app!r}, which does not exist", d)
                 for message, d in batch
                 if isinstance(d, UndecodableLetter) and d.event_id in unknown
             ]
-            applied = replace(applied, appless_letters=len(unknown))
+            quarantined += appless
+            # Messages, as the other causes count: a letter sent twice is quarantined twice.
+            applied = replace(applied, appless_letters=len(appless))
         store.quarantine(conn, COMPONENT, quarantined)
         if applied.finished:
             store.notify_run_finished(conn)
