@@ -187,6 +187,11 @@ class Relay(Service):
         self._held_logged: dict[str, float] = {}  # topic -> when its held rows were last logged (monotonic)
         self._jobs_prefix = settings.jobs_topic("")  # "<prefix>.jobs.": the topics of job messages
         self._next_available_s: float | None = None
+        # The oldest row's age at the last look, and when that was (monotonic); whether a batch is
+        # in hand. Read by the metrics endpoint's thread.
+        self._oldest_seen = (0.0, time.monotonic())
+        self._in_batch = False
+        metrics.OUTBOX_OLDEST_AGE.set_function(self._oldest_age)
 
     @property
     def producer(self) -> Producer:
@@ -225,8 +230,17 @@ class Relay(Service):
         with conn.transaction():
             stats = outbox.stats(conn)
         metrics.OUTBOX_DEPTH.set(stats.depth)
-        metrics.OUTBOX_OLDEST_AGE.set(stats.oldest_age_s)
         self._last_stats = time.monotonic()
+        self._oldest_seen = (stats.oldest_age_s, self._last_stats)
+
+    def _oldest_age(self) -> float:
+        """The oldest row's age when scraped. The outbox is looked at between batches; while one
+        waits on a Kafka that does not answer (up to the claim, 45 s by default), the rows it holds
+        go on waiting, and the age the outbox alert watches grows with them rather than in steps."""
+        age, seen_at = self._oldest_seen
+        if age <= 0 or not self._in_batch:
+            return age
+        return age + time.monotonic() - seen_at
 
     def idle(self, stop: threading.Event) -> None:
         """Woken by the scanner's NOTIFY or when the first held-back row becomes due; never idle
@@ -252,9 +266,13 @@ class Relay(Service):
         """Lock, publish and settle one batch in one transaction; raises when Kafka took none of it
         (after handing it back) or PostgreSQL failed (the rollback hands it back)."""
         conn = self.session.conn
-        with conn.transaction():
-            outbox.bound_transaction(conn, self.claim_seconds)
-            batch = self._relay_locked(conn)
+        self._in_batch = True
+        try:
+            with conn.transaction():
+                outbox.bound_transaction(conn, self.claim_seconds)
+                batch = self._relay_locked(conn)
+        finally:
+            self._in_batch = False
         # Counted once committed: a batch rolled back is published again, and counted then.
         self._count(batch)
         self._raise_if_stuck(batch.acked, batch.failed)

@@ -313,7 +313,6 @@ def test_when_kafka_takes_nothing_the_rows_are_handed_back_at_once_and_the_relay
         name="relay-test",
     )
     metrics.OUTBOX_DEPTH.set(0)
-    metrics.OUTBOX_OLDEST_AGE.set(0)
     try:
         with pytest.raises(DeliveryError, match="3 outbox messages not acknowledged"):
             relay.step()
@@ -324,7 +323,53 @@ def test_when_kafka_takes_nothing_the_rows_are_handed_back_at_once_and_the_relay
     assert {r["state"] for r in runs(settings).values()} == {"pending"}
     # While Kafka takes nothing, the outbox's gauges still say how it grows: what its alert watches.
     assert metrics.OUTBOX_DEPTH._value.get() == 3
-    assert metrics.OUTBOX_OLDEST_AGE._value.get() > 0
+    assert oldest_age() > 0
+
+
+def oldest_age() -> float:
+    value = metrics.REGISTRY.get_sample_value("scheduler_outbox_oldest_age_seconds")
+    assert value is not None
+    return value
+
+
+def test_while_a_batch_waits_on_a_kafka_that_does_not_answer_the_oldest_age_grows(
+    settings: Settings,
+) -> None:
+    """The outbox is looked at between batches; a batch may wait on Kafka for most of a claim
+    (45 s by default), and the age the outbox alert watches must not stand still meanwhile."""
+    TopicAdmin(settings.kafka).ensure_topics([settings.jobs_topic(APP)], 1, config=TOPIC_CONFIG)
+    queue(settings, [b"a"])
+    wiring = Wiring(dataclasses.replace(settings, relay_claim_s=20.0))
+    unreachable = KafkaConnection("127.0.0.1:1")
+    relay = Relay(
+        wiring.settings,
+        wiring.database,
+        lambda: Producer(producer_config(unreachable, "relay-test", {"message.timeout.ms": 6000})),
+        TopicAdmin(settings.kafka),
+        wiring.kafka_check(),
+        name="relay-test",
+    )
+    failed: list[BaseException] = []
+
+    def step() -> None:
+        try:
+            relay.step()
+        except BaseException as exc:
+            failed.append(exc)
+
+    try:
+        relay._observe_outbox()  # the look before the batch (the relay's own after each step)
+        seen = oldest_age()
+        assert seen > 0
+        stepping = threading.Thread(target=step)
+        stepping.start()
+        wait_for(lambda: oldest_age() >= seen + 2.0, 5.5, "the oldest age to grow while the batch waits")
+        stepping.join(30)
+        assert [type(exc) for exc in failed] == [DeliveryError]
+    finally:
+        relay.close()
+    # After the batch, a look at the outbox again: the rows are back, the age what the database says.
+    assert 0 < oldest_age() < seen + 30
 
 
 def test_rows_held_back_by_available_at_are_claimed_once_it_passes(settings: Settings, relay: Relay) -> None:
