@@ -57,9 +57,9 @@ class Heartbeat:
         self._next = 0.0
         # Taken out of the environment: a process this one starts (a handler's) is not run all's child.
         value = os.environ.pop(HEARTBEAT_ENV, "")
-        if not (value.isascii() and value.isdigit()) or int(value) <= 2:
+        fd = int(value) if value.isascii() and value.isdigit() else -1
+        if fd <= 2:
             return  # not run all's: set by hand, or naming stdin, stdout or stderr (a pipe in a container)
-        fd = int(value)
         try:
             if not stat.S_ISFIFO(os.fstat(fd).st_mode):
                 return  # the variable set by hand, naming some other file

@@ -98,7 +98,6 @@ class Service(ABC):
     transient: tuple[type[BaseException], ...] = ()
     backoff_initial_s: float = BACKOFF_INITIAL_S
     backoff_max_s: float = BACKOFF_MAX_S
-    retry_warn_every_s: float = RETRY_WARN_EVERY_S
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -191,7 +190,7 @@ class Service(ABC):
         self.status.failed(error)
         delay = state.next_action.sleep if state.next_action is not None else 0.0
         now = time.monotonic()
-        if self.status.failures <= RETRY_WARNINGS or now - self._warned_at >= self.retry_warn_every_s:
+        if self.status.failures <= RETRY_WARNINGS or now - self._warned_at >= RETRY_WARN_EVERY_S:
             unwarned = (
                 f" ({self._unwarned} more failed attempts since the last warning)" if self._unwarned else ""
             )

@@ -296,22 +296,29 @@ def test_the_relay_publishes_every_header_of_a_job_message(settings: Settings, r
     assert (received[RUN_ID_HEADER], received[ATTEMPT_HEADER]) == (str(run_id).encode(), b"1")
 
 
+def relay_to_unreachable_kafka(settings: Settings, *, claim_s: float, message_timeout_ms: int) -> Relay:
+    """A relay whose producer's broker does not answer (the topic check still reaches the real
+    cluster): each batch waits ``message_timeout_ms`` for acknowledgements that never come."""
+    wiring = Wiring(dataclasses.replace(settings, relay_claim_s=claim_s))
+    unreachable = KafkaConnection("127.0.0.1:1")
+    return Relay(
+        wiring.settings,
+        wiring.database,
+        lambda: Producer(
+            producer_config(unreachable, "relay-test", {"message.timeout.ms": message_timeout_ms})
+        ),
+        TopicAdmin(settings.kafka),
+        wiring.kafka_check(),
+        name="relay-test",
+    )
+
+
 def test_when_kafka_takes_nothing_the_rows_are_handed_back_at_once_and_the_relay_backs_off(
     settings: Settings,
 ) -> None:
     TopicAdmin(settings.kafka).ensure_topics([settings.jobs_topic(APP)], 1, config=TOPIC_CONFIG)
     queue(settings, [b"a", b"b", b"c"])
-    wiring = Wiring(dataclasses.replace(settings, relay_claim_s=4.0))
-    # A producer whose broker does not answer (the topic check still reaches the real cluster).
-    unreachable = KafkaConnection("127.0.0.1:1")
-    relay = Relay(
-        wiring.settings,
-        wiring.database,
-        lambda: Producer(producer_config(unreachable, "relay-test", {"message.timeout.ms": 1500})),
-        TopicAdmin(settings.kafka),
-        wiring.kafka_check(),
-        name="relay-test",
-    )
+    relay = relay_to_unreachable_kafka(settings, claim_s=4.0, message_timeout_ms=1500)
     metrics.OUTBOX_DEPTH.set(0)
     try:
         with pytest.raises(DeliveryError, match="3 outbox messages not acknowledged"):
@@ -339,16 +346,7 @@ def test_while_a_batch_waits_on_a_kafka_that_does_not_answer_the_oldest_age_grow
     (45 s by default), and the age the outbox alert watches must not stand still meanwhile."""
     TopicAdmin(settings.kafka).ensure_topics([settings.jobs_topic(APP)], 1, config=TOPIC_CONFIG)
     queue(settings, [b"a"])
-    wiring = Wiring(dataclasses.replace(settings, relay_claim_s=20.0))
-    unreachable = KafkaConnection("127.0.0.1:1")
-    relay = Relay(
-        wiring.settings,
-        wiring.database,
-        lambda: Producer(producer_config(unreachable, "relay-test", {"message.timeout.ms": 6000})),
-        TopicAdmin(settings.kafka),
-        wiring.kafka_check(),
-        name="relay-test",
-    )
+    relay = relay_to_unreachable_kafka(settings, claim_s=20.0, message_timeout_ms=6000)
     failed: list[BaseException] = []
 
     def step() -> None:

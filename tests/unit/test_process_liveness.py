@@ -190,6 +190,23 @@ def test_a_heartbeat_variable_set_by_hand_is_ignored(monkeypatch: pytest.MonkeyP
     assert HEARTBEAT_ENV not in os.environ  # not handed on to a handler's processes
 
 
+def test_a_heartbeat_variable_naming_stdout_leaves_a_piped_stdout_alone() -> None:
+    """A container's stdout is a pipe: taken for the heartbeat, it would turn non-blocking (log
+    writes failing with BlockingIOError) and get a dot a second. Pytest's own stdout is a file, so a
+    child with its stdout on a pipe asks."""
+    script = (
+        "import os, sys\n"
+        "from scheduler.runtime.process import Heartbeat\n"
+        "Heartbeat().beat()\n"
+        "print('blocking', os.get_blocking(1))\n"
+    )
+    env = {**os.environ, HEARTBEAT_ENV: "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout == "blocking True\n", done.stdout
+
+
 def test_a_heartbeat_variable_naming_a_file_that_is_no_pipe_is_ignored(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
