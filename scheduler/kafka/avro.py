@@ -14,6 +14,7 @@ without guessing which exceptions a malformed message can cause.
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -240,6 +241,8 @@ class AvroCodec:
         self._registry_schemas: dict[int, ParsedSchema] = {}
         # id(schema) -> (schema, its copy without logical types); the schema is kept so its id stays its.
         self._plain_schemas: dict[int, tuple[ParsedSchema, ParsedSchema]] = {}
+        # id(writer schema) -> (schema, its copy whose enums refuse an index out of range): see _EnumSymbols.
+        self._reading_schemas: dict[int, tuple[ParsedSchema, ParsedSchema]] = {}
 
     def encode(self, message: AvroMessage, *, confluent_schema_id: int | None = None) -> bytes:
         """The message in single-object encoding, or in Confluent framing under ``confluent_schema_id``.
@@ -294,7 +297,7 @@ class AvroCodec:
         stream = io.BytesIO(data)
         stream.seek(offset)
         try:
-            record = schemaless_reader(stream, writer, resolved)
+            record = schemaless_reader(stream, self._for_reading(writer), resolved)
         except Exception as exc:
             # Arbitrary bytes break the reader in many ways (EOFError, UnicodeDecodeError, IndexError for a
             # union branch, ValueError for a uuid, resolution errors): each means the same to a consumer.
@@ -314,6 +317,12 @@ class AvroCodec:
                 schema,
                 cast(ParsedSchema, _without_logical_types(schema)),
             )
+        return known[1]
+
+    def _for_reading(self, writer: ParsedSchema) -> ParsedSchema:
+        known = self._reading_schemas.get(id(writer))
+        if known is None:
+            known = self._reading_schemas[id(writer)] = (writer, _with_checked_enums(writer))
         return known[1]
 
     def _writer_schema(self, reader: AvroSchema, data: bytes) -> tuple[ParsedSchema, int]:
@@ -415,6 +424,50 @@ def _has_zero_width_array(schema: ParsedSchema) -> bool:
 
     define(schema)
     return arrays(schema)
+
+
+class _EnumSymbols(list[str]):
+    """An enum's symbols as the reader looks its index up in them: 0 to n - 1 only.
+
+    An enum is written as its symbol's index, a long, and fastavro's compiled reader (1.13) looks it
+    up in the writer's symbols as Python indexes a list: -1 read as the last symbol, so a corrupt
+    or forged message's ``operation`` of -2 read as ``cancel`` rather than failing as undecodable.
+    The reader indexes anything but an exact list through the sequence protocol, which adds the
+    sequence's length to a negative index first: a length of 0 leaves it negative, for
+    ``__getitem__`` to refuse along with one past the end. Only the reader's copies of the schemas
+    hold these (:func:`_with_checked_enums`); writing and validating use the plain lists.
+    """
+
+    def __len__(self) -> int:
+        return 0
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, int) and not 0 <= index < list.__len__(self):
+            raise IndexError(f"enum index {index} is not one of its {list.__len__(self)} symbols")
+        return list.__getitem__(self, index)
+
+
+def _with_checked_enums(schema: ParsedSchema) -> ParsedSchema:
+    """A copy of a parsed writer schema whose enums' symbols are :class:`_EnumSymbols` (the copy
+    keeps the schema's shared and named types shared, as ``deepcopy`` does)."""
+    copied = copy.deepcopy(schema)
+    seen: set[int] = set()
+
+    def check(node: object) -> None:
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, dict):
+            if node.get("type") == "enum" and isinstance(node.get("symbols"), list):
+                node["symbols"] = _EnumSymbols(node["symbols"])
+            for value in node.values():
+                check(value)
+        elif isinstance(node, list):
+            for value in node:
+                check(value)
+
+    check(copied)
+    return copied
 
 
 def _without_logical_types(schema: object) -> object:

@@ -231,6 +231,31 @@ def _large_commands_topic(settings: Settings, max_bytes: int) -> None:
         conn.commit()
 
 
+def test_a_command_whose_operation_index_is_outside_the_enum_is_rejected_not_applied(
+    ingestor: Ingestor, settings: Settings
+) -> None:
+    """An enum travels as its symbol's index: -2 once read as the second symbol from the end, so a
+    corrupt pause cancelled the schedule. It is an undecodable command instead, and the ones after it
+    are applied."""
+    with ScheduleClient(settings.kafka, settings.topic_prefix, actor="billing-service") as client:
+        client.create(key="kept", app=APP, cron="0 3 * * *", handler="builtin:noop")
+    wait_for(lambda: "kept" in keyed(settings), 60, "the schedule created")
+    pause = ScheduleCommand(command_id=str(uuid.uuid4()), schedule_key="kept", app=APP, operation="pause")
+    encoded, other = CODEC.encode(pause), CODEC.encode(dataclasses.replace(pause, operation="resume"))
+    [position] = [i for i, (a, b) in enumerate(zip(encoded, other, strict=True)) if a != b]
+    corrupt = encoded[:position] + b"\x03" + encoded[position + 1 :]  # zigzag -2: "cancel" from the end
+    producer = RawProducer({"bootstrap.servers": settings.kafka_bootstrap})
+    producer.produce(settings.schedules_topic, corrupt, key=f"{APP}/kept".encode())
+    assert producer.flush(30) == 0
+    with ScheduleClient(settings.kafka, settings.topic_prefix, actor="billing-service") as client:
+        client.create(key="after", app=APP, cron="0 4 * * *", handler="builtin:noop")
+
+    wait_for(lambda: "after" in keyed(settings), 60, "the command after the corrupt one applied")
+    [rejection] = wait_for(lambda: rejected_on_topic(settings), 60, "the corrupt command rejected")
+    assert rejection.code == "undecodable" and "enum index" in rejection.reason
+    assert keyed(settings)["kept"]["state"] == "active", "neither cancelled nor paused"
+
+
 def _produce_unchecked(settings: Settings, command: ScheduleCommand) -> str:
     """``command`` on the commands topic as a producer without the client's checks would send it
     (the client refuses what the ingestor is certain to reject); its command id."""
