@@ -241,7 +241,7 @@ class AvroCodec:
         self._registry_schemas: dict[int, ParsedSchema] = {}
         # id(schema) -> (schema, its copy without logical types); the schema is kept so its id stays its.
         self._plain_schemas: dict[int, tuple[ParsedSchema, ParsedSchema]] = {}
-        # id(writer schema) -> (schema, its copy whose enums refuse an index out of range): see _EnumSymbols.
+        # id(writer schema) -> (schema, its copy refusing an enum or union index out of range): see _Indexed.
         self._reading_schemas: dict[int, tuple[ParsedSchema, ParsedSchema]] = {}
 
     def encode(self, message: AvroMessage, *, confluent_schema_id: int | None = None) -> bytes:
@@ -322,7 +322,7 @@ class AvroCodec:
     def _for_reading(self, writer: ParsedSchema) -> ParsedSchema:
         known = self._reading_schemas.get(id(writer))
         if known is None:
-            known = self._reading_schemas[id(writer)] = (writer, _with_checked_enums(writer))
+            known = self._reading_schemas[id(writer)] = (writer, _with_checked_indexes(writer))
         return known[1]
 
     def _writer_schema(self, reader: AvroSchema, data: bytes) -> tuple[ParsedSchema, int]:
@@ -426,16 +426,19 @@ def _has_zero_width_array(schema: ParsedSchema) -> bool:
     return arrays(schema)
 
 
-class _EnumSymbols(list[str]):
-    """An enum's symbols as the reader looks its index up in them: 0 to n - 1 only.
+class _Indexed(list[Any]):
+    """An enum's symbols or a union's branches as the reader looks an index up in them: 0 to n - 1
+    only.
 
-    An enum is written as its symbol's index, a long, and fastavro's compiled reader (1.13) looks it
-    up in the writer's symbols as Python indexes a list: -1 read as the last symbol, so a corrupt
-    or forged message's ``operation`` of -2 read as ``cancel`` rather than failing as undecodable.
-    The reader indexes anything but an exact list through the sequence protocol, which adds the
-    sequence's length to a negative index first: a length of 0 leaves it negative, for
-    ``__getitem__`` to refuse along with one past the end. Only the reader's copies of the schemas
-    hold these (:func:`_with_checked_enums`); writing and validating use the plain lists.
+    Avro writes an enum value as its symbol's index and a union value after its branch's index,
+    both longs, and fastavro's compiled reader (1.13) looks them up in the writer's schema as Python
+    indexes a list: -2 read as the second symbol from the end, so a corrupt or forged command's
+    ``operation`` of -2 read as ``cancel``, and its ``expected_version`` branch -2 as null, dropping
+    the version check, rather than failing as undecodable. The reader indexes anything but an exact
+    list through the sequence protocol, which adds the sequence's length to a negative index first:
+    a length of 0 leaves it negative, for ``__getitem__`` to refuse along with one past the end.
+    Only the reader's copies of the writers' schemas hold these (:func:`_with_checked_indexes`);
+    writing, validating and the reader's own schema use plain lists.
     """
 
     def __len__(self) -> int:
@@ -443,13 +446,22 @@ class _EnumSymbols(list[str]):
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, int) and not 0 <= index < list.__len__(self):
-            raise IndexError(f"enum index {index} is not one of its {list.__len__(self)} symbols")
+            raise IndexError(f"enum or union index {index} is not between 0 and {list.__len__(self) - 1}")
         return list.__getitem__(self, index)
 
 
-def _with_checked_enums(schema: ParsedSchema) -> ParsedSchema:
-    """A copy of a parsed writer schema whose enums' symbols are :class:`_EnumSymbols` (the copy
-    keeps the schema's shared and named types shared, as ``deepcopy`` does)."""
+# Where a parsed schema holds a union (a list of branches): a field's type, an array's items, a
+# map's values. Every other list in it is a record's fields, an enum's symbols or aliases.
+_UNION_KEYS = ("type", "items", "values")
+
+
+def _with_checked_indexes(schema: ParsedSchema) -> ParsedSchema:
+    """A copy of a parsed writer schema whose enums' symbols and unions' branches are
+    :class:`_Indexed` (the copy keeps the schema's shared and named types shared, as ``deepcopy``
+    does). Parsed first if it is not: fastavro would parse the copy again on every read, and its
+    parser takes the wrapped lists for empty ones."""
+    if not isinstance(schema, dict) or "__fastavro_parsed" not in schema:
+        schema = cast(ParsedSchema, parse_schema(schema, named_schemas={}))
     copied = copy.deepcopy(schema)
     seen: set[int] = set()
 
@@ -459,7 +471,10 @@ def _with_checked_enums(schema: ParsedSchema) -> ParsedSchema:
         seen.add(id(node))
         if isinstance(node, dict):
             if node.get("type") == "enum" and isinstance(node.get("symbols"), list):
-                node["symbols"] = _EnumSymbols(node["symbols"])
+                node["symbols"] = _Indexed(node["symbols"])
+            for key in _UNION_KEYS:
+                if isinstance(node.get(key), list) and not isinstance(node[key], _Indexed):
+                    node[key] = _Indexed(node[key])
             for value in node.values():
                 check(value)
         elif isinstance(node, list):

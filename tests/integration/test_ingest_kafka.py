@@ -252,7 +252,7 @@ def test_a_command_whose_operation_index_is_outside_the_enum_is_rejected_not_app
 
     wait_for(lambda: "after" in keyed(settings), 60, "the command after the corrupt one applied")
     [rejection] = wait_for(lambda: rejected_on_topic(settings), 60, "the corrupt command rejected")
-    assert rejection.code == "undecodable" and "enum index" in rejection.reason
+    assert rejection.code == "undecodable" and "enum or union index" in rejection.reason
     assert keyed(settings)["kept"]["state"] == "active", "neither cancelled nor paused"
 
 

@@ -1,6 +1,7 @@
-"""An enum is written as its symbol's index: one outside the symbols (negative, or past the end) is
-an undecodable message, never a symbol read from the end of the list (fastavro's compiled reader
-indexed a negative one as Python does, so -1 read as the last symbol)."""
+"""An enum is written as its symbol's index, a union value after its branch's index: one outside
+the symbols or branches (negative, or past the end) is an undecodable message, never a symbol or
+branch read from the end of the list (fastavro's compiled reader indexed a negative one as Python
+does, so -1 read as the last symbol)."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def test_a_results_status_index_outside_its_symbols_is_undecodable() -> None:
     position = enum_position(STARTED, dataclasses.replace(STARTED, status="heartbeat"))
     assert CODEC.decode(m.JobResult, with_index(STARTED, position, 2)).status == "succeeded"
     for index in (-1, -2, -3, 3):
-        with pytest.raises(UndecodableMessageError, match="enum index"):
+        with pytest.raises(UndecodableMessageError, match="enum or union index"):
             CODEC.decode(m.JobResult, with_index(STARTED, position, index))
 
 
@@ -70,7 +71,7 @@ def test_a_commands_operation_index_outside_its_symbols_is_undecodable() -> None
     # -2 read as the second symbol from the end: a cancel instead of a create.
     position = enum_position(CREATE, dataclasses.replace(CREATE, operation="update"))
     for index in (-1, -2, 6):
-        with pytest.raises(UndecodableMessageError, match="enum index"):
+        with pytest.raises(UndecodableMessageError, match="enum or union index"):
             CODEC.decode(m.ScheduleCommand, with_index(CREATE, position, index))
 
 
@@ -78,13 +79,13 @@ def test_an_enum_inside_a_union_branch_is_checked_too() -> None:
     assert CREATE.spec is not None
     skipping = dataclasses.replace(CREATE.spec, misfire=MisfirePolicy.SKIP)
     position = enum_position(CREATE, dataclasses.replace(CREATE, spec=skipping))
-    with pytest.raises(UndecodableMessageError, match="enum index"):
+    with pytest.raises(UndecodableMessageError, match="enum or union index"):
         CODEC.decode(m.ScheduleCommand, with_index(CREATE, position, -1))
 
 
 def test_without_logical_types_the_index_is_checked_as_well() -> None:
     position = enum_position(STARTED, dataclasses.replace(STARTED, status="heartbeat"))
-    with pytest.raises(UndecodableMessageError, match="enum index"):
+    with pytest.raises(UndecodableMessageError, match="enum or union index"):
         CODEC.decode_record("JobResult", with_index(STARTED, position, -1), logical_types=False)
 
 
@@ -95,3 +96,18 @@ def test_writing_is_untouched_by_the_readers_checked_copies() -> None:
     for status in ("started", "heartbeat", "succeeded"):
         event = dataclasses.replace(STARTED, status=status)
         assert CODEC.decode(m.JobResult, CODEC.encode(event)) == event
+
+
+def test_a_union_branch_index_outside_its_branches_is_undecodable() -> None:
+    """-2 read the null branch of expected_version ["null", "long"], a pause without its version
+    check."""
+    pause = m.ScheduleCommand(
+        command_id="cmd-2", schedule_key="billing:once", app="billing", operation="pause", expected_version=1
+    )
+    position = enum_position(pause, dataclasses.replace(pause, expected_version=2)) - 1
+    encoded = CODEC.encode(pause)
+    assert encoded[position : position + 2] == zigzag(1) + zigzag(1), "branch 1 (long), then the version 1"
+    assert CODEC.decode(m.ScheduleCommand, encoded).expected_version == 1
+    for index in (-1, -2, 2):
+        with pytest.raises(UndecodableMessageError, match="enum or union index"):
+            CODEC.decode(m.ScheduleCommand, with_index(pause, position, index))
