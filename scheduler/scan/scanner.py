@@ -18,12 +18,15 @@ only at the fire's instant: those schedules are leased once due, as are retries.
 every such fire within the whole look-ahead, and the sleep after it ends when the next one is a
 *slice* less than the look-ahead away: a steady rate of fires is one scan (one transaction, and one
 batch for the relay) per slice, each fire leased between the look-ahead less a slice and the whole
-look-ahead ahead of its instant. The slice is half the window while fires are sparse, and shorter
-when they are dense, so that a slice holds about :data:`SLICE_FIRES` of them (never below a tenth of
-the window): each scan's batch crosses the scanner, PostgreSQL, the relay, Kafka and the workers
-within a few milliseconds of each other, and the bigger that burst, the later the fires due while it
-lasts start (see :func:`wake_share`). Waking for each fire as it entered the window would scan once
-per fire (a transaction and several statements per job) whatever the rate.
+look-ahead ahead of its instant. The slice is the time the next :data:`SLICE_FIRES` allow fires
+span, as the schedules table has them (``next_due_in``), held between a tenth and half of the
+window: half while fires are sparse, shorter when they are dense, so that each scan's batch stays
+about that size. The batch crosses the scanner, PostgreSQL, the relay, Kafka and the workers within
+a few milliseconds of each other, and the bigger that burst, the later the fires due while it lasts
+start. Read from the table rather than from what this scanner leased before, the slice is the same
+for every scanner (they wake together and share the batch) and after any early wake-up (a NOTIFY).
+Waking for each fire as it entered the window would scan once per fire (a transaction and several
+statements per job) whatever the rate.
 
 A schedule whose fires cannot be computed (a zone the zone database no longer has, an expression
 the cron library now refuses, anything that raises while planning it) is quarantined in the same
@@ -72,13 +75,13 @@ from scheduler.store.scan import (
 
 CHANNEL = "scheduler_due"
 Row = dict[str, Any]
-# A scan's slice of the look-ahead (see the docstring and wake_share): about this many fires, at
-# most half the window (sparse fires: few scans), at least a tenth of it (each scan has its cost).
-# Measured at 1,000 fires/s with a 1 s look-ahead (bench/README.md): 500 fires a scan started p99
-# 5-7 ms late, 200 fires 2.5-3 ms, 100 fires 2.4-2.8 ms with 40 % more PostgreSQL CPU per fire.
+# A scan's slice of the look-ahead (see the docstring): about this many fires, at most half the
+# window (sparse fires: few scans), at least a tenth of it (each scan has its cost). Measured at
+# 1,000 fires/s with a 1 s look-ahead (bench/README.md): 500 fires a scan started p99 5-7 ms late,
+# 200 fires 2.5-3 ms, 100 fires 2.4-2.8 ms with 15 % more PostgreSQL CPU per fire than 200.
 SLICE_FIRES = 200
-MAX_SLICE_SHARE = 0.5
 MIN_SLICE_SHARE = 0.1
+MAX_SLICE_SHARE = 0.5
 # How often the gauge of schedules in error is refreshed (a count over the schedules table).
 ERROR_GAUGE_EVERY_S = 15.0
 
@@ -113,7 +116,6 @@ class Scanner(Service):
         self.session = Session(database, CHANNEL)
         self.random = random.Random()
         self._due_in: float | None = None
-        self._scan_started: float | None = None
         self._error_gauge_at = float("-inf")
 
     def checks(self) -> Sequence[Check]:
@@ -121,21 +123,24 @@ class Scanner(Service):
 
     def step(self) -> bool:
         conn = self.session.conn
-        started = time.monotonic()
         report = self.scan_once(conn)
-        since_last = math.inf if self._scan_started is None else started - self._scan_started
-        self._scan_started = started
         lookahead_s = self.settings.lookahead_s
-        share = wake_share(report.queued + report.retries, since_last, lookahead_s)
         batch = self.settings.scan_batch_size
         refresh = report.errored > 0 or time.monotonic() - self._error_gauge_at >= ERROR_GAUGE_EVERY_S
         with conn.transaction():
-            self._due_in = store.next_due_in(conn, lookahead_s=lookahead_s * share)
+            self._due_in = store.next_due_in(
+                conn,
+                lookahead_s=lookahead_s,
+                slice_fires=SLICE_FIRES,
+                min_slice_s=MIN_SLICE_SHARE * lookahead_s,
+                max_slice_s=MAX_SLICE_SHARE * lookahead_s,
+            )
             if refresh:
                 metrics.SCHEDULES_IN_ERROR.set(store.schedules_in_error(conn))
                 self._error_gauge_at = time.monotonic()
-        # Negative: the oldest due lease (a fire, less the look-ahead when it has one) is that late,
-        # which is what the scan lag reports: how far the scanner is behind its own work.
+        # Negative: the oldest due lease (a fire, or for overlap allow the fire less the look-ahead
+        # plus a slice) is that late, which is what the scan lag reports: how far the scanner is
+        # behind its own work.
         metrics.SCAN_LAG.set(0.0 if self._due_in is None else max(0.0, -self._due_in))
         return report.schedules >= batch or report.retries >= batch
 
@@ -288,18 +293,3 @@ class Scanner(Service):
             traceparent=retry.creation_traceparent,
         )
         return NextAttempt(run.id, attempt, None, message)
-
-
-def wake_share(dispatched: int, since_last_s: float, lookahead_s: float) -> float:
-    """The share of the look-ahead at which the next scan wakes (the next fire that far away),
-    after a scan that put ``dispatched`` jobs on the outbox ``since_last_s`` after the one before:
-    one minus the slice, as a share of the window. The slice is what holds :data:`SLICE_FIRES` at
-    the rate that scan saw, between :data:`MIN_SLICE_SHARE` and :data:`MAX_SLICE_SHARE` of the
-    window. The rate is over at least the shortest slice, so a scan woken early (a NOTIFY from a
-    create) does not pass for a flood; a rate that changes is followed from one scan to the next."""
-    if lookahead_s <= 0:
-        return 0.0
-    shortest, longest = MIN_SLICE_SHARE * lookahead_s, MAX_SLICE_SHARE * lookahead_s
-    rate = dispatched / max(since_last_s, shortest)
-    slice_s = longest if rate <= 0 else min(max(SLICE_FIRES / rate, shortest), longest)
-    return 1.0 - slice_s / lookahead_s

@@ -236,12 +236,27 @@ def redispatch_runs(conn: psycopg.Connection[Row], attempts: Sequence[NextAttemp
 
 
 def next_due_in(
-    conn: psycopg.Connection[Row], now: datetime | None = None, lookahead_s: float = 0.0
+    conn: psycopg.Connection[Row],
+    now: datetime | None = None,
+    lookahead_s: float = 0.0,
+    *,
+    slice_fires: int = 1,
+    min_slice_s: float = 0.0,
+    max_slice_s: float = 0.0,
 ) -> float | None:
     """Seconds until the scanner has work, by the database clock: the earliest retry, or the
-    earliest schedule's lease time (``lookahead_s`` before its fire for overlap allow); None if
-    nothing is scheduled."""
-    row = conn.execute(query("next_due_in"), {"now": now, "lookahead_s": lookahead_s}).fetchone()
+    earliest schedule's lease time; None if nothing is scheduled. For overlap allow that is
+    ``lookahead_s`` before its fire, plus the time it and the next ``slice_fires - 1`` allow fires
+    span, held between ``min_slice_s`` and ``max_slice_s`` (by default no slice: ``lookahead_s``
+    before the fire)."""
+    params = {
+        "now": now,
+        "lookahead_s": lookahead_s,
+        "slice_fires": slice_fires,
+        "min_slice_s": min_slice_s,
+        "max_slice_s": max_slice_s,
+    }
+    row = conn.execute(query("next_due_in"), params).fetchone()
     return None if row is None or row["seconds"] is None else float(row["seconds"])
 
 

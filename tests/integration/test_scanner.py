@@ -478,6 +478,63 @@ def test_the_scanner_wakes_its_look_ahead_before_the_next_fire(settings: Setting
         assert scan_store.next_due_in(conn, now, lookahead_s=0.0) == pytest.approx(10.0)
 
 
+def insert_fires(
+    settings: Settings, first: datetime, count: int, every_ms: float, overlap: str = "allow"
+) -> None:
+    """``count`` delayed schedules of app "scan", the first at ``first``, one every ``every_ms``."""
+    with connect(settings.database_url) as conn:
+        conn.execute(
+            "insert into schedules (id, app, name, kind, handler, run_at, next_fire_at, overlap_policy) "
+            "select gen_random_uuid(), 'scan', 'fire-' || g, 'delayed', 'builtin:noop', t, t, %s "
+            "  from generate_series(0, %s - 1) g, "
+            "       lateral (select %s::timestamptz + g * %s * interval '1 millisecond' as t) x",
+            (overlap, count, first, every_ms),
+        )
+        conn.commit()
+
+
+def slice_due_in(settings: Settings, now: datetime) -> float | None:
+    """next_due_in as the scanner asks it with a 1 s look-ahead."""
+    with connect(settings.database_url) as conn:
+        return scan_store.next_due_in(
+            conn, now, lookahead_s=1.0, slice_fires=200, min_slice_s=0.1, max_slice_s=0.5
+        )
+
+
+def test_dense_fires_are_leased_in_slices_of_about_200(settings: Settings, app: str) -> None:
+    """The scan that wakes at the returned time leases the fires up to it plus the look-ahead:
+    200 of them at one a millisecond (a slice of 199 ms), whatever woke the scanner before."""
+    with connect(settings.database_url) as conn:
+        now = schedules.db_now(conn)
+    insert_fires(settings, now + timedelta(seconds=10), 1000, every_ms=1.0)
+    assert slice_due_in(settings, now) == pytest.approx(10 - 1 + 0.199, abs=1e-6)
+
+
+def test_sparse_fires_are_leased_every_half_window(settings: Settings, app: str) -> None:
+    with connect(settings.database_url) as conn:
+        now = schedules.db_now(conn)
+    insert_fires(settings, now + timedelta(seconds=10), 50, every_ms=10.0)  # 100 fires/s
+    assert slice_due_in(settings, now) == pytest.approx(9.5, abs=1e-6)
+
+
+def test_a_flood_of_fires_is_leased_no_more_often_than_a_tenth_of_the_window(
+    settings: Settings, app: str
+) -> None:
+    with connect(settings.database_url) as conn:
+        now = schedules.db_now(conn)
+    insert_fires(settings, now + timedelta(seconds=10), 1000, every_ms=0.1)  # 10,000 fires/s
+    assert slice_due_in(settings, now) == pytest.approx(9.1, abs=1e-6)
+
+
+def test_guarded_fires_do_not_shorten_the_slice(settings: Settings, app: str) -> None:
+    """Fires of skip schedules are leased at their instant, not ahead: they are no part of a slice."""
+    with connect(settings.database_url) as conn:
+        now = schedules.db_now(conn)
+    insert_fires(settings, now + timedelta(seconds=10), 1000, every_ms=0.1, overlap="skip")
+    insert_fires(settings, now + timedelta(seconds=10), 10, every_ms=10.0)
+    assert slice_due_in(settings, now) == pytest.approx(9.5, abs=1e-6)
+
+
 def test_jitter_still_holds_a_fire_leased_ahead_back_from_its_instant(settings: Settings, app: str) -> None:
     with connect(settings.database_url) as conn:
         now = schedules.db_now(conn)

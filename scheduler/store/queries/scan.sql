@@ -164,22 +164,41 @@ select n.topic, n.key, n.value, n.headers, n.id, n.attempt
 
 -- name: next_due_in
 -- Seconds until the scanner has work (null when none): the earliest retry, or the earliest
--- schedule's lease time, which is its next fire less %(lookahead_s)s for overlap allow. The first
--- schedule in schedules_due is leased at its fire at the latest; an allow schedule is leased
--- earlier only if its fire is less than the look-ahead after that first one, so only that stretch
--- of the index is read for it (the walk stops at its first allow row), however many guarded
--- schedules come first.
+-- schedule's lease time. That is its next fire for a guarded schedule (skip, buffer_one). For
+-- overlap allow it is the first such fire less %(lookahead_s)s plus a slice: the time that fire and
+-- the next %(slice_fires)s - 1 allow fires span, held between %(min_slice_s)s and %(max_slice_s)s
+-- (the scanner's docstring says why). The scan then leases about that many fires, whichever
+-- scanner wakes and however it was woken before. The first schedule in schedules_due is leased at
+-- its fire at the latest; an allow schedule is leased earlier only if its fire is less than the
+-- look-ahead after that first one, so only that stretch of the index is read for it (the walk for
+-- the first allow fire stops at its first allow row, that for the slice at its slice_fires-th),
+-- however many guarded schedules come first.
 with first as (
     select min(next_fire_at) as at from schedules where state = 'active'
 ), allow as (
-    select min(s.next_fire_at) - %(lookahead_s)s::float8 * interval '1 second' as due
+    select min(s.next_fire_at) as at
       from schedules s, first f
      where s.state = 'active' and s.overlap_policy = 'allow'
        and s.next_fire_at < f.at + %(lookahead_s)s::float8 * interval '1 second'
+), slice_end as (
+    select s.next_fire_at as at
+      from schedules s, first f
+     where s.state = 'active' and s.overlap_policy = 'allow'
+       and s.next_fire_at < f.at + %(lookahead_s)s::float8 * interval '1 second'
+     order by s.next_fire_at
+    offset greatest(%(slice_fires)s::int - 1, 0) limit 1
+), allow_due as (
+    select a.at - %(lookahead_s)s::float8 * interval '1 second'
+           + least(%(max_slice_s)s::float8,
+                   greatest(%(min_slice_s)s::float8,
+                            coalesce(extract(epoch from (select at from slice_end) - a.at)::float8,
+                                     %(max_slice_s)s::float8)))
+             * interval '1 second' as at
+      from allow a
 )
 select extract(epoch from least(
            (select at from first),
-           (select due from allow),
+           (select at from allow_due),
            (select min(next_attempt_at) from runs where state = 'retry_wait'))
        - coalesce(%(now)s::timestamptz, now()))::float8 as seconds;
 
