@@ -24,7 +24,10 @@ window: half while fires are sparse, shorter when they are dense, so that each s
 about that size. The batch crosses the scanner, PostgreSQL, the relay, Kafka and the workers within
 a few milliseconds of each other, and the bigger that burst, the later the fires due while it lasts
 start. Read from the table rather than from what this scanner leased before, the slice is the same
-for every scanner (they wake together and share the batch) and after any early wake-up (a NOTIFY).
+for every scanner and after any early wake-up (a NOTIFY). Scanners that wake together for the same
+slice do not split it: one leases it, and the others, finding it locked, look again after
+:data:`LOCKED_DUE_PAUSE_S`. (The table holds each schedule's next fire only, so a cron that fires
+several times within a slice counts once.)
 Waking for each fire as it entered the window would scan once per fire (a transaction and several
 statements per job) whatever the rate.
 
@@ -84,6 +87,11 @@ MIN_SLICE_SHARE = 0.1
 MAX_SLICE_SHARE = 0.5
 # How often the gauge of schedules in error is refreshed (a count over the schedules table).
 ERROR_GAUGE_EVERY_S = 15.0
+# Due work that a scan could not lease is locked by another transaction: another scanner's batch
+# (scanners wake together for the same slice, and one of them takes it) or a user's update of the
+# schedule. It is looked at again after this pause rather than at once, which spun, two
+# transactions at a time, until that transaction ended.
+LOCKED_DUE_PAUSE_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,7 @@ class Scanner(Service):
         self.session = Session(database, CHANNEL)
         self.random = random.Random()
         self._due_in: float | None = None
+        self._leased_nothing = False
         self._error_gauge_at = float("-inf")
 
     def checks(self) -> Sequence[Check]:
@@ -124,6 +133,7 @@ class Scanner(Service):
     def step(self) -> bool:
         conn = self.session.conn
         report = self.scan_once(conn)
+        self._leased_nothing = report.schedules == 0 and report.retries == 0
         lookahead_s = self.settings.lookahead_s
         batch = self.settings.scan_batch_size
         refresh = report.errored > 0 or time.monotonic() - self._error_gauge_at >= ERROR_GAUGE_EVERY_S
@@ -146,8 +156,16 @@ class Scanner(Service):
 
     def idle(self, stop: threading.Event) -> None:
         """Until the next due time by the database clock, a NOTIFY, or ``max_scan_sleep_s``."""
+        self.session.wait(self.sleep_s(), stop)
+
+    def sleep_s(self) -> float:
+        """How long :meth:`idle` waits after the last step: until the next due time, at most
+        ``max_scan_sleep_s``, and :data:`LOCKED_DUE_PAUSE_S` when work is due that the step could not
+        lease (another transaction holds it)."""
         sleep = self.settings.max_scan_sleep_s if self._due_in is None else self._due_in
-        self.session.wait(min(max(sleep, 0.0), self.settings.max_scan_sleep_s), stop)
+        if sleep <= 0 and self._leased_nothing:
+            sleep = LOCKED_DUE_PAUSE_S
+        return min(max(sleep, 0.0), self.settings.max_scan_sleep_s)
 
     def reset(self) -> None:
         self.session.close()

@@ -15,6 +15,7 @@ from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import ATTEMPT_HEADER, RUN_ID_HEADER, JobMessage
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.scan import metrics as scan_metrics
+from scheduler.scan.scanner import LOCKED_DUE_PAUSE_S
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, schedules
@@ -533,6 +534,29 @@ def test_guarded_fires_do_not_shorten_the_slice(settings: Settings, app: str) ->
     insert_fires(settings, now + timedelta(seconds=10), 1000, every_ms=0.1, overlap="skip")
     insert_fires(settings, now + timedelta(seconds=10), 10, every_ms=10.0)
     assert slice_due_in(settings, now) == pytest.approx(9.5, abs=1e-6)
+
+
+def test_due_work_another_transaction_holds_is_looked_at_again_after_a_pause(
+    settings: Settings, app: str
+) -> None:
+    """Another scanner's batch, or a user's update, holds the due schedule's row: the scan leases
+    nothing, and the scanner looks again after a short pause instead of at once (it spun)."""
+    with connect(settings.database_url) as conn:
+        now = schedules.db_now(conn)
+    insert_fires(settings, now - timedelta(seconds=1), 1, every_ms=1.0)
+    scanner = Wiring(replace(settings, lookahead_s=1.0)).scanner()
+    try:
+        with connect(settings.database_url) as other:
+            other.execute("select 1 from schedules where app = 'scan' for update")
+            scanner.step()
+            assert scanner.sleep_s() == pytest.approx(LOCKED_DUE_PAUSE_S)
+            other.rollback()
+        scanner.step()
+        with connect(settings.database_url) as conn:
+            assert conn.execute("select count(*) as n from runs").fetchone() == {"n": 1}
+        assert scanner.sleep_s() > LOCKED_DUE_PAUSE_S, "nothing due any more"
+    finally:
+        scanner.close()
 
 
 def test_jitter_still_holds_a_fire_leased_ahead_back_from_its_instant(settings: Settings, app: str) -> None:
