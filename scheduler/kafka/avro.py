@@ -460,7 +460,8 @@ def _with_checked_indexes(schema: ParsedSchema) -> ParsedSchema:
     :class:`_Indexed` (the copy keeps the schema's shared and named types shared, as ``deepcopy``
     does). Parsed first if it is not: fastavro would parse the copy again on every read, and its
     parser takes the wrapped lists for empty ones."""
-    if not isinstance(schema, dict) or "__fastavro_parsed" not in schema:
+    if not isinstance(schema, dict) or not {"__fastavro_parsed", "__named_schemas"} <= schema.keys():
+        # fastavro reads a schema as parsed only with both keys; without them it parses it again.
         schema = cast(ParsedSchema, parse_schema(schema, named_schemas={}))
     copied = copy.deepcopy(schema)
     seen: set[int] = set()

@@ -6,15 +6,23 @@ does, so -1 read as the last symbol)."""
 from __future__ import annotations
 
 import dataclasses
+import io
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 import pytest
+from fastavro import parse_schema, schemaless_reader
 
 from scheduler.domain.schedule import MisfirePolicy, ScheduleKind
 from scheduler.kafka import messages as m
-from scheduler.kafka.avro import AvroCodec, UndecodableMessageError, default_catalog
+from scheduler.kafka.avro import (
+    AvroCodec,
+    ParsedSchema,
+    UndecodableMessageError,
+    _with_checked_indexes,
+    default_catalog,
+)
 
 CODEC = AvroCodec(default_catalog())
 AT = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
@@ -111,3 +119,23 @@ def test_a_union_branch_index_outside_its_branches_is_undecodable() -> None:
     for index in (-1, -2, 2):
         with pytest.raises(UndecodableMessageError, match="enum or union index"):
             CODEC.decode(m.ScheduleCommand, with_index(pause, position, index))
+
+
+def test_a_schema_given_unparsed_or_half_parsed_is_parsed_before_its_indexes_are_checked() -> None:
+    """fastavro parses a schema again unless it has both of its parse marks, and its parser takes
+    the checked lists for empty ones: every read would fail."""
+    plain = {
+        "type": "record",
+        "name": "R",
+        "fields": [
+            {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["a", "b"]}},
+            {"name": "u", "type": ["null", "long"]},
+        ],
+    }
+    half = dict(cast(ParsedSchema, parse_schema(plain, named_schemas={})))
+    del half["__named_schemas"]
+    for given in (plain, half):
+        checked = _with_checked_indexes(given)
+        assert schemaless_reader(io.BytesIO(b"\x02\x02\x04"), checked, None) == {"e": "b", "u": 2}
+        with pytest.raises(IndexError, match="enum or union index -1"):
+            schemaless_reader(io.BytesIO(b"\x01\x00"), checked, None)
