@@ -50,7 +50,7 @@ from bench.common import (
 )
 from bench.cost import ComponentCpu, CostProbe, component_groups
 from scheduler.store import query
-from scheduler.store.scan import MAX_BATCH_PAYLOAD_BYTES
+from scheduler.store.scan import lease_schedules_params
 from scheduler.wiring import Wiring
 
 Conn = psycopg.Connection[Any]
@@ -129,13 +129,7 @@ def lease_query_ms(conn: Conn, batch: int, repeat: int = 20, lookahead_s: float 
     sql = "explain (analyze, format json) " + query("lease_due_schedules")
     for _ in range(repeat):
         with conn.cursor(row_factory=psycopg.rows.tuple_row) as cur:
-            params = {
-                "now": None,
-                "limit": batch,
-                "lookahead_s": lookahead_s,
-                "max_bytes": MAX_BATCH_PAYLOAD_BYTES,
-            }
-            cur.execute(sql, params)
+            cur.execute(sql, lease_schedules_params(batch, lookahead_s=lookahead_s))
             row = cur.fetchone()
         conn.rollback()
         assert row is not None

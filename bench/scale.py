@@ -70,7 +70,7 @@ from scheduler.config import Settings
 from scheduler.domain.cron import CronSchedule
 from scheduler.reconcile import retention
 from scheduler.store import query
-from scheduler.store.scan import MAX_BATCH_PAYLOAD_BYTES
+from scheduler.store.scan import lease_retries_params, lease_schedules_params
 from scheduler.wiring import Wiring
 
 Conn = psycopg.Connection[Any]
@@ -503,10 +503,7 @@ def run_cron(spread: Spread, count: int, workers: int, concurrency: int, partiti
             conn.commit()
             lease = lease_query_ms(conn, SCAN_BATCH)
             retry_lease = plan_median_ms(
-                conn,
-                query("lease_due_retries"),
-                {"now": None, "limit": SCAN_BATCH, "max_bytes": MAX_BATCH_PAYLOAD_BYTES},
-                20,
+                conn, query("lease_due_retries"), lease_retries_params(SCAN_BATCH), 20
             )
             expected = expected_fires(conn, spread, window_start, CRON_WINDOW_S)
             table_mb = conn.execute("select pg_total_relation_size('schedules') / 1e6 as mb").fetchone()
@@ -865,19 +862,11 @@ def run_history(runs: int, workers: int, concurrency: int, partitions: int) -> d
                 "lease_due_schedules": plan_median_ms(
                     conn,
                     query("lease_due_schedules"),
-                    {
-                        "now": None,
-                        "limit": SCAN_BATCH,
-                        "lookahead_s": 1.0,
-                        "max_bytes": MAX_BATCH_PAYLOAD_BYTES,
-                    },
+                    lease_schedules_params(SCAN_BATCH, lookahead_s=1.0),
                     20,
                 ),
                 "lease_due_retries": plan_median_ms(
-                    conn,
-                    query("lease_due_retries"),
-                    {"now": None, "limit": SCAN_BATCH, "max_bytes": MAX_BATCH_PAYLOAD_BYTES},
-                    20,
+                    conn, query("lease_due_retries"), lease_retries_params(SCAN_BATCH), 20
                 ),
                 "runs_page": plan_median_ms(
                     conn, query("runs_page"), {"schedule_id": schedule_id, "before": None, "limit": 51}, 20

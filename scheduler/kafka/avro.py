@@ -230,6 +230,10 @@ def default_catalog() -> SchemaCatalog:
     return SchemaCatalog.load()
 
 
+_SchemaCopy = Callable[[ParsedSchema], ParsedSchema]
+"""What the codec makes of a schema for reading, once per schema (see :meth:`AvroCodec._copy`)."""
+
+
 class AvroCodec:
     """Encodes and decodes messages; holds only parsed schemas, so one instance serves every thread."""
 
@@ -239,10 +243,10 @@ class AvroCodec:
         self.catalog = default_catalog() if catalog is None else catalog
         self._schema_for_id = schema_for_id
         self._registry_schemas: dict[int, ParsedSchema] = {}
-        # id(schema) -> (schema, its copy without logical types); the schema is kept so its id stays its.
-        self._plain_schemas: dict[int, tuple[ParsedSchema, ParsedSchema]] = {}
-        # id(writer schema) -> (schema, its copy refusing an enum or union index out of range): see _Indexed.
-        self._reading_schemas: dict[int, tuple[ParsedSchema, ParsedSchema]] = {}
+        # (id(schema), what was made of it) -> (schema, the copy made): its copy without logical
+        # types, and its copy refusing an enum or union index out of range (see _Indexed). The
+        # schema is kept so its id stays its.
+        self._copies: dict[tuple[int, _SchemaCopy], tuple[ParsedSchema, ParsedSchema]] = {}
 
     def encode(self, message: AvroMessage, *, confluent_schema_id: int | None = None) -> bytes:
         """The message in single-object encoding, or in Confluent framing under ``confluent_schema_id``.
@@ -311,18 +315,17 @@ class AvroCodec:
         return cast(dict[str, Any], record)
 
     def _plain(self, schema: ParsedSchema) -> ParsedSchema:
-        known = self._plain_schemas.get(id(schema))
-        if known is None:
-            known = self._plain_schemas[id(schema)] = (
-                schema,
-                cast(ParsedSchema, _without_logical_types(schema)),
-            )
-        return known[1]
+        return self._copy(schema, _plain_copy)
 
     def _for_reading(self, writer: ParsedSchema) -> ParsedSchema:
-        known = self._reading_schemas.get(id(writer))
+        return self._copy(writer, _with_checked_indexes)
+
+    def _copy(self, schema: ParsedSchema, make: _SchemaCopy) -> ParsedSchema:
+        """``make(schema)``, made once per schema."""
+        key = (id(schema), make)
+        known = self._copies.get(key)
         if known is None:
-            known = self._reading_schemas[id(writer)] = (writer, _with_checked_indexes(writer))
+            known = self._copies[key] = (schema, make(schema))
         return known[1]
 
     def _writer_schema(self, reader: AvroSchema, data: bytes) -> tuple[ParsedSchema, int]:
@@ -474,7 +477,7 @@ def _with_checked_indexes(schema: ParsedSchema) -> ParsedSchema:
             if node.get("type") == "enum" and isinstance(node.get("symbols"), list):
                 node["symbols"] = _Indexed(node["symbols"])
             for key in _UNION_KEYS:
-                if isinstance(node.get(key), list) and not isinstance(node[key], _Indexed):
+                if isinstance(node.get(key), list):
                     node[key] = _Indexed(node[key])
             for value in node.values():
                 check(value)
@@ -484,6 +487,10 @@ def _with_checked_indexes(schema: ParsedSchema) -> ParsedSchema:
 
     check(copied)
     return copied
+
+
+def _plain_copy(schema: ParsedSchema) -> ParsedSchema:
+    return cast(ParsedSchema, _without_logical_types(schema))
 
 
 def _without_logical_types(schema: object) -> object:

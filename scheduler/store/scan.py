@@ -120,6 +120,23 @@ class ScheduleAdvance:
     state: ScheduleState
 
 
+def lease_schedules_params(
+    limit: int,
+    now: datetime | None = None,
+    lookahead_s: float = 0.0,
+    max_bytes: int = MAX_BATCH_PAYLOAD_BYTES,
+) -> dict[str, Any]:
+    """The parameters of ``lease_due_schedules`` (its plan is also timed by the benchmarks)."""
+    return {"limit": limit, "now": now, "lookahead_s": lookahead_s, "max_bytes": max_bytes}
+
+
+def lease_retries_params(
+    limit: int, now: datetime | None = None, max_bytes: int = MAX_BATCH_PAYLOAD_BYTES
+) -> dict[str, Any]:
+    """The parameters of ``lease_due_retries`` (its plan is also timed by the benchmarks)."""
+    return {"limit": limit, "now": now, "max_bytes": max_bytes}
+
+
 def lease_due_schedules(
     conn: psycopg.Connection[Row],
     limit: int,
@@ -129,10 +146,8 @@ def lease_due_schedules(
 ) -> list[DueSchedule]:
     """Due schedules, and those (overlap allow) whose next fire comes within ``lookahead_s``: at most
     ``limit``, and no more than ``max_bytes`` of payload after the first."""
-    rows = conn.execute(
-        query("lease_due_schedules"),
-        {"limit": limit, "now": now, "lookahead_s": lookahead_s, "max_bytes": max_bytes},
-    ).fetchall()
+    params = lease_schedules_params(limit, now, lookahead_s, max_bytes)
+    rows = conn.execute(query("lease_due_schedules"), params).fetchall()
     return [DueSchedule(schedule_from_row(row), row["scan_now"]) for row in rows]
 
 
@@ -204,9 +219,7 @@ def lease_due_retries(
     max_bytes: int = MAX_BATCH_PAYLOAD_BYTES,
 ) -> list[DueRetry]:
     """Due retries: at most ``limit``, and no more than ``max_bytes`` of payload after the first."""
-    rows = conn.execute(
-        query("lease_due_retries"), {"limit": limit, "now": now, "max_bytes": max_bytes}
-    ).fetchall()
+    rows = conn.execute(query("lease_due_retries"), lease_retries_params(limit, now, max_bytes)).fetchall()
     return [
         DueRetry(
             run=run_from_row(row),

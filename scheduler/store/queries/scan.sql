@@ -174,12 +174,13 @@ select n.topic, n.key, n.value, n.headers, n.id, n.attempt
 -- the look-ahead after the first fire of all, the one for the slice at most the longest slice
 -- after that allow fire; both stop at the row they look for, and read the guarded schedules in
 -- their stretch on the way.
-with allow as (
+with first as (
+    select min(next_fire_at) as at from schedules where state = 'active'
+), allow as (
     select min(s.next_fire_at) as at
       from schedules s
      where s.state = 'active' and s.overlap_policy = 'allow'
-       and s.next_fire_at < (select min(next_fire_at) from schedules where state = 'active')
-                            + %(lookahead_s)s::float8 * interval '1 second'
+       and s.next_fire_at < (select at from first) + %(lookahead_s)s::float8 * interval '1 second'
 ), slice_end as (
     select s.next_fire_at as at
       from schedules s
@@ -198,7 +199,7 @@ with allow as (
       from allow a
 )
 select extract(epoch from least(
-           (select min(next_fire_at) from schedules where state = 'active'),
+           (select at from first),
            (select at from allow_due),
            (select min(next_attempt_at) from runs where state = 'retry_wait'))
        - coalesce(%(now)s::timestamptz, now()))::float8 as seconds;
