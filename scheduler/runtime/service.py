@@ -183,13 +183,17 @@ class Service(ABC):
             self.close()
             self.log.info("stopped")
 
+    def _warning_clock(self) -> float:
+        """The clock that spaces retry warnings apart (a test's own, to cover a long outage)."""
+        return time.monotonic()
+
     def _before_retry(self, state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome is not None else None
         if error is None:
             return
         self.status.failed(error)
         delay = state.next_action.sleep if state.next_action is not None else 0.0
-        now = time.monotonic()
+        now = self._warning_clock()
         if self.status.failures <= RETRY_WARNINGS or now - self._warned_at >= RETRY_WARN_EVERY_S:
             unwarned = (
                 f" ({self._unwarned} more failed attempts since the last warning)" if self._unwarned else ""

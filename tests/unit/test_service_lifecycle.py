@@ -320,11 +320,14 @@ def test_a_long_outage_warns_for_its_first_failures_then_once_a_minute(
 
 
 def test_a_warning_a_minute_apart_says_how_many_failures_went_unwarned(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="scheduler.scripted")
     clock = [1000.0]
-    monkeypatch.setattr("scheduler.runtime.service.time.monotonic", lambda: clock[0])
+
+    class Clocked(Scripted):
+        def _warning_clock(self) -> float:
+            return clock[0]
 
     def fail_later(seconds: float) -> Action:
         def action(service: Scripted, stop: threading.Event) -> bool:
@@ -335,7 +338,7 @@ def test_a_warning_a_minute_apart_says_how_many_failures_went_unwarned(
 
     stop = threading.Event()
     script = [*[fail_later(5.0)] * 15, fail_later(5.0), stop_then(True)]  # 16 failures, 5 s apart
-    Scripted(script, stop=stop).run(stop)
+    Clocked(script, stop=stop).run(stop)
 
     warnings = retry_lines(caplog, logging.WARNING)
     # Failures 1-3 warn (the third at 1015 s); the next warning is the first a minute after it.
