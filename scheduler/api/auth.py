@@ -77,8 +77,10 @@ class Principal:
 
     @property
     def key(self) -> str:
-        """Who the rate limits and idempotency keys count: a subject is unique within its issuer."""
-        return f"{self.issuer or ''}|{self.subject}"
+        """Who the rate limits and idempotency keys count: a subject is unique within its issuer.
+        The pair as JSON, whose quoting keeps any two pairs apart: joined by a "|" (as it was),
+        issuer "a" with subject "b|c" was the same principal as issuer "a|b" with subject "c"."""
+        return json.dumps([self.issuer, self.subject], ensure_ascii=False)
 
     @property
     def actor(self) -> str:
@@ -256,6 +258,10 @@ class Authenticator:
                 raise _unauthenticated(shown)
         if not isinstance(claims.get("sub"), str) or not claims["sub"]:
             raise _unauthenticated("the token's 'sub' claim must be a non-empty string")
+        if "iss" in claims and not isinstance(claims["iss"], str):
+            # Read as no issuer, a token saying `"iss": 5` would share the rate limits and
+            # idempotency keys of the subject's tokens without one.
+            raise _unauthenticated("the token's 'iss' claim must be a string")
         for name in ("sub", "iss"):
             value = claims.get(name)
             if isinstance(value, str) and len(value.encode("utf-8", "surrogatepass")) > MAX_IDENTITY_BYTES:
@@ -284,10 +290,9 @@ class Authenticator:
         # "no apps" must not read as "all apps").
         every_app = ALL_APPS in apps or (apps_claim is _ABSENT and Role.ADMIN in roles)
         scope = None if every_app else frozenset(apps)
-        issuer = claims.get("iss")
         return Principal(
             subject=claims["sub"],
-            issuer=issuer if isinstance(issuer, str) else None,
+            issuer=claims.get("iss"),
             roles=roles,
             apps=scope,
         )

@@ -185,7 +185,7 @@ def decode_cursor(cursor: str, arity: int) -> list[str] | None:
         return None
     try:
         parts = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (binascii.Error, ValueError, UnicodeDecodeError):
+    except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):  # "[[[[..." nests too deep
         parts = None
     if not isinstance(parts, list) or len(parts) != arity or not all(isinstance(p, str) for p in parts):
         raise invalid("cursor is not one this API gave (pass next_cursor as it came)", field="cursor")
@@ -203,6 +203,12 @@ def instant_of(text: str) -> datetime:
 
 
 MAX_PAGE = 500
+# A page of schedules or audit entries also ends once their payloads pass this many bytes (of JSON
+# text): 500 payloads of a megabyte would be an answer of half a gigabyte, built in the server's
+# memory, and past gRPC's 32 MiB send limit, whose protobuf form of a payload's numbers is up to
+# five times its JSON. A payload alone is at most 1 MiB (two in an audit entry), so a page is never
+# empty.
+MAX_PAGE_BYTES = 4 * 1024 * 1024
 
 
 def page_limit(limit: int, default: int = 50, maximum: int = MAX_PAGE) -> int:

@@ -164,13 +164,25 @@ def _position(cursor: str) -> tuple[datetime, UUID] | None:
     return None if parts is None else (m.instant_of(parts[0]), m.uuid_of(parts[1], "cursor"))
 
 
-def _page(rows: list[Row], limit: int, instant: str) -> tuple[list[Row], str, bool]:
-    """A page of ``limit`` from ``limit + 1`` rows, with the cursor of its last row (by ``instant``
-    and id) when more follow."""
-    has_more = len(rows) > limit
-    rows = rows[:limit]
+def _page(
+    rows: list[Row], limit: int, instant: str, *, byte_bounded: bool = False
+) -> tuple[list[Row], str, bool]:
+    """A page of ``limit`` from ``limit + 1`` rows (``byte_bounded``: see :func:`_within_bytes`),
+    with the cursor of its last row (by ``instant`` and id) when more follow."""
+    rows, has_more = _within_bytes(rows, limit) if byte_bounded else (rows[:limit], len(rows) > limit)
     last = rows[-1] if has_more else None
     return rows, "" if last is None else m.encode_cursor(last[instant].isoformat(), str(last["id"])), has_more
+
+
+def _within_bytes(rows: list[Row], limit: int) -> tuple[list[Row], bool]:
+    """The page of a byte-bounded query's rows (``page_bytes``: theirs up to each row's): at most
+    ``limit`` of them, and only the first if it alone passes :data:`MAX_PAGE_BYTES`; and whether
+    more follow (a row read and left out)."""
+    page = rows[:limit]
+    ends = next((i for i, row in enumerate(page) if i > 0 and row["page_bytes"] > m.MAX_PAGE_BYTES), None)
+    if ends is not None:
+        page = page[:ends]
+    return page, len(rows) > len(page)
 
 
 def _domain_error(exc: Exception) -> ApiError | None:
@@ -407,8 +419,9 @@ class SchedulerApi:
             enabled=request.enabled if request.HasField("enabled") else None,
             after=_position(request.cursor),
             limit=limit + 1,
+            max_bytes=m.MAX_PAGE_BYTES,
         )
-        rows, next_cursor, has_more = _page(rows, limit, "created_at")
+        rows, next_cursor, has_more = _page(rows, limit, "created_at", byte_bounded=True)
         return pb.ListSchedulesResponse(
             schedules=[m.schedule_message(row) for row in rows], next_cursor=next_cursor, has_more=has_more
         )
@@ -561,9 +574,9 @@ class SchedulerApi:
             since=m.moment_of(request, "since"),
             before_id=before_id,
             limit=limit + 1,
+            max_bytes=m.MAX_PAGE_BYTES,
         )
-        has_more = len(rows) > limit
-        rows = rows[:limit]
+        rows, has_more = _within_bytes(rows, limit)
         return pb.ListAuditEntriesResponse(
             entries=[m.audit_message(row) for row in rows],
             next_cursor=m.encode_cursor(str(rows[-1]["id"])) if has_more else "",

@@ -324,6 +324,8 @@ def _default_name(spec: ScheduleSpec, schedule_id: uuid.UUID) -> str:
 
 
 UPDATABLE = (ScheduleState.ACTIVE, ScheduleState.PAUSED, ScheduleState.ERROR)
+# The spec's fields that decide when a schedule fires.
+TIMETABLE = ("kind", "cron", "tz", "run_at", "start_at", "end_at")
 
 
 def update_schedule(
@@ -335,9 +337,12 @@ def update_schedule(
 ) -> Row:
     """Replace the whole spec, versioned and audited like the other operations.
 
-    The next fire is computed afresh from the new spec (also while paused, so that resuming judges
-    misfires against the new timetable). A schedule in error whose new spec computes is active
-    again; cancelled and completed schedules cannot be updated.
+    A new timetable (kind, cron, zone, run_at, start_at or end_at) computes the next fire afresh
+    (also while paused, so that resuming judges misfires against the new timetable). One that
+    stays as it was keeps the next fire: changing a payload or a name must not drop the fires a
+    paused schedule missed, which its misfire policy judges on resume, nor a due one the scanner
+    has not leased yet. A schedule in error whose new spec computes is active again; cancelled and
+    completed schedules cannot be updated.
     """
     validate(spec)
     payload = encoded_payload(spec.payload)
@@ -348,16 +353,22 @@ def update_schedule(
         if old["app"] != spec.app:
             raise InvalidSchedule(f"schedule {schedule_id} belongs to app {old['app']!r}, not {spec.app!r}")
         _app_of(conn, spec)
-        now = schedules.db_now(conn)
+        columns = spec_columns(spec)
+        kept = (
+            old["state"] != ScheduleState.ERROR
+            and old["next_fire_at"] is not None
+            and all(columns[name] == old[name] for name in TIMETABLE)
+        )
+        next_fire_at = old["next_fire_at"] if kept else first_fire(spec, schedule_id, schedules.db_now(conn))
         new = schedules.replace_schedule_spec(
             conn,
-            spec_columns(spec)
+            columns
             | {
                 "id": schedule_id,
                 "version": old["version"],
                 "name": spec.name or old["name"],
                 "payload": payload,
-                "next_fire_at": first_fire(spec, schedule_id, now),
+                "next_fire_at": next_fire_at,
             },
         )
         if new is None:
@@ -492,30 +503,32 @@ def trigger(
             raise InvalidTransition(f"cannot trigger schedule {schedule_id}: it is {schedule.state}")
         now = schedules.db_now(conn)
         run_id = new_id()
-        message = dispatcher.message(
-            run_id=run_id,
-            schedule_id=schedule_id,
-            job=schedule.execution,
-            scheduled_for=now,
-            attempt=1,
-            deadline=attempt_deadline(now, schedule.timeout_ms),
-            traceparent=schedule.creation_traceparent,  # as the scanner's fires
-        )
-        scan.create_runs(
-            conn,
-            [
-                NewRun(
-                    id=run_id,
-                    schedule_id=schedule_id,
-                    app=schedule.app,
-                    scheduled_for=now,
-                    state=RunState.PENDING,
-                    max_attempts=schedule.max_attempts,
-                    guarded=schedule.overlap_policy.guards_runs,
-                    message=message,
-                )
-            ],
-        )
+        while True:
+            message = dispatcher.message(
+                run_id=run_id,
+                schedule_id=schedule_id,
+                job=schedule.execution,
+                scheduled_for=now,
+                attempt=1,
+                deadline=attempt_deadline(now, schedule.timeout_ms),
+                traceparent=schedule.creation_traceparent,  # as the scanner's fires
+            )
+            run = NewRun(
+                id=run_id,
+                schedule_id=schedule_id,
+                app=schedule.app,
+                scheduled_for=now,
+                state=RunState.PENDING,
+                max_attempts=schedule.max_attempts,
+                guarded=schedule.overlap_policy.guards_runs,
+                message=message,
+            )
+            if run_id in scan.create_runs(conn, [run]).ids:
+                break
+            # A run of the schedule holds this instant already (a fire, or a trigger whose
+            # transaction began in the same microsecond): a run is one per schedule and instant,
+            # so this one takes the next, rather than answer the id of a run never made.
+            now += timedelta(microseconds=1)
         schedules.audit(conn, actor, "trigger", "schedule", str(schedule_id), None, {"run_id": str(run_id)})
         scan.notify_outbox(conn)
     return run_id

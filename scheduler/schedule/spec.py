@@ -47,6 +47,7 @@ MAX_PAYLOAD_BYTES = 1024 * 1024
 # level, and an audit entry carries a payload two levels below its response).
 MAX_PAYLOAD_DEPTH = 30
 MAX_NAME_LENGTH = 200
+MAX_CRON_LENGTH = 200
 MAX_DESCRIPTION_LENGTH = 2000
 MAX_HANDLER_LENGTH = 300
 # Retry waits and fire jitter are stored as integer milliseconds; a day is far beyond any sensible
@@ -288,6 +289,11 @@ def validate_encoded(spec: ScheduleSpec) -> str:
     if spec.kind == ScheduleKind.CRON:
         if not spec.cron:
             raise InvalidSchedule("a cron schedule needs a cron expression")
+        if len(spec.cron) > MAX_CRON_LENGTH:
+            # The schedules table holds no longer one: said here, not as a failed insert.
+            raise InvalidSchedule(
+                f"cron expression must be at most {MAX_CRON_LENGTH} characters, got {len(spec.cron)}"
+            )
         try:
             # H is checked here for its form only; the schedule's own id picks its values when its
             # fires are computed (first_fire and the scanner), once the id exists.

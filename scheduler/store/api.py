@@ -85,8 +85,11 @@ def schedules_page(
     enabled: bool | None,
     after: tuple[datetime, UUID] | None,
     limit: int,
+    max_bytes: int | None = None,
 ) -> list[Row]:
-    """Up to ``limit`` schedules after ``after`` (created_at, id), each with its key."""
+    """Up to ``limit`` schedules after ``after`` (created_at, id), each with its key, ending with
+    the first whose ``page_bytes`` (its payload's and those before it) pass ``max_bytes`` (None:
+    however many bytes)."""
     params = {
         "apps": _apps(apps),
         "state": state,
@@ -94,8 +97,9 @@ def schedules_page(
         "after_created": None if after is None else after[0],
         "after_id": None if after is None else after[1],
         "limit": limit,
+        "max_bytes": max_bytes,
     }
-    return conn.execute(query("schedules_page"), params).fetchall()
+    return _sizes_dropped(conn.execute(query("schedules_page"), params).fetchall(), max_bytes)
 
 
 def runs_page(
@@ -139,9 +143,13 @@ def audit_page(
     since: datetime | None,
     before_id: int | None,
     limit: int,
+    max_bytes: int | None = None,
 ) -> list[Row]:
-    """Up to ``limit`` audit entries older than ``before_id``, newest first, each with its app."""
+    """Up to ``limit`` audit entries older than ``before_id``, newest first, each with its app,
+    ending with the first whose ``page_bytes`` (its values' and those before it) pass ``max_bytes``
+    (None: however many bytes)."""
     params = {
+        "max_bytes": max_bytes,
         "apps": _apps(apps),
         "entity": entity,
         "entity_id": entity_id,
@@ -150,4 +158,13 @@ def audit_page(
         "before_id": before_id,
         "limit": limit,
     }
-    return conn.execute(query("audit_page"), params).fetchall()
+    return _sizes_dropped(conn.execute(query("audit_page"), params).fetchall(), max_bytes)
+
+
+def _sizes_dropped(rows: list[Row], max_bytes: int | None) -> list[Row]:
+    """The rows without the sizes the byte-bounded pages add, but ``page_bytes`` when bounded."""
+    for row in rows:
+        del row["payload_bytes" if "payload_bytes" in row else "entry_bytes"]
+        if max_bytes is None:
+            del row["page_bytes"]
+    return rows

@@ -5,9 +5,10 @@ an error text (a run's ``last_error``, a dead letter's reason, a rejected comman
 writing, because those texts outlive the process and are read by people who do not hold the secrets:
 
 - :func:`redact_text` masks, in free text, the password of any ``scheme://user:password@host`` URL,
-  every query-string and fragment value of a URL, the token after ``Bearer`` anywhere, and the value
+  every query-string and fragment value of a URL, the token after ``Bearer`` anywhere, the value
   of every ``key=value``, ``key: value`` or ``"key": "value"`` whose key is sensitive (after its auth
-  scheme, as in ``Authorization: Basic ***``).
+  scheme, as in ``Authorization: Basic ***``), and the row PostgreSQL quotes in a refusal's
+  ``Failing row contains (...)`` (to the end of the text).
 - :func:`redact_mapping` masks, in a nested mapping, the values of the sensitive keys and redacts the
   text of the others.
 - :func:`describe_payload` says what a job payload is shaped like without saying what is in it, for
@@ -81,6 +82,10 @@ _KEY_VALUE: Final = re.compile(
            (?P<value>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|(?![{\[])[^\s,;&"'(){}\[\]<>]+))""",
     re.VERBOSE | re.IGNORECASE,
 )
+# PostgreSQL's detail of a refused row ("Failing row contains (id, app, ..., payload, ...)"), in a
+# psycopg error's text: the whole row, payload values too. Masked to the end of the text, since a
+# text column of the row may hold a line break, and the row is the error's last line.
+_FAILING_ROW: Final = re.compile(r"(?P<lead>Failing row contains )\(.*", re.DOTALL)
 # A bearer token wherever it appears, not only after "Authorization:". Only "Bearer": the other
 # scheme names (Basic, Digest) are English words, masked only after a sensitive key.
 _BEARER: Final = re.compile(r"\b(?P<scheme>Bearer)[ \t]+[\w.~+/\-]+=*", re.IGNORECASE)
@@ -156,6 +161,8 @@ class Redactor:
             text = self._mask_values(text)
         if "bearer" in lowered:
             text = _BEARER.sub(_bearer, text)
+        if "Failing row contains" in text:
+            text = _FAILING_ROW.sub(rf"\g<lead>({MASK})", text)
         return text
 
     def _may_hold_key(self, text: str, lowered: str) -> bool:

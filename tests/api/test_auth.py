@@ -118,6 +118,15 @@ def _none_alg() -> str:
     return hand_made({"alg": "none", "typ": "JWT"}, claims(), lambda _: b"")
 
 
+def _signed_by_hand(**extra: Any) -> str:
+    """A token signed with the API's key whose claims PyJWT would refuse to encode."""
+    return hand_made(
+        {"alg": "HS256", "typ": "JWT"},
+        claims(**extra),
+        lambda signing_input: hmac.new(SECRET.encode(), signing_input, hashlib.sha256).digest(),
+    )
+
+
 def _without(name: str) -> str:
     body = claims()
     del body[name]
@@ -140,6 +149,9 @@ REFUSED_TOKENS: dict[str, Callable[[], str]] = {
     "iat-as-a-string": lambda: token(iat=str(int(time.time()))),
     "sub-over-512-bytes": lambda: token(subject="é" * 257),
     "iss-over-512-bytes": lambda: token(iss="https://" + "i" * 510),
+    # Read as no issuer, it would share the buckets and keys of the subject's tokens without one.
+    "iss-a-number": lambda: _signed_by_hand(iss=5),
+    "iss-null": lambda: _signed_by_hand(iss=None),
 }
 
 
@@ -165,6 +177,19 @@ def test_subjects_alike_in_their_first_hundreds_of_characters_are_two_principals
     assert first.body["id"] != second.body["id"]
     audit = caller.call("ListAuditEntries", {"entity_id": second.body["id"]}, mallory)
     assert [entry["actor"] for entry in audit.body["entries"]] == [f"api:{prefix}-mallory"], audit
+
+
+def test_an_issuer_and_subject_that_join_alike_are_two_principals(caller: Caller, sent: list[str]) -> None:
+    """Issuer "a" with subject "b|c" and issuer "a|b" with subject "c" once made one key "a|b|c",
+    and shared idempotency keys and rate buckets."""
+    request = {"app": "alpha", "name": f"join-{uuid.uuid4().hex[:8]}", "handler": "builtin:noop"}
+    key = f"join-{uuid.uuid4().hex}"
+    first_caller, second_caller = token(iss="a", subject="b|c"), token(iss="a|b", subject="c")
+    sent += [first_caller, second_caller]
+    first = caller.call("CreateSchedule", {**request, "idempotency_key": key}, first_caller)
+    second = caller.call("CreateSchedule", {**request, "idempotency_key": key}, second_caller)
+    assert first.ok and second.ok, (first, second)
+    assert first.body["id"] != second.body["id"]
 
 
 def test_no_token_is_refused(extra_apis: dict[str, Api], caller: Caller) -> None:

@@ -1,10 +1,12 @@
 """What a careless or hostile client cannot do: break a listing for everyone with a payload the API
-cannot carry, get a 500 with numbers or times out of range, lose a concurrent update, reach a
-first response about an app its token no longer sees, or make the API parse a body before it has
-shown a token."""
+cannot carry, make a page of large payloads grow without bound, get a 500 with numbers or times
+out of range, a cron expression longer than the database holds or a forged cursor, lose a concurrent
+update, reach a first response about an app its token no longer sees, or make the API parse a body
+before it has shown a token."""
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import time
@@ -13,8 +15,11 @@ from typing import Any
 
 import httpx
 
-from scheduler.api.messages import encode_cursor
-from scheduler.schedule.spec import MAX_PAYLOAD_DEPTH
+from scheduler.api.messages import MAX_PAGE_BYTES, encode_cursor
+from scheduler.kafka.transport import TopicAdmin
+from scheduler.schedule import service
+from scheduler.schedule.spec import MAX_CRON_LENGTH, MAX_PAYLOAD_DEPTH
+from scheduler.store import connect
 from tests.api.client import USER, VIEWER, GrpcCaller, HttpCaller, token
 from tests.api.conftest import ApiProcess, ApiStack
 
@@ -48,6 +53,85 @@ def test_a_payload_deeper_than_the_api_carries_is_refused_and_an_old_one_never_b
     assert listed.ok, listed
     audit = caller.call("ListAuditEntries", {"entity_id": deepest.body["id"]}, bearer)
     assert audit.ok, audit
+
+
+def test_a_page_of_large_payloads_ends_at_its_byte_bound_and_the_walk_still_sees_every_schedule(
+    caller: HttpCaller | GrpcCaller, api_stack: ApiStack
+) -> None:
+    """A viewer's page of 500 schedules of a megabyte each was an answer of half a gigabyte over
+    HTTP, and over gRPC past its send limit (RESOURCE_EXHAUSTED, so no gRPC client could page
+    through that app); the audit entries of their creation hold the payloads too."""
+    app = f"paged-{caller.name}"
+    with connect(api_stack.database_url) as conn:
+        service.create_app(
+            conn, TopicAdmin(api_stack.settings.kafka_bootstrap), api_stack.settings, app, 1, "t"
+        )
+    writer = token(subject=f"pager-{caller.name}", roles=(USER,), apps=[app])
+    large = {"blob": "x" * 900_000}
+    ids = []
+    for n in range(9):
+        request = CREATE | {"app": app, "enabled": False, "payload": large if n >= 3 else {"n": n}}
+        created = caller.call("CreateSchedule", request, writer)
+        assert created.ok, created.code
+        ids.append(created.body["id"])
+    viewer = token(subject=f"page-viewer-{caller.name}", roles=(VIEWER,), apps=[app])
+
+    def walk(method: str, items: str) -> list[list[dict[str, Any]]]:
+        pages, cursor = [], ""
+        while True:
+            page = caller.call(method, {"app": app, "limit": 500, "cursor": cursor}, viewer)
+            assert page.ok, page.code
+            assert page.body.get(items), "a page always holds at least one"
+            pages.append(page.body[items])
+            if not page.body.get("has_more"):
+                return pages
+            cursor = page.body["next_cursor"]
+
+    pages = walk("ListSchedules", "schedules")
+    # 4 MiB holds the three small payloads and four of the large ones, never the fifth.
+    assert [len(page) for page in pages] == [7, 2]
+    assert [s["id"] for page in pages for s in page] == ids
+    for page in pages:
+        assert sum(len(json.dumps(s["payload"])) for s in page[1:]) <= MAX_PAGE_BYTES
+    entries = walk("ListAuditEntries", "entries")
+    assert len(entries) > 1
+    created_ids = [
+        e["entity_id"]
+        for page in entries
+        for e in page
+        if (e["entity"], e["action"]) == ("schedule", "create")
+    ]
+    assert sorted(created_ids) == sorted(ids) and len(set(created_ids)) == len(ids)
+
+
+def test_a_cron_expression_longer_than_the_database_holds_is_refused_and_its_payload_never_logged(
+    caller: HttpCaller | GrpcCaller, api: ApiProcess
+) -> None:
+    """It was a 500, and the server's log quoted PostgreSQL's failing row, payload values too."""
+    bearer = token(subject=f"long-cron-{caller.name}", roles=(USER,), apps=["alpha"])
+    card = f"4111-1111-{caller.name}-1111"
+    long_cron = "0," * ((MAX_CRON_LENGTH - 8) // 2) + "0 * * * *"
+    assert len(long_cron) > MAX_CRON_LENGTH
+    refused = caller.call(
+        "CreateSchedule", CREATE | {"cron_expression": long_cron, "payload": {"card": card}}, bearer
+    )
+    assert refused.code == "INVALID_SCHEDULE", refused
+    assert f"at most {MAX_CRON_LENGTH} characters" in json.dumps(refused.body)
+    created = caller.call("CreateSchedule", CREATE | {"payload": {"card": card}}, bearer)
+    assert created.ok, created.code
+    update = {"id": created.body["id"], "cron_expression": long_cron}
+    assert caller.call("UpdateSchedule", update, bearer).code == "INVALID_SCHEDULE"
+    assert card not in api.component.output()
+
+
+def test_a_forged_cursor_nested_deeper_than_json_reads_is_refused_not_failed(
+    caller: HttpCaller | GrpcCaller,
+) -> None:
+    bearer = token(subject=f"nested-cursor-{caller.name}")
+    cursor = base64.urlsafe_b64encode(b"[" * 3000).decode().rstrip("=")
+    for method in ("ListSchedules", "ListRuns", "ListAuditEntries"):
+        outcome = caller.call(method, {"cursor": cursor}, bearer)
+        assert outcome.code == "INVALID_ARGUMENT", (method, outcome)
 
 
 def test_numbers_and_times_out_of_range_are_refused_not_failed(http: HttpCaller) -> None:

@@ -361,15 +361,15 @@ def test_every_kind_of_bad_message_is_rejected_with_a_clear_reason(
 def test_a_create_that_passes_validation_but_not_a_constraint_is_rejected_alone(
     conn: psycopg.Connection[Row], settings: Settings, topic: Topic
 ) -> None:
-    # A valid cron expression longer than the 200 characters the column allows.
-    long_cron = f"{','.join(str(m) for m in range(60))} {','.join(str(h) for h in range(24))} * * *"
-    assert len(long_cron) > 200
+    # A rule of the database that validation does not know (this test's database only).
+    conn.execute("alter table schedules add constraint no_forbidden_names check (name <> 'forbidden')")
+    conn.commit()
     result = ingest(
         conn,
         settings,
         [
             topic.message(command("1", "a")),
-            topic.message(command("2", "b", spec=spec(cron=long_cron))),
+            topic.message(command("2", "b", spec=spec(name="forbidden"))),
             topic.message(command("3", "c")),
         ],
     )
@@ -377,6 +377,21 @@ def test_a_create_that_passes_validation_but_not_a_constraint_is_rejected_alone(
     assert "check constraint" in result.rejected[0].rejection.reason
     keys = {r["schedule_key"] for r in conn.execute("select schedule_key from schedule_keys").fetchall()}
     assert keys == {"a", "c"}
+
+
+def test_a_cron_expression_longer_than_the_database_holds_is_rejected_alone(
+    conn: psycopg.Connection[Row], settings: Settings, topic: Topic
+) -> None:
+    # A valid cron expression longer than the 200 characters the column allows.
+    long_cron = f"{','.join(str(m) for m in range(60))} {','.join(str(h) for h in range(24))} * * *"
+    assert len(long_cron) > 200
+    result = ingest(
+        conn,
+        settings,
+        [topic.message(command("1", "a")), topic.message(command("2", "b", spec=spec(cron=long_cron)))],
+    )
+    assert result.applied == 1 and codes(result) == [("invalid", "2")]
+    assert "at most 200 characters" in result.rejected[0].rejection.reason
 
 
 def test_a_replayed_batch_applies_and_rejects_nothing_twice(

@@ -17,7 +17,7 @@ from scheduler.kafka.transport import TopicAdmin
 from scheduler.scan import metrics as scan_metrics
 from scheduler.scan.scanner import LOCKED_DUE_PAUSE_S
 from scheduler.schedule import service
-from scheduler.schedule.spec import ScheduleSpec
+from scheduler.schedule.spec import ScheduleSpec, stored_spec
 from scheduler.store import connect, schedules
 from scheduler.store import scan as scan_store
 from scheduler.wiring import Wiring
@@ -203,6 +203,35 @@ def test_paused_schedules_do_not_fire_and_resume_follows_the_misfire_policy(
     assert {r["state"] for r in runs_of(settings, row["id"])} == {"skipped"}
 
 
+def test_an_update_that_keeps_the_timetable_keeps_the_fires_a_paused_schedule_missed(
+    settings: Settings, app: str
+) -> None:
+    """Changing a payload recomputed the next fire from now, and resume then had nothing to judge:
+    the fires missed while paused were gone, without a skipped record."""
+    created = create(settings, kind="cron", cron="*/10 * * * * *", misfire_policy="fire_all")
+    with connect(settings.database_url) as conn:
+        service.pause(conn, created["id"], "test")
+        # Paused a minute ago: six fires missed by the time of the update.
+        conn.execute(
+            "update schedules set next_fire_at = next_fire_at - interval '60 seconds' where id = %s",
+            (created["id"],),
+        )
+        row = schedules.get_schedule(conn, created["id"])
+        assert row is not None
+        updated = service.update_schedule(
+            conn, row["id"], replace(stored_spec(row), payload={"v": 2}), "test"
+        )
+        assert updated["next_fire_at"] == row["next_fire_at"]
+        service.resume(conn, row["id"], "test")
+    scan(settings, row["next_fire_at"] + timedelta(seconds=60, milliseconds=1))
+    fired = sorted(r["scheduled_for"] for r in runs_of(settings, row["id"]) if r["state"] != "skipped")
+    assert fired == [row["next_fire_at"] + timedelta(seconds=10 * n) for n in range(7)]
+    with connect(settings.database_url) as conn:
+        spec = replace(stored_spec(schedule_row(settings, row["id"])), cron="5 * * * * *")
+        retimed = service.update_schedule(conn, row["id"], spec, "test")
+    assert retimed["next_fire_at"].second == 5, "a new timetable computes the next fire afresh"
+
+
 def test_concurrent_scanners_never_create_a_fire_twice(settings: Settings, app: str) -> None:
     with connect(settings.database_url) as conn:
         now = schedules.db_now(conn)
@@ -347,6 +376,19 @@ def test_new_runs_retries_and_triggers_have_no_lease_until_a_worker_starts_them(
             for r in conn.execute("select * from runs where id = any(%s)", ([run["id"], run_id],))
         }
     assert leases == {run["id"]: ("pending", 2, None), run_id: ("pending", 1, None)}
+
+
+def test_two_triggers_at_one_instant_make_two_runs_and_answer_their_ids(settings: Settings, app: str) -> None:
+    """A run is one per schedule and instant, and a trigger's instant is its transaction's start:
+    two triggers in one transaction (or two begun in one microsecond) once made one run, and the
+    second answered the id of a run that was never made."""
+    row = create(settings, kind="cron", cron="0 0 1 1 *")
+    with connect(settings.database_url) as conn, conn.transaction():
+        first = service.trigger(conn, settings, row["id"], "test")
+        second = service.trigger(conn, settings, row["id"], "test")
+    runs = {run["id"]: run["scheduled_for"] for run in runs_of(settings, row["id"])}
+    assert set(runs) == {first, second}
+    assert runs[second] == runs[first] + timedelta(microseconds=1)
 
 
 def test_jitter_holds_each_fire_back_by_a_random_delay_of_up_to_jitter_ms(

@@ -8,7 +8,7 @@ import time
 import jwt
 import pytest
 
-from scheduler.api.auth import Authenticator, Role
+from scheduler.api.auth import Authenticator, Principal, Role
 from scheduler.api.errors import ApiError, Code
 from scheduler.api.messages import as_dict, decode_cursor, encode_cursor, json_value, payload_of
 from scheduler.api.openapi import document
@@ -139,3 +139,12 @@ def test_the_openapi_document_has_every_route_with_its_error_answers() -> None:
         )
     schedule = spec["components"]["schemas"]["Schedule"]
     assert "run_at" not in schedule["required"] and "state" in schedule["required"]
+
+
+def test_a_principal_is_its_issuer_and_subject_apart_however_they_are_spelled() -> None:
+    def key(issuer: str | None, subject: str) -> str:
+        return Principal(subject=subject, issuer=issuer, roles=frozenset(), apps=None).key
+
+    assert key("a", "b|c") != key("a|b", "c")
+    assert key(None, "a") != key("", "a") != key("a", "")
+    assert key("https://idp", "alice") == key("https://idp", "alice")

@@ -244,3 +244,16 @@ def test_a_handler_error_quoting_its_payload_has_those_values_masked(
     text: str, payload: str, masked: str
 ) -> None:
     assert mask_payload_values(text, payload) == masked
+
+
+def test_the_row_postgresql_quotes_in_a_refusal_is_masked_to_the_end_of_the_text() -> None:
+    """A failed insert's text quotes the whole row, payload values too; a text column of the row
+    may hold a line break, so everything after the row's start goes."""
+    text = (
+        'new row for relation "schedules" violates check constraint "schedules_cron_check"\n'
+        'DETAIL:  Failing row contains (8d1e, billing, a name\nover two lines, {"card": "4111-1111"}).'
+    )
+    redacted = redact_text(text)
+    assert "4111" not in redacted and "billing" not in redacted
+    assert redacted.startswith('new row for relation "schedules" violates check constraint')
+    assert redacted.endswith("Failing row contains (***)")

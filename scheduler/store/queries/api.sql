@@ -73,22 +73,33 @@ returning 1;
 -- keyset paging, so a page never repeats or skips a row however many are created or changed
 -- meanwhile. `apps` null: any app. Each app's next page is read from schedules_app_created and
 -- only those are merged: one index per order is one index entry fewer for every schedule made.
-select s.*, k.schedule_key
-  from apps a
- cross join lateral (
-       select s.*
-         from schedules s
-        where s.app = a.name
-          and (%(state)s::text is null or s.state = %(state)s::text)
-          and (%(enabled)s::bool is null or (s.state = 'active') = %(enabled)s::bool)
-          and (%(after_created)s::timestamptz is null
-               or (s.created_at, s.id) > (%(after_created)s::timestamptz, %(after_id)s::uuid))
-        order by s.created_at, s.id
-        limit %(limit)s::int) s
-  left join schedule_keys k on k.schedule_id = s.id
- where (%(apps)s::text[] is null or a.name = any(%(apps)s::text[]))
- order by s.created_at, s.id
- limit %(limit)s::int;
+-- The page also ends where its payloads pass `max_bytes` (page_bytes: the payloads' JSON text up
+-- to and including the row's), the first row past it read too, so that the caller knows more
+-- follow: 500 payloads of a megabyte were an answer of half a gigabyte. `max_bytes` null (the
+-- CLI's lists): no such end. Sizes are taken of the page's rows alone, outside the limited
+-- subquery, not of every app's candidates.
+select *
+  from (select sized.*, sum(sized.payload_bytes) over (order by sized.created_at, sized.id) as page_bytes
+          from (select s.*, octet_length(s.payload::text) as payload_bytes
+                  from (select s.*, k.schedule_key
+                          from apps a
+                         cross join lateral (
+                               select s.*
+                                 from schedules s
+                                where s.app = a.name
+                                  and (%(state)s::text is null or s.state = %(state)s::text)
+                                  and (%(enabled)s::bool is null or (s.state = 'active') = %(enabled)s::bool)
+                                  and (%(after_created)s::timestamptz is null
+                                       or (s.created_at, s.id) > (%(after_created)s::timestamptz,
+                                                                  %(after_id)s::uuid))
+                                order by s.created_at, s.id
+                                limit %(limit)s::int) s
+                          left join schedule_keys k on k.schedule_id = s.id
+                         where (%(apps)s::text[] is null or a.name = any(%(apps)s::text[]))
+                         order by s.created_at, s.id
+                         limit %(limit)s::int) s) sized) page
+ where %(max_bytes)s::bigint is null or page.page_bytes - page.payload_bytes <= %(max_bytes)s::bigint
+ order by page.created_at, page.id;
 
 -- name: runs_page
 -- A schedule's runs, newest fire first, after the cursor's fire time (unique per schedule).
@@ -140,20 +151,31 @@ select r.*
 -- name: audit_page
 -- Audit entries newest first with the app each concerns (an app's own entries name it; a
 -- schedule's and a run's, through their rows, or, once the history retention has deleted those,
--- through the app the entry recorded), after the cursor's id. `apps` null: any app.
-select a.id, a.at, a.actor, a.action, a.entity, a.entity_id, a.old_value, a.new_value,
-       coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
-                a.new_value->>'app', a.old_value->>'app') as app
-  from audit_log a
-  left join schedules s on s.id = case when a.entity = 'schedule' then a.entity_id::uuid end
-  left join runs r on r.id = case when a.entity = 'run' then a.entity_id::uuid end
- where (%(before_id)s::bigint is null or a.id < %(before_id)s::bigint)
-   and (%(entity)s::text is null or a.entity = %(entity)s::text)
-   and (%(entity_id)s::text is null or a.entity_id = %(entity_id)s::text)
-   and (%(actor)s::text is null or a.actor = %(actor)s::text)
-   and (%(since)s::timestamptz is null or a.at >= %(since)s::timestamptz)
-   and (%(apps)s::text[] is null
-        or coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
-                    a.new_value->>'app', a.old_value->>'app') = any(%(apps)s::text[]))
- order by a.id desc
- limit %(limit)s::int;
+-- through the app the entry recorded), after the cursor's id. `apps` null: any app. The page ends
+-- where the entries' old and new values pass `max_bytes`, as schedules_page's does: an entry of a
+-- schedule holds its payload.
+select *
+  from (select sized.*, sum(sized.entry_bytes) over (order by sized.id desc) as page_bytes
+          from (select e.*,
+                       coalesce(octet_length(e.old_value::text), 0)
+                       + coalesce(octet_length(e.new_value::text), 0) as entry_bytes
+                  from (select a.id, a.at, a.actor, a.action, a.entity, a.entity_id, a.old_value,
+                               a.new_value,
+                               coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
+                                        a.new_value->>'app', a.old_value->>'app') as app
+                          from audit_log a
+                          left join schedules s
+                            on s.id = case when a.entity = 'schedule' then a.entity_id::uuid end
+                          left join runs r on r.id = case when a.entity = 'run' then a.entity_id::uuid end
+                         where (%(before_id)s::bigint is null or a.id < %(before_id)s::bigint)
+                           and (%(entity)s::text is null or a.entity = %(entity)s::text)
+                           and (%(entity_id)s::text is null or a.entity_id = %(entity_id)s::text)
+                           and (%(actor)s::text is null or a.actor = %(actor)s::text)
+                           and (%(since)s::timestamptz is null or a.at >= %(since)s::timestamptz)
+                           and (%(apps)s::text[] is null
+                                or coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
+                                            a.new_value->>'app', a.old_value->>'app') = any(%(apps)s::text[]))
+                         order by a.id desc
+                         limit %(limit)s::int) e) sized) page
+ where %(max_bytes)s::bigint is null or page.page_bytes - page.entry_bytes <= %(max_bytes)s::bigint
+ order by page.id desc;
