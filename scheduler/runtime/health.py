@@ -9,7 +9,10 @@
 - ``/health``: the JSON document operators read: ``status``, ``timestamp``, ``components`` (each
   dependency and each service loop with ``status`` and ``latency_ms``), ``uptime_seconds``,
   ``version``. 503 when unhealthy.
-- ``/metrics``: the Prometheus exposition of this component's own registry only.
+- ``/metrics``: the Prometheus exposition of this component's own registry, and what ``/ready``
+  says, as gauges: ``scheduler_ready`` (1 while ``/ready`` answers 200) and
+  ``scheduler_dependency_up`` per ``dependency`` (each probe). Prometheus's ``up`` only says the
+  endpoint answered, and it answers while PostgreSQL or Kafka does not; alerts read these.
 
 Every other path answers 404. Dependency probes are cached for a second, so that a probe storm
 (several kubelets, Prometheus, a person with curl) costs the dependencies one probe a second.
@@ -29,7 +32,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from scheduler import __version__
 from scheduler.runtime.service import Check, Service
@@ -69,6 +74,14 @@ class Health:
         self.checks = list(checks.values())
         self._cache: tuple[float, dict[str, Probe]] | None = None
         self._lock = threading.Lock()
+        # Its own registry, served after the component's: a component's registry is a module's,
+        # which a process (a test's) may hand to several Health objects in turn.
+        self.readiness = CollectorRegistry()
+        self.readiness.register(_Readiness(self))
+
+    def metrics(self) -> bytes:
+        """The ``/metrics`` exposition: the component's registry, then the readiness gauges."""
+        return generate_latest(self.registry) + generate_latest(self.readiness)
 
     def wedged(self) -> list[str]:
         """The services that have not turned within the live timeout."""
@@ -123,6 +136,39 @@ class Health:
             "uptime_seconds": round(time.monotonic() - self.started_at, 3),
             "version": __version__,
         }
+
+
+class _Readiness(Collector):
+    """``/ready`` as gauges, evaluated at each scrape (the probes' one-second cache applies)."""
+
+    def __init__(self, health: Health) -> None:
+        self.health = health
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        # Registration reads the names from here: collect() would probe the dependencies.
+        return [_ready_family(), _dependency_family()]
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        ready, dependencies = _ready_family(), _dependency_family()
+        ready.add_metric([], 1.0 if self.health.ready() else 0.0)
+        for name, probe in self.health.probes().items():
+            dependencies.add_metric([name], 1.0 if probe.status == "up" else 0.0)
+        return [ready, dependencies]
+
+
+def _ready_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        "scheduler_ready",
+        "1 while /ready answers 200: started, not stopping, and every dependency answers",
+    )
+
+
+def _dependency_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        "scheduler_dependency_up",
+        "1 while the dependency (PostgreSQL, Kafka, the consumer group) answers its probe",
+        labels=["dependency"],
+    )
 
 
 def _probe(check: Check) -> Probe:
@@ -184,7 +230,7 @@ def _handler_for(health: Health) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0].rstrip("/") or "/"
             if path == "/metrics":
-                self._send(HTTPStatus.OK, generate_latest(health.registry), CONTENT_TYPE_LATEST)
+                self._send(HTTPStatus.OK, health.metrics(), CONTENT_TYPE_LATEST)
             elif path == "/live":
                 self._status(health.live(), "live")
             elif path == "/startup":

@@ -105,7 +105,11 @@ OWN_METRICS: Mapping[str, Mapping[str, str]] = {
         "scheduler_worker_start_delivery_failures_total": "counter",
     },
 }
-EVERY_COMPONENT_METRICS = {"scheduler_build_info": "gauge"}
+EVERY_COMPONENT_METRICS = {
+    "scheduler_build_info": "gauge",
+    "scheduler_ready": "gauge",
+    "scheduler_dependency_up": "gauge",
+}
 
 
 def component_of(child: str) -> str:
@@ -238,6 +242,8 @@ def check_metrics(child: Child) -> str:
     assert sample_values(answer.text, "scheduler_build_info") == [
         ({"component": component, "version": __version__}, 1.0)
     ]
+    # /metrics answers while a dependency does not (Prometheus's `up` stays 1): it says so itself.
+    assert sample_values(answer.text, "scheduler_ready") in ([({}, 1.0)], [({}, 0.0)])
     return answer.text
 
 
@@ -301,6 +307,9 @@ def test_every_child_of_run_all_serves_its_own_health_and_metrics_and_follows_po
             ready = get(child.port, "/ready")
             assert ready.status == 503, (child, ready)
             check_health_document(child, ready.json(), postgresql="down", endpoint="/ready")
+            metrics = check_metrics(child)
+            assert sample_values(metrics, "scheduler_ready") == [({}, 0.0)], child
+            assert ({"dependency": "postgresql"}, 0.0) in sample_values(metrics, "scheduler_dependency_up")
         assert status(child.port, "/live") == 200, f"{child.name} is alive while PostgreSQL is down"
     worker_ready = get(worker.port, "/ready")
     assert worker_ready.status == 200, worker_ready

@@ -75,6 +75,7 @@ METRICS = {
     # every component
     "up",
     "scheduler_build_info",
+    "scheduler_ready",
 }
 CONTRACT = METRICS | {f"{h}{suffix}" for h in HISTOGRAMS for suffix in ("_bucket", "_count", "_sum")}
 

@@ -440,6 +440,30 @@ def test_metrics_are_read_at_request_time(serve: Serve) -> None:
     assert "health_test_live_total 2.0" in client.get("/metrics").text
 
 
+def test_metrics_say_what_ready_says_while_the_endpoint_itself_answers(
+    serve: Serve, no_probe_cache: None
+) -> None:
+    """Prometheus's `up` is 1 for a process cut off from PostgreSQL (its /metrics answers), so an
+    alert on `up` alone never saw a whole stage that could not work."""
+    database, kafka = FakeProbe(), FakeProbe()
+    service = started(FakeService("scan", [Check("postgresql", database), Check("kafka", kafka)]))
+    client = serve([service])
+    body = client.get("/metrics").text
+    assert "scheduler_ready 1.0" in body
+    assert 'scheduler_dependency_up{dependency="postgresql"} 1.0' in body
+    assert 'scheduler_dependency_up{dependency="kafka"} 1.0' in body
+    database.error = ConnectionError("connection refused")
+    assert client.get("/ready").status_code == 503
+    metrics = client.get("/metrics")
+    assert metrics.status_code == 200
+    assert "scheduler_ready 0.0" in metrics.text
+    assert 'scheduler_dependency_up{dependency="postgresql"} 0.0' in metrics.text
+    assert 'scheduler_dependency_up{dependency="kafka"} 1.0' in metrics.text
+    database.error = None
+    service.status.stopping = True
+    assert "scheduler_ready 0.0" in client.get("/metrics").text
+
+
 # Probe cache --------------------------------------------------------------------------------------
 
 
