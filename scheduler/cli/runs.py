@@ -13,6 +13,7 @@ from scheduler.cli.common import (
     echo_json,
     fail,
     known_app,
+    known_schedule,
     parse_instant,
     print_table,
     uuid_arg,
@@ -41,6 +42,7 @@ def list_(schedule_id: UUID | None, app: str | None, state: str | None, limit: i
     """List runs, newest fire first."""
     with database(wiring_or_exit()) as conn:
         known_app(conn, app)
+        known_schedule(conn, schedule_id)
         rows = store.list_runs(conn, schedule_id=schedule_id, app=app, state=state, limit=limit)
     if as_json:
         echo_json(rows)

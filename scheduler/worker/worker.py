@@ -1236,6 +1236,10 @@ class Worker(Service):
             payload = json.loads(job.payload)
         except ValueError as exc:
             raise NonRetryableError(f"the payload is not JSON: {exc}") from None
+        except RecursionError:
+            # Only a job made by other means than a schedule (whose payload is at most 30 deep) can
+            # be "[[[[..." 200,000 deep; it fails the same way every attempt.
+            raise NonRetryableError("the payload is nested too deeply to decode") from None
         # Cleared once the attempt is over: a handler left behind past its timeout does not go on
         # renewing a lease that is no longer its own.
         beating = threading.Event()

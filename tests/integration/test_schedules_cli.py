@@ -521,6 +521,16 @@ def test_a_dead_letter_filter_that_can_match_nothing_is_refused(cli: Cli, comman
     assert done.returncode == 2 and "is not before --until" in done.stderr and done.stderr.count("\n") == 1
 
 
+def test_runs_of_an_unknown_schedule_are_refused_not_an_empty_list(cli: Cli) -> None:
+    """A mistyped schedule id printed an empty table, exit 0, as if it had never fired."""
+    missing = "0190c6d2-0000-7000-8000-000000000000"
+    done = cli("runs", "list", "--schedule", missing)
+    assert done.returncode == 2, done
+    assert (
+        done.stderr == f"error: unknown schedule {missing} (`scheduler schedules list` shows the schedules)\n"
+    )
+
+
 def test_version_is_a_command_too(cli: Cli) -> None:
     done = cli("version")
     assert done.returncode == 0 and done.stdout == cli("--version").stdout

@@ -252,6 +252,23 @@ def test_refused_and_crashing_handlers_never_end_the_job_loop(
     assert worker.stop() == 0, worker.output()[-3000:]
 
 
+def test_a_payload_nested_too_deeply_to_decode_fails_for_good_not_retried(
+    topics: Settings, start_worker: Any
+) -> None:
+    """Only a job made by other means than a schedule can hold one; it was retried, failing the
+    same way each time."""
+    nested = replace(job("builtin:noop", max_attempts=3), payload="[" * 200_000 + "]" * 200_000)
+    after = job("builtin:noop")
+    publish(topics, [nested, after], partition=0)
+    worker = start_worker("--concurrency", "1")
+    until([worker], lambda: after.run_id in read_outcomes(topics).succeeded, 60, "the next job to run")
+    found = read_outcomes(topics)
+    letter = found.dead[nested.run_id]
+    assert (letter.cause, letter.error) == ("non_retryable", "the payload is nested too deeply to decode")
+    assert nested.run_id not in found.retried
+    assert worker.stop() == 0, worker.output()[-3000:]
+
+
 def test_oversized_outcomes_are_delivered_capped_or_compact(topics: Settings, start_worker: Any) -> None:
     huge_result = job(f"{FIXTURES}:sized_result", {"bytes": 1024 * 1024})
     huge_retry = job(f"{FIXTURES}:sized_error", {"chars": 2 * 1024 * 1024}, max_attempts=2)
