@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scheduler.config import Settings, load_settings
+from scheduler.domain.cron import UnknownTimeZone, time_zone
 from scheduler.kafka.transport import KafkaUnavailable
 from scheduler.schedule.service import AppConflict, InvalidTransition, KeyConflict, ScheduleNotFound
 from scheduler.schedule.spec import InvalidSchedule
@@ -215,10 +216,18 @@ def parse_instant(text: str, what: str, zone: str = "UTC") -> datetime:
     if moment.tzinfo is None and zone not in UTC_NAMES:
         raise click.BadParameter(
             f"{text!r} has no offset, and the schedule's zone is {zone}: give one "
-            f"(e.g. {text}-05:00, or {text}Z for UTC)",
+            f"(e.g. {in_zone(moment, zone)}, or {text}Z for UTC)",
             param_hint=what,
         )
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def in_zone(moment: datetime, zone: str) -> str:
+    """``moment``'s wall time with the offset ``zone`` has then: the example a user can copy."""
+    try:
+        return moment.replace(tzinfo=time_zone(zone)).isoformat()
+    except UnknownTimeZone:  # refused with its own error once the schedule is checked
+        return f"{moment.isoformat()}-05:00"
 
 
 @contextmanager

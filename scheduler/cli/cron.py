@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from itertools import islice
+from itertools import islice, takewhile
+from uuid import UUID
 
 import click
 
-from scheduler.cli.common import UTC_NAMES, fail
+from scheduler.cli.common import UTC_NAMES, fail, in_zone, uuid_arg
 from scheduler.domain.cron import CronSchedule, InvalidCronExpression, UnknownTimeZone
 from scheduler.schedule.spec import EARLIEST, LATEST
 
@@ -32,10 +33,14 @@ def cron() -> None:
 @click.option(
     "--count", type=click.IntRange(1, 1000), default=5, show_default=True, help="How many fire times."
 )
-@click.option("--schedule-id", help="The schedule id that H fields are hashed with.")
+@click.option(
+    "--schedule-id",
+    type=uuid_arg,
+    help="The schedule id (a UUID, as `schedules list` shows) that H fields are hashed with.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only a JSON list of {utc, local}.")
 def next_fire_times(
-    expression: str, tz: str, after: str | None, count: int, schedule_id: str | None, as_json: bool
+    expression: str, tz: str, after: str | None, count: int, schedule_id: UUID | None, as_json: bool
 ) -> None:
     """Print the next fire times of EXPR (5 fields, minute first; or 6, second first)."""
     start = datetime.now(UTC).replace(microsecond=0) if after is None else _parse_after(after, tz or "UTC")
@@ -43,7 +48,9 @@ def next_fire_times(
         schedule = CronSchedule.of(expression, tz or "UTC", schedule_id)  # an empty zone is UTC
     except (InvalidCronExpression, UnknownTimeZone) as error:
         fail(str(error), code=2)
-    times = [(fire, fire.astimezone(schedule.zone)) for fire in islice(schedule.fire_times(start), count)]
+    # Only what a schedule can hold: its times end where --at's and start_at's do.
+    fires = islice(takewhile(lambda fire: fire < LATEST, schedule.fire_times(start)), count)
+    times = [(fire, fire.astimezone(schedule.zone)) for fire in fires]
 
     if as_json:
         click.echo(json.dumps([{"utc": utc.isoformat(), "local": local.isoformat()} for utc, local in times]))
@@ -52,7 +59,7 @@ def next_fire_times(
     for utc, local in times:
         click.echo(f"{utc.isoformat():<27}{local.isoformat()}  {local:%a} {local.tzname()}")
     if len(times) < count:
-        click.echo("(no further fire times within 50 years)")
+        click.echo(f"(no further fire times within 50 years, nor before {LATEST.year})")
 
 
 def _parse_after(text: str, zone: str) -> datetime:
@@ -65,7 +72,7 @@ def _parse_after(text: str, zone: str) -> datetime:
         # as `schedules create --at` refuses it too.
         fail(
             f"--after {text!r} has no UTC offset; with --tz {zone} give one "
-            "(e.g. 2027-03-28T00:00:00+01:00, or Z for UTC)",
+            f"(e.g. {in_zone(moment, zone)}, or Z for UTC)",
             code=2,
         )
     # A time without an offset is read as UTC, not as this machine's local time.

@@ -179,7 +179,12 @@ def test_immediate_and_delayed_schedules(cli: Cli, app: str) -> None:
                 "--handler",
                 "x:y",
             ],
-            "has no offset, and the schedule's zone is America/New_York",
+            "has no offset, and the schedule's zone is America/New_York: give one "
+            "(e.g. 2027-03-14T02:30:00-05:00, or 2027-03-14T02:30:00Z for UTC)",
+        ),
+        (
+            ["--app", "billing", "--at", "2027-01-01T09:00:00", "--tz", "Asia/Kolkata", "--handler", "x:y"],
+            "(e.g. 2027-01-01T09:00:00+05:30, or 2027-01-01T09:00:00Z for UTC)",
         ),
     ],
 )

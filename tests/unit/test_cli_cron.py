@@ -57,6 +57,15 @@ def test_after_accepts_z_an_offset_or_nothing_meaning_utc(after: str) -> None:
     assert json.loads(out) == [{"utc": "2027-03-27T01:00:00+00:00", "local": "2027-03-27T01:00:00+00:00"}]
 
 
+def test_the_preview_ends_where_a_schedule_can_fire() -> None:
+    """It listed 9001, 9002, ..., times no schedule holds (--at refuses them)."""
+    code, out, _ = run("0 0 1 1 *", "--after", "8997-06-01T00:00:00Z", "--count", "20", "--json")
+    assert code == 0
+    assert [fire["utc"] for fire in json.loads(out)] == [
+        f"{year}-01-01T00:00:00+00:00" for year in (8998, 8999)
+    ]
+
+
 def test_defaults_are_utc_now_and_five() -> None:
     code, out, _ = run("* * * * *", "--json")
     assert code == 0
@@ -98,6 +107,13 @@ def test_six_fields_and_h_with_a_schedule_id() -> None:
         (
             ("30 2 * * *", "--tz", "Europe/Berlin", "--after", "2027-03-28T00:00:00"),
             "--after '2027-03-28T00:00:00' has no UTC offset; with --tz Europe/Berlin give one",
+        ),
+        # A schedule's id is a UUID: any other text would preview the H values of no schedule.
+        (("H H * * *", "--schedule-id", "billing/nightly"), "'billing/nightly' is not an id (a UUID)"),
+        # The example is the zone's own offset at that time, not one fixed offset for every zone.
+        (
+            ("0 9 * * *", "--tz", "Europe/London", "--after", "2027-07-01T00:00:00"),
+            "(e.g. 2027-07-01T00:00:00+01:00, or Z for UTC)",
         ),
     ],
 )
