@@ -78,9 +78,12 @@ class Principal:
     @property
     def key(self) -> str:
         """Who the rate limits and idempotency keys count: a subject is unique within its issuer.
-        The pair as JSON, whose quoting keeps any two pairs apart: joined by a "|" (as it was),
-        issuer "a" with subject "b|c" was the same principal as issuer "a|b" with subject "c"."""
-        return json.dumps([self.issuer, self.subject], ensure_ascii=False)
+        ``issuer|subject``, with a "|" or "\\" inside either escaped by a "\\": joined as they
+        were, issuer "a" with subject "b|c" was the same principal as issuer "a|b" with subject
+        "c". Escaped, not encoded anew, so that the keys of the principals without either
+        character, which the rate buckets and the idempotency records of a running API hold,
+        stay what they were across the upgrade."""
+        return f"{_escaped(self.issuer or '')}|{_escaped(self.subject)}"
 
     @property
     def actor(self) -> str:
@@ -296,6 +299,10 @@ class Authenticator:
             roles=roles,
             apps=scope,
         )
+
+
+def _escaped(part: str) -> str:
+    return part.replace("\\", "\\\\").replace("|", "\\|")
 
 
 def issue_token(

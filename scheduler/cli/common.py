@@ -214,20 +214,25 @@ def parse_instant(text: str, what: str, zone: str = "UTC") -> datetime:
             f"{text!r} is not an ISO 8601 time{why} (e.g. 2027-01-01T09:00:00Z)", param_hint=what
         ) from None
     if moment.tzinfo is None and zone not in UTC_NAMES:
-        raise click.BadParameter(
-            f"{text!r} has no offset, and the schedule's zone is {zone}: give one "
-            f"(e.g. {in_zone(moment, zone)}, or {text}Z for UTC)",
-            param_hint=what,
-        )
+        example = in_zone(moment, zone)
+        # An unknown zone is refused with its own error once the schedule is checked: saying
+        # first that this time lacks an offset "in" it would only send its writer the wrong way.
+        if example is not None:
+            raise click.BadParameter(
+                f"{text!r} has no offset, and the schedule's zone is {zone}: give one "
+                f"(e.g. {example}, or {text}Z for UTC)",
+                param_hint=what,
+            )
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def in_zone(moment: datetime, zone: str) -> str:
-    """``moment``'s wall time with the offset ``zone`` has then: the example a user can copy."""
+def in_zone(moment: datetime, zone: str) -> str | None:
+    """``moment``'s wall time with the offset ``zone`` has then (the example a user can copy);
+    None for a zone that does not exist."""
     try:
         return moment.replace(tzinfo=time_zone(zone)).isoformat()
-    except UnknownTimeZone:  # refused with its own error once the schedule is checked
-        return f"{moment.isoformat()}-05:00"
+    except UnknownTimeZone:
+        return None
 
 
 @contextmanager

@@ -43,11 +43,11 @@ def next_fire_times(
     expression: str, tz: str, after: str | None, count: int, schedule_id: UUID | None, as_json: bool
 ) -> None:
     """Print the next fire times of EXPR (5 fields, minute first; or 6, second first)."""
-    start = datetime.now(UTC).replace(microsecond=0) if after is None else _parse_after(after, tz or "UTC")
     try:
         schedule = CronSchedule.of(expression, tz or "UTC", schedule_id)  # an empty zone is UTC
     except (InvalidCronExpression, UnknownTimeZone) as error:
         fail(str(error), code=2)
+    start = datetime.now(UTC).replace(microsecond=0) if after is None else _parse_after(after, tz or "UTC")
     # Only what a schedule can hold: its times end where --at's and start_at's do.
     fires = islice(takewhile(lambda fire: fire < LATEST, schedule.fire_times(start)), count)
     times = [(fire, fire.astimezone(schedule.zone)) for fire in fires]

@@ -40,6 +40,10 @@ from scheduler import __version__
 from scheduler.runtime.service import Check, Service
 
 PROBE_CACHE_S = 1.0
+# /metrics does not queue behind a probe another request has under way: it reports the last
+# results up to this old, and beyond that every dependency down (a probe under way this long is
+# one that does not answer), so that a scrape is never held by a hung dependency.
+PROBE_UNDER_WAY_S = 5.0
 # A loop that has not turned for this long is wedged. Generous: one step may wait on Kafka's
 # acknowledgement of a batch for most of a relay claim (45 s by default).
 LIVE_TIMEOUT_S = 90.0
@@ -103,9 +107,25 @@ class Health:
             return results
 
     def ready(self) -> bool:
-        if not self.started() or any(s.status.stopping for s in self.services):
+        if not self._serving():
             return False
         return all(p.status == "up" for p in self.probes().values())
+
+    def scraped(self) -> tuple[bool, dict[str, Probe]]:
+        """What ``/metrics`` says: :meth:`ready` and the probes, but without waiting for a probe
+        another request has under way (see :data:`PROBE_UNDER_WAY_S`)."""
+        cached = self._cache
+        if self._lock.acquire(blocking=False):
+            self._lock.release()
+            probes = self.probes()
+        elif cached is not None and time.monotonic() - cached[0] < PROBE_UNDER_WAY_S:
+            probes = cached[1]
+        else:
+            probes = {c.name: Probe("down", 0.0, "its probe is still under way") for c in self.checks}
+        return self._serving() and all(p.status == "up" for p in probes.values()), probes
+
+    def _serving(self) -> bool:
+        return self.started() and not any(s.status.stopping for s in self.services)
 
     def document(self) -> dict[str, Any]:
         components: dict[str, dict[str, Any]] = {}
@@ -139,7 +159,7 @@ class Health:
 
 
 class _Readiness(Collector):
-    """``/ready`` as gauges, evaluated at each scrape (the probes' one-second cache applies)."""
+    """``/ready`` as gauges, evaluated at each scrape (:meth:`Health.scraped`)."""
 
     def __init__(self, health: Health) -> None:
         self.health = health
@@ -150,8 +170,9 @@ class _Readiness(Collector):
 
     def collect(self) -> list[GaugeMetricFamily]:
         ready, dependencies = _ready_family(), _dependency_family()
-        ready.add_metric([], 1.0 if self.health.ready() else 0.0)
-        for name, probe in self.health.probes().items():
+        is_ready, probes = self.health.scraped()
+        ready.add_metric([], 1.0 if is_ready else 0.0)
+        for name, probe in probes.items():
             dependencies.add_metric([name], 1.0 if probe.status == "up" else 0.0)
         return [ready, dependencies]
 

@@ -347,7 +347,8 @@ def update_schedule(
     validate(spec)
     payload = encoded_payload(spec.payload)
     with conn.transaction():
-        old = current_schedule(conn, schedule_id, expected_version)
+        # Locked: the next fire it keeps is the one a scanner leaves, not one read before it advanced.
+        old = current_schedule(conn, schedule_id, expected_version, for_update=True)
         if old["state"] not in UPDATABLE:
             raise InvalidTransition(f"cannot update schedule {schedule_id}: it is {old['state']}")
         if old["app"] != spec.app:
@@ -388,10 +389,16 @@ def update_schedule(
 
 
 def current_schedule(
-    conn: psycopg.Connection[Row], schedule_id: uuid.UUID, expected_version: int | None, *, lock: bool = False
+    conn: psycopg.Connection[Row],
+    schedule_id: uuid.UUID,
+    expected_version: int | None,
+    *,
+    lock: bool = False,
+    for_update: bool = False,
 ) -> Row:
-    """``lock``: the row is held against updates until the transaction ends."""
-    row = schedules.get_schedule(conn, schedule_id, lock=lock)
+    """``lock``: the row is held against updates until the transaction ends; ``for_update``: as
+    the transaction's own update holds it."""
+    row = schedules.get_schedule(conn, schedule_id, lock=lock, for_update=for_update)
     if row is None:
         raise ScheduleNotFound(f"no schedule {schedule_id}")
     if expected_version is not None and row["version"] != expected_version:

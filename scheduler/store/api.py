@@ -162,9 +162,9 @@ def audit_page(
 
 
 def _sizes_dropped(rows: list[Row], max_bytes: int | None) -> list[Row]:
-    """The rows without the sizes the byte-bounded pages add, but ``page_bytes`` when bounded."""
+    """The rows without the columns the byte-bounded pages add, but ``page_bytes`` when bounded."""
     for row in rows:
-        del row["payload_bytes" if "payload_bytes" in row else "entry_bytes"]
+        row.pop("position", None)
         if max_bytes is None:
             del row["page_bytes"]
     return rows

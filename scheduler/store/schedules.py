@@ -72,9 +72,12 @@ def insert_schedule(conn: psycopg.Connection[Row], values: Row) -> Row:
     return row
 
 
-def get_schedule(conn: psycopg.Connection[Row], schedule_id: UUID, *, lock: bool = False) -> Row | None:
-    """``lock``: held against updates until the transaction ends."""
-    name = "get_schedule_for_share" if lock else "get_schedule"
+def get_schedule(
+    conn: psycopg.Connection[Row], schedule_id: UUID, *, lock: bool = False, for_update: bool = False
+) -> Row | None:
+    """``lock``: held against updates until the transaction ends; ``for_update``: held as the
+    transaction's own update of it holds it."""
+    name = "get_schedule_for_update" if for_update else "get_schedule_for_share" if lock else "get_schedule"
     return conn.execute(query(name), {"id": schedule_id}).fetchone()
 
 

@@ -186,6 +186,10 @@ def test_immediate_and_delayed_schedules(cli: Cli, app: str) -> None:
             ["--app", "billing", "--at", "2027-01-01T09:00:00", "--tz", "Asia/Kolkata", "--handler", "x:y"],
             "(e.g. 2027-01-01T09:00:00+05:30, or 2027-01-01T09:00:00Z for UTC)",
         ),
+        (
+            ["--app", "billing", "--at", "2027-01-01T09:00:00", "--tz", "Nope/Zone", "--handler", "x:y"],
+            "unknown time zone 'Nope/Zone'",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(cli: Cli, app: str, args: list[str], message: str) -> None:

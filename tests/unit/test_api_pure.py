@@ -146,5 +146,8 @@ def test_a_principal_is_its_issuer_and_subject_apart_however_they_are_spelled() 
         return Principal(subject=subject, issuer=issuer, roles=frozenset(), apps=None).key
 
     assert key("a", "b|c") != key("a|b", "c")
-    assert key(None, "a") != key("", "a") != key("a", "")
-    assert key("https://idp", "alice") == key("https://idp", "alice")
+    assert key("a\\", "b") != key("a", "\\|b")
+    assert key("a", "") != key("", "a")
+    # A principal without "|" or "\" keeps the key it had, which stored records and buckets hold.
+    assert key("https://idp.example/realms/x", "alice") == "https://idp.example/realms/x|alice"
+    assert key(None, "system:serviceaccount:jobs:runner") == "|system:serviceaccount:jobs:runner"

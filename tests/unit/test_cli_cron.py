@@ -108,6 +108,11 @@ def test_six_fields_and_h_with_a_schedule_id() -> None:
             ("30 2 * * *", "--tz", "Europe/Berlin", "--after", "2027-03-28T00:00:00"),
             "--after '2027-03-28T00:00:00' has no UTC offset; with --tz Europe/Berlin give one",
         ),
+        # An unknown zone is said as such, not as a time lacking an offset in it.
+        (
+            ("* * * * *", "--tz", "Nope/Zone", "--after", "2027-03-14T02:30:00"),
+            "unknown time zone 'Nope/Zone'",
+        ),
         # A schedule's id is a UUID: any other text would preview the H values of no schedule.
         (("H H * * *", "--schedule-id", "billing/nightly"), "'billing/nightly' is not an id (a UUID)"),
         # The example is the zone's own offset at that time, not one fixed offset for every zone.

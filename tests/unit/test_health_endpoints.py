@@ -464,6 +464,38 @@ def test_metrics_say_what_ready_says_while_the_endpoint_itself_answers(
     assert "scheduler_ready 0.0" in client.get("/metrics").text
 
 
+def test_a_scrape_never_waits_for_a_probe_another_request_has_under_way(
+    serve: Serve, no_probe_cache: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hung dependency must not hold /metrics: a scrape that times out blanks every metric of
+    the target. It reports the last results, or, once the probe has been under way too long,
+    the dependency down."""
+    gate, entered = threading.Event(), threading.Event()
+    blocking = {"on": False}
+
+    def probe() -> str | None:
+        if blocking["on"]:
+            entered.set()
+            gate.wait(30)
+        return "ok"
+
+    client = serve([started(FakeService("scan", [Check("postgresql", probe)]))])
+    assert "scheduler_ready 1.0" in client.get("/metrics").text
+    blocking["on"] = True
+    waiting = threading.Thread(target=lambda: client.get("/ready", timeout=60), daemon=True)
+    waiting.start()
+    try:
+        assert entered.wait(10), "the /ready request's probe did not start"
+        assert "scheduler_ready 1.0" in client.get("/metrics").text  # the last results
+        monkeypatch.setattr(health_module, "PROBE_UNDER_WAY_S", 0.0)
+        body = client.get("/metrics").text
+        assert "scheduler_ready 0.0" in body
+        assert 'scheduler_dependency_up{dependency="postgresql"} 0.0' in body
+    finally:
+        gate.set()
+        waiting.join(10)
+
+
 # Probe cache --------------------------------------------------------------------------------------
 
 

@@ -73,33 +73,47 @@ returning 1;
 -- keyset paging, so a page never repeats or skips a row however many are created or changed
 -- meanwhile. `apps` null: any app. Each app's next page is read from schedules_app_created and
 -- only those are merged: one index per order is one index entry fewer for every schedule made.
--- The page also ends where its payloads pass `max_bytes` (page_bytes: the payloads' JSON text up
--- to and including the row's), the first row past it read too, so that the caller knows more
--- follow: 500 payloads of a megabyte were an answer of half a gigabyte. `max_bytes` null (the
--- CLI's lists): no such end. Sizes are taken of the page's rows alone, outside the limited
--- subquery, not of every app's candidates.
-select *
-  from (select sized.*, sum(sized.payload_bytes) over (order by sized.created_at, sized.id) as page_bytes
-          from (select s.*, octet_length(s.payload::text) as payload_bytes
-                  from (select s.*, k.schedule_key
-                          from apps a
-                         cross join lateral (
-                               select s.*
-                                 from schedules s
-                                where s.app = a.name
-                                  and (%(state)s::text is null or s.state = %(state)s::text)
-                                  and (%(enabled)s::bool is null or (s.state = 'active') = %(enabled)s::bool)
-                                  and (%(after_created)s::timestamptz is null
-                                       or (s.created_at, s.id) > (%(after_created)s::timestamptz,
-                                                                  %(after_id)s::uuid))
-                                order by s.created_at, s.id
-                                limit %(limit)s::int) s
-                          left join schedule_keys k on k.schedule_id = s.id
-                         where (%(apps)s::text[] is null or a.name = any(%(apps)s::text[]))
-                         order by s.created_at, s.id
-                         limit %(limit)s::int) s) sized) page
- where %(max_bytes)s::bigint is null or page.page_bytes - page.payload_bytes <= %(max_bytes)s::bigint
- order by page.created_at, page.id;
+--
+-- With `max_bytes` (the API's), the page also ends where its payloads pass it: 500 payloads of a
+-- megabyte were an answer of half a gigabyte. `sized` walks the candidates in order, adding up
+-- their payloads' JSON text (page_bytes, up to and including the row's), and stops at the first
+-- row past the bound, which it returns too, so that the caller knows more follow; after the first
+-- row it always takes the second, so that one row over the bound alone is a page of its own with
+-- more after it. A walk, not a window: a row's size costs its payload's detoasting and text, so
+-- rows past the bound are never measured (a window over 501 payloads of a megabyte took 8.7 s to
+-- keep 5). Without `max_bytes` (the CLI's lists) nothing is measured and every candidate returned.
+with recursive candidate as materialized (
+    select s.*, k.schedule_key, row_number() over (order by s.created_at, s.id) as position
+      from apps a
+     cross join lateral (
+           select s.*
+             from schedules s
+            where s.app = a.name
+              and (%(state)s::text is null or s.state = %(state)s::text)
+              and (%(enabled)s::bool is null or (s.state = 'active') = %(enabled)s::bool)
+              and (%(after_created)s::timestamptz is null
+                   or (s.created_at, s.id) > (%(after_created)s::timestamptz, %(after_id)s::uuid))
+            order by s.created_at, s.id
+            limit %(limit)s::int) s
+      left join schedule_keys k on k.schedule_id = s.id
+     where (%(apps)s::text[] is null or a.name = any(%(apps)s::text[]))
+     order by s.created_at, s.id
+     limit %(limit)s::int
+), sized (position, page_bytes) as (
+    select c.position, octet_length(c.payload::text)::bigint
+      from candidate c
+     where c.position = 1 and %(max_bytes)s::bigint is not null
+    union all
+    select c.position, w.page_bytes + octet_length(c.payload::text)
+      from sized w
+      join candidate c on c.position = w.position + 1
+     where w.page_bytes <= %(max_bytes)s::bigint or w.position = 1
+)
+select c.*, w.page_bytes
+  from candidate c
+  left join sized w on w.position = c.position
+ where %(max_bytes)s::bigint is null or w.position is not null
+ order by c.position;
 
 -- name: runs_page
 -- A schedule's runs, newest fire first, after the cursor's fire time (unique per schedule).
@@ -151,31 +165,43 @@ select r.*
 -- name: audit_page
 -- Audit entries newest first with the app each concerns (an app's own entries name it; a
 -- schedule's and a run's, through their rows, or, once the history retention has deleted those,
--- through the app the entry recorded), after the cursor's id. `apps` null: any app. The page ends
--- where the entries' old and new values pass `max_bytes`, as schedules_page's does: an entry of a
--- schedule holds its payload.
-select *
-  from (select sized.*, sum(sized.entry_bytes) over (order by sized.id desc) as page_bytes
-          from (select e.*,
-                       coalesce(octet_length(e.old_value::text), 0)
-                       + coalesce(octet_length(e.new_value::text), 0) as entry_bytes
-                  from (select a.id, a.at, a.actor, a.action, a.entity, a.entity_id, a.old_value,
-                               a.new_value,
-                               coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
-                                        a.new_value->>'app', a.old_value->>'app') as app
-                          from audit_log a
-                          left join schedules s
-                            on s.id = case when a.entity = 'schedule' then a.entity_id::uuid end
-                          left join runs r on r.id = case when a.entity = 'run' then a.entity_id::uuid end
-                         where (%(before_id)s::bigint is null or a.id < %(before_id)s::bigint)
-                           and (%(entity)s::text is null or a.entity = %(entity)s::text)
-                           and (%(entity_id)s::text is null or a.entity_id = %(entity_id)s::text)
-                           and (%(actor)s::text is null or a.actor = %(actor)s::text)
-                           and (%(since)s::timestamptz is null or a.at >= %(since)s::timestamptz)
-                           and (%(apps)s::text[] is null
-                                or coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
-                                            a.new_value->>'app', a.old_value->>'app') = any(%(apps)s::text[]))
-                         order by a.id desc
-                         limit %(limit)s::int) e) sized) page
- where %(max_bytes)s::bigint is null or page.page_bytes - page.entry_bytes <= %(max_bytes)s::bigint
- order by page.id desc;
+-- through the app the entry recorded), after the cursor's id. `apps` null: any app. With
+-- `max_bytes`, the page ends where the entries' old and new values pass it, walked as
+-- schedules_page walks its payloads: an entry of a schedule holds its payload.
+with recursive candidate as materialized (
+    select a.id, a.at, a.actor, a.action, a.entity, a.entity_id, a.old_value, a.new_value,
+           coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
+                    a.new_value->>'app', a.old_value->>'app') as app,
+           row_number() over (order by a.id desc) as position
+      from audit_log a
+      left join schedules s on s.id = case when a.entity = 'schedule' then a.entity_id::uuid end
+      left join runs r on r.id = case when a.entity = 'run' then a.entity_id::uuid end
+     where (%(before_id)s::bigint is null or a.id < %(before_id)s::bigint)
+       and (%(entity)s::text is null or a.entity = %(entity)s::text)
+       and (%(entity_id)s::text is null or a.entity_id = %(entity_id)s::text)
+       and (%(actor)s::text is null or a.actor = %(actor)s::text)
+       and (%(since)s::timestamptz is null or a.at >= %(since)s::timestamptz)
+       and (%(apps)s::text[] is null
+            or coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
+                        a.new_value->>'app', a.old_value->>'app') = any(%(apps)s::text[]))
+     order by a.id desc
+     limit %(limit)s::int
+), sized (position, page_bytes) as (
+    select c.position,
+           (coalesce(octet_length(c.old_value::text), 0)
+            + coalesce(octet_length(c.new_value::text), 0))::bigint
+      from candidate c
+     where c.position = 1 and %(max_bytes)s::bigint is not null
+    union all
+    select c.position,
+           w.page_bytes + coalesce(octet_length(c.old_value::text), 0)
+           + coalesce(octet_length(c.new_value::text), 0)
+      from sized w
+      join candidate c on c.position = w.position + 1
+     where w.page_bytes <= %(max_bytes)s::bigint or w.position = 1
+)
+select c.id, c.at, c.actor, c.action, c.entity, c.entity_id, c.old_value, c.new_value, c.app, w.page_bytes
+  from candidate c
+  left join sized w on w.position = c.position
+ where %(max_bytes)s::bigint is null or w.position is not null
+ order by c.position;

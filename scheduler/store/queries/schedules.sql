@@ -84,6 +84,11 @@ update runs r
   from open_run o
  where r.id = o.id;
 
+-- name: get_schedule_for_update
+-- The schedule, locked as an update of it locks it: two updates wait for each other instead of
+-- both holding a share lock and each waiting for the other's (a deadlock).
+select * from schedules where id = %(id)s::uuid for no key update;
+
 -- name: get_schedule_for_share
 -- The schedule, locked against updates until the transaction ends (its trigger makes a run under
 -- the overlap policy it reads).
