@@ -203,12 +203,11 @@ def instant_of(text: str) -> datetime:
 
 
 MAX_PAGE = 500
-# A page of schedules or audit entries also ends once their payloads pass this many bytes (of JSON
-# text): 500 payloads of a megabyte would be an answer of half a gigabyte, built in the server's
-# memory, and past gRPC's 32 MiB send limit, whose protobuf form of a payload's numbers is up to
-# five times its JSON. A payload alone is at most 1 MiB (two in an audit entry), so a page is never
-# empty.
-MAX_PAGE_BYTES = 4 * 1024 * 1024
+# A page of schedules or audit entries also ends once their payloads pass this many bytes of JSON
+# text (one row over it is a page of its own): 500 payloads of a megabyte would be an answer of
+# half a gigabyte, built in the server's memory. One megabyte, because a gRPC client receives at
+# most 4 MiB by default, and protobuf's form of a payload of numbers is up to four times its JSON.
+MAX_PAGE_BYTES = 1024 * 1024
 
 
 def page_limit(limit: int, default: int = 50, maximum: int = MAX_PAGE) -> int:
