@@ -261,10 +261,13 @@ class Authenticator:
                 raise _unauthenticated(shown)
         if not isinstance(claims.get("sub"), str) or not claims["sub"]:
             raise _unauthenticated("the token's 'sub' claim must be a non-empty string")
-        if "iss" in claims and not isinstance(claims["iss"], str):
-            # Read as no issuer, a token saying `"iss": 5` would share the rate limits and
-            # idempotency keys of the subject's tokens without one.
-            raise _unauthenticated("the token's 'iss' claim must be a string")
+        if "iss" in claims and (not isinstance(claims["iss"], str) or not claims["iss"]):
+            # Read as no issuer, a token saying `"iss": 5` or `"iss": ""` would share the rate
+            # limits and idempotency keys of the subject's tokens without one.
+            raise _unauthenticated("the token's 'iss' claim must be a non-empty string")
+        if any("\x00" in claims.get(name, "") for name in ("sub", "iss")):
+            # PostgreSQL's text cannot hold one: the principal's rate bucket could not be kept.
+            raise _unauthenticated("the token's 'sub' and 'iss' claims must not contain NUL")
         for name in ("sub", "iss"):
             value = claims.get(name)
             if isinstance(value, str) and len(value.encode("utf-8", "surrogatepass")) > MAX_IDENTITY_BYTES:

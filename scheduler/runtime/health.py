@@ -40,9 +40,9 @@ from scheduler import __version__
 from scheduler.runtime.service import Check, Service
 
 PROBE_CACHE_S = 1.0
-# /metrics does not queue behind a probe another request has under way: it reports the last
-# results up to this old, and beyond that every dependency down (a probe under way this long is
-# one that does not answer), so that a scrape is never held by a hung dependency.
+# A scrape waits this long for the probes (its own, or another request's under way), then says every
+# dependency down: a probe that takes longer is one that does not answer, and a scrape held by it
+# past Prometheus's timeout would blank every metric of the target.
 PROBE_UNDER_WAY_S = 5.0
 # A loop that has not turned for this long is wedged. Generous: one step may wait on Kafka's
 # acknowledgement of a batch for most of a relay claim (45 s by default).
@@ -78,6 +78,9 @@ class Health:
         self.checks = list(checks.values())
         self._cache: tuple[float, dict[str, Probe]] | None = None
         self._lock = threading.Lock()
+        # The scrapes' probing thread: one at a time, so that a hung probe holds one thread only.
+        self._scrape_probe: threading.Thread | None = None
+        self._scrape_lock = threading.Lock()
         # Its own registry, served after the component's: a component's registry is a module's,
         # which a process (a test's) may hand to several Health objects in turn.
         self.readiness = CollectorRegistry()
@@ -112,16 +115,19 @@ class Health:
         return all(p.status == "up" for p in self.probes().values())
 
     def scraped(self) -> tuple[bool, dict[str, Probe]]:
-        """What ``/metrics`` says: :meth:`ready` and the probes, but without waiting for a probe
-        another request has under way (see :data:`PROBE_UNDER_WAY_S`)."""
+        """What ``/metrics`` says: :meth:`ready` and the probes, waited for at most
+        :data:`PROBE_UNDER_WAY_S` (see there); the probes run on a thread of their own."""
+        with self._scrape_lock:
+            if self._scrape_probe is None or not self._scrape_probe.is_alive():
+                self._scrape_probe = threading.Thread(target=self.probes, name="metrics-probe", daemon=True)
+                self._scrape_probe.start()
+            probing = self._scrape_probe
+        probing.join(PROBE_UNDER_WAY_S)
         cached = self._cache
-        if self._lock.acquire(blocking=False):
-            self._lock.release()
-            probes = self.probes()
-        elif cached is not None and time.monotonic() - cached[0] < PROBE_UNDER_WAY_S:
-            probes = cached[1]
+        if probing.is_alive() or cached is None:
+            probes = {c.name: Probe("down", 0.0, "its probe did not answer in time") for c in self.checks}
         else:
-            probes = {c.name: Probe("down", 0.0, "its probe is still under way") for c in self.checks}
+            probes = cached[1]
         return self._serving() and all(p.status == "up" for p in probes.values()), probes
 
     def _serving(self) -> bool:

@@ -152,6 +152,9 @@ REFUSED_TOKENS: dict[str, Callable[[], str]] = {
     # Read as no issuer, it would share the buckets and keys of the subject's tokens without one.
     "iss-a-number": lambda: _signed_by_hand(iss=5),
     "iss-null": lambda: _signed_by_hand(iss=None),
+    "iss-empty": lambda: token(iss=""),
+    "sub-with-nul": lambda: token(subject="mallory\x00admin"),
+    "iss-with-nul": lambda: token(iss="https://idp\x00"),
 }
 
 

@@ -147,7 +147,7 @@ def test_a_principal_is_its_issuer_and_subject_apart_however_they_are_spelled() 
 
     assert key("a", "b|c") != key("a|b", "c")
     assert key("a\\", "b") != key("a", "\\|b")
-    assert key("a", "") != key("", "a")
+    assert key("a", "") != key("", "a")  # (an empty "iss" is refused: it would be no issuer's)
     # A principal without "|" or "\" keeps the key it had, which stored records and buckets hold.
     assert key("https://idp.example/realms/x", "alice") == "https://idp.example/realms/x|alice"
     assert key(None, "system:serviceaccount:jobs:runner") == "|system:serviceaccount:jobs:runner"

@@ -81,38 +81,47 @@ returning 1;
 -- row it always takes the second, so that one row over the bound alone is a page of its own with
 -- more after it. A walk, not a window: a row's size costs its payload's detoasting and text, so
 -- rows past the bound are never measured (a window over 501 payloads of a megabyte took 8.7 s to
--- keep 5). Without `max_bytes` (the CLI's lists) nothing is measured and every candidate returned.
+-- keep 5). Each step reads its row by primary key from the candidates' ids in an array (a join
+-- with the candidates would scan them all at every step). The positions are numbered after the
+-- limit: numbered before it, the sort of every app's candidates could not keep only the top ones.
+-- Without `max_bytes` (the CLI's lists) nothing is measured and every candidate returned.
 with recursive candidate as materialized (
-    select s.*, k.schedule_key, row_number() over (order by s.created_at, s.id) as position
-      from apps a
-     cross join lateral (
-           select s.*
-             from schedules s
-            where s.app = a.name
-              and (%(state)s::text is null or s.state = %(state)s::text)
-              and (%(enabled)s::bool is null or (s.state = 'active') = %(enabled)s::bool)
-              and (%(after_created)s::timestamptz is null
-                   or (s.created_at, s.id) > (%(after_created)s::timestamptz, %(after_id)s::uuid))
-            order by s.created_at, s.id
-            limit %(limit)s::int) s
-      left join schedule_keys k on k.schedule_id = s.id
-     where (%(apps)s::text[] is null or a.name = any(%(apps)s::text[]))
-     order by s.created_at, s.id
-     limit %(limit)s::int
+    select page.*, row_number() over (order by page.created_at, page.id) as position
+      from (select s.*, k.schedule_key
+              from apps a
+             cross join lateral (
+                   select s.*
+                     from schedules s
+                    where s.app = a.name
+                      and (%(state)s::text is null or s.state = %(state)s::text)
+                      and (%(enabled)s::bool is null or (s.state = 'active') = %(enabled)s::bool)
+                      and (%(after_created)s::timestamptz is null
+                           or (s.created_at, s.id) > (%(after_created)s::timestamptz, %(after_id)s::uuid))
+                    order by s.created_at, s.id
+                    limit %(limit)s::int) s
+              left join schedule_keys k on k.schedule_id = s.id
+             where (%(apps)s::text[] is null or a.name = any(%(apps)s::text[]))
+             order by s.created_at, s.id
+             limit %(limit)s::int) page
+), walked as (
+    select array_agg(c.id order by c.position) as ids from candidate c where %(max_bytes)s::bigint is not null
 ), sized (position, page_bytes) as (
-    select c.position, octet_length(c.payload::text)::bigint
-      from candidate c
-     where c.position = 1 and %(max_bytes)s::bigint is not null
+    select 1::bigint, (select octet_length(s.payload::text)::bigint from schedules s where s.id = w.ids[1])
+      from walked w
+     where w.ids is not null
     union all
-    select c.position, w.page_bytes + octet_length(c.payload::text)
-      from sized w
-      join candidate c on c.position = w.position + 1
-     where w.page_bytes <= %(max_bytes)s::bigint or w.position = 1
+    select z.position + 1,
+           z.page_bytes + (select octet_length(s.payload::text)
+                             from schedules s
+                            where s.id = (select w.ids[z.position + 1] from walked w))
+      from sized z
+     where z.position < (select cardinality(w.ids) from walked w)
+       and (z.page_bytes <= %(max_bytes)s::bigint or z.position = 1)
 )
-select c.*, w.page_bytes
+select c.*, z.page_bytes
   from candidate c
-  left join sized w on w.position = c.position
- where %(max_bytes)s::bigint is null or w.position is not null
+  left join sized z on z.position = c.position
+ where %(max_bytes)s::bigint is null or z.position is not null
  order by c.position;
 
 -- name: runs_page
@@ -169,39 +178,45 @@ select r.*
 -- `max_bytes`, the page ends where the entries' old and new values pass it, walked as
 -- schedules_page walks its payloads: an entry of a schedule holds its payload.
 with recursive candidate as materialized (
-    select a.id, a.at, a.actor, a.action, a.entity, a.entity_id, a.old_value, a.new_value,
-           coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
-                    a.new_value->>'app', a.old_value->>'app') as app,
-           row_number() over (order by a.id desc) as position
-      from audit_log a
-      left join schedules s on s.id = case when a.entity = 'schedule' then a.entity_id::uuid end
-      left join runs r on r.id = case when a.entity = 'run' then a.entity_id::uuid end
-     where (%(before_id)s::bigint is null or a.id < %(before_id)s::bigint)
-       and (%(entity)s::text is null or a.entity = %(entity)s::text)
-       and (%(entity_id)s::text is null or a.entity_id = %(entity_id)s::text)
-       and (%(actor)s::text is null or a.actor = %(actor)s::text)
-       and (%(since)s::timestamptz is null or a.at >= %(since)s::timestamptz)
-       and (%(apps)s::text[] is null
-            or coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
-                        a.new_value->>'app', a.old_value->>'app') = any(%(apps)s::text[]))
-     order by a.id desc
-     limit %(limit)s::int
+    select page.*, row_number() over (order by page.id desc) as position
+      from (select a.id, a.at, a.actor, a.action, a.entity, a.entity_id, a.old_value, a.new_value,
+                   coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
+                            a.new_value->>'app', a.old_value->>'app') as app
+              from audit_log a
+              left join schedules s on s.id = case when a.entity = 'schedule' then a.entity_id::uuid end
+              left join runs r on r.id = case when a.entity = 'run' then a.entity_id::uuid end
+             where (%(before_id)s::bigint is null or a.id < %(before_id)s::bigint)
+               and (%(entity)s::text is null or a.entity = %(entity)s::text)
+               and (%(entity_id)s::text is null or a.entity_id = %(entity_id)s::text)
+               and (%(actor)s::text is null or a.actor = %(actor)s::text)
+               and (%(since)s::timestamptz is null or a.at >= %(since)s::timestamptz)
+               and (%(apps)s::text[] is null
+                    or coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
+                                a.new_value->>'app', a.old_value->>'app') = any(%(apps)s::text[]))
+             order by a.id desc
+             limit %(limit)s::int) page
+), walked as (
+    select array_agg(c.id order by c.position) as ids from candidate c where %(max_bytes)s::bigint is not null
 ), sized (position, page_bytes) as (
-    select c.position,
-           (coalesce(octet_length(c.old_value::text), 0)
-            + coalesce(octet_length(c.new_value::text), 0))::bigint
-      from candidate c
-     where c.position = 1 and %(max_bytes)s::bigint is not null
+    select 1::bigint,
+           (select (coalesce(octet_length(e.old_value::text), 0)
+                    + coalesce(octet_length(e.new_value::text), 0))::bigint
+              from audit_log e
+             where e.id = w.ids[1])
+      from walked w
+     where w.ids is not null
     union all
-    select c.position,
-           w.page_bytes + coalesce(octet_length(c.old_value::text), 0)
-           + coalesce(octet_length(c.new_value::text), 0)
-      from sized w
-      join candidate c on c.position = w.position + 1
-     where w.page_bytes <= %(max_bytes)s::bigint or w.position = 1
+    select z.position + 1,
+           z.page_bytes + (select coalesce(octet_length(e.old_value::text), 0)
+                                  + coalesce(octet_length(e.new_value::text), 0)
+                             from audit_log e
+                            where e.id = (select w.ids[z.position + 1] from walked w))
+      from sized z
+     where z.position < (select cardinality(w.ids) from walked w)
+       and (z.page_bytes <= %(max_bytes)s::bigint or z.position = 1)
 )
-select c.id, c.at, c.actor, c.action, c.entity, c.entity_id, c.old_value, c.new_value, c.app, w.page_bytes
+select c.id, c.at, c.actor, c.action, c.entity, c.entity_id, c.old_value, c.new_value, c.app, z.page_bytes
   from candidate c
-  left join sized w on w.position = c.position
- where %(max_bytes)s::bigint is null or w.position is not null
+  left join sized z on z.position = c.position
+ where %(max_bytes)s::bigint is null or z.position is not null
  order by c.position;
