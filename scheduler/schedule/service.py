@@ -348,7 +348,7 @@ def update_schedule(
     payload = encoded_payload(spec.payload)
     with conn.transaction():
         # Locked: the next fire it keeps is the one a scanner leaves, not one read before it advanced.
-        old = current_schedule(conn, schedule_id, expected_version, for_update=True)
+        old = current_schedule(conn, schedule_id, expected_version, lock="update")
         if old["state"] not in UPDATABLE:
             raise InvalidTransition(f"cannot update schedule {schedule_id}: it is {old['state']}")
         if old["app"] != spec.app:
@@ -393,12 +393,10 @@ def current_schedule(
     schedule_id: uuid.UUID,
     expected_version: int | None,
     *,
-    lock: bool = False,
-    for_update: bool = False,
+    lock: schedules.RowLock | None = None,
 ) -> Row:
-    """``lock``: the row is held against updates until the transaction ends; ``for_update``: as
-    the transaction's own update holds it."""
-    row = schedules.get_schedule(conn, schedule_id, lock=lock, for_update=for_update)
+    """``lock``: how the row is held until the transaction ends (see :func:`schedules.get_schedule`)."""
+    row = schedules.get_schedule(conn, schedule_id, lock=lock)
     if row is None:
         raise ScheduleNotFound(f"no schedule {schedule_id}")
     if expected_version is not None and row["version"] != expected_version:
@@ -505,7 +503,7 @@ def trigger(
     dispatcher = dispatcher or JobDispatcher(settings)
     with conn.transaction():
         # Locked: an update of its overlap policy waits until this run is made under the one read.
-        schedule = schedule_from_row(current_schedule(conn, schedule_id, None, lock=True))
+        schedule = schedule_from_row(current_schedule(conn, schedule_id, None, lock="share"))
         if schedule.state in (ScheduleState.CANCELLED, ScheduleState.COMPLETED):
             raise InvalidTransition(f"cannot trigger schedule {schedule_id}: it is {schedule.state}")
         now = schedules.db_now(conn)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 import psycopg
@@ -20,6 +20,8 @@ from scheduler.store.api import schedules_page
 from scheduler.store.sql import query
 
 Row = dict[str, Any]
+# How a read holds the schedule's row until its transaction ends.
+RowLock = Literal["share", "update"]
 
 
 class VersionConflict(RuntimeError):
@@ -73,11 +75,11 @@ def insert_schedule(conn: psycopg.Connection[Row], values: Row) -> Row:
 
 
 def get_schedule(
-    conn: psycopg.Connection[Row], schedule_id: UUID, *, lock: bool = False, for_update: bool = False
+    conn: psycopg.Connection[Row], schedule_id: UUID, *, lock: RowLock | None = None
 ) -> Row | None:
-    """``lock``: held against updates until the transaction ends; ``for_update``: held as the
-    transaction's own update of it holds it."""
-    name = "get_schedule_for_update" if for_update else "get_schedule_for_share" if lock else "get_schedule"
+    """``lock``: ``"share"`` holds the row against updates until the transaction ends; ``"update"``
+    holds it as the transaction's own update of it would (see the SQL)."""
+    name = "get_schedule" if lock is None else f"get_schedule_for_{lock}"
     return conn.execute(query(name), {"id": schedule_id}).fetchone()
 
 
