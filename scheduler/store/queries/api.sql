@@ -86,11 +86,11 @@ returning 1;
 -- limit: numbered before it, the sort of every app's candidates could not keep only the top ones.
 -- Without `max_bytes` (the CLI's lists) nothing is measured and every candidate returned.
 with recursive candidate as materialized (
-    select page.*, row_number() over (order by page.created_at, page.id) as position
-      from (select s.*, k.schedule_key
+    select s.*, k.schedule_key, row_number() over (order by s.created_at, s.id) as position
+      from (select s.id
               from apps a
              cross join lateral (
-                   select s.*
+                   select s.id, s.created_at
                      from schedules s
                     where s.app = a.name
                       and (%(state)s::text is null or s.state = %(state)s::text)
@@ -99,10 +99,14 @@ with recursive candidate as materialized (
                            or (s.created_at, s.id) > (%(after_created)s::timestamptz, %(after_id)s::uuid))
                     order by s.created_at, s.id
                     limit %(limit)s::int) s
-              left join schedule_keys k on k.schedule_id = s.id
              where (%(apps)s::text[] is null or a.name = any(%(apps)s::text[]))
              order by s.created_at, s.id
              limit %(limit)s::int) page
+      -- The page's rows and keys only: each app's candidates are read from the index alone, and
+      -- only the page's rows from the table (all read and their keys joined, before the limit, a
+      -- page over 1,000 apps of 501 schedules took 2.4-4.7 s).
+      join schedules s on s.id = page.id
+      left join schedule_keys k on k.schedule_id = s.id
 ), walked as (
     select array_agg(c.id order by c.position) as ids from candidate c where %(max_bytes)s::bigint is not null
 ), sized (position, page_bytes) as (
