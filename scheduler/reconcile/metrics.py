@@ -30,6 +30,12 @@ QUARANTINED = Counter(
     ["cause"],
     registry=REGISTRY,
 )
+CLOCK_AHEAD_EVENTS = Counter(
+    "scheduler_reconciler_clock_ahead_events_total",
+    "Outcome events stamped over 0.25 s later than PostgreSQL's clock when applied: their worker's "
+    "clock is ahead, and it starts jobs leased ahead early by as much (the log names the worker)",
+    registry=REGISTRY,
+)
 DEAD_LETTERS = Counter(
     "scheduler_dead_letters_total",
     "Runs that became dead, by app (from workers' dead letters and expired leases)",

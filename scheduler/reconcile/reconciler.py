@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -66,6 +66,14 @@ NAME_CHARS = 256
 REFUSED_CLASSES = ("22", "23", "54")
 Row = dict[str, Any]
 Decoded = OutcomeEvent | UndecodableLetter | Quarantined | None
+# An event's times are its worker's clock. One later than PostgreSQL's as the event is applied
+# says that clock is ahead, and a worker holding a fire leased ahead then starts it early by as
+# much: nothing else can see it, since the worker records the instant its clock says. A start is
+# announced up to 50 ms before its instant (and may be applied that soon), hence the margin.
+CLOCK_AHEAD_TOLERANCE = timedelta(milliseconds=250)
+# A worker whose clock is ahead is named at most this often, and at most this many at once.
+CLOCK_WARNING_EVERY_S = 60.0
+CLOCK_WARNED_WORKERS = 1000
 # A process span's attribute: applied, or stale, duplicate or reexecution (the event moved nothing).
 EVENT_OUTCOME = "scheduler.event.outcome"
 # The run state each kind of outcome event moves a run to, for the spans' job.status.
@@ -127,6 +135,7 @@ class Reconciler(Service):
         self.consumer = ConsumerSlot(consumers)
         self.session = Session(database)
         self._last_lag = 0.0
+        self._clock_warned: dict[str, float] = {}  # worker → when it was last named (monotonic)
         self._tracing = tracing_exports()
 
     def checks(self) -> Sequence[Check]:
@@ -274,12 +283,44 @@ class Reconciler(Service):
             )
         for app in applied.dead_apps:
             metrics.DEAD_LETTERS.labels(app).inc()
+        if applied.db_now is not None:
+            self._check_clocks(decoded, applied.db_now)
         if applied.cross_app:
             # Only junk or a forged message names a run of another app than its sender's.
             self.log.warning(
                 "%d outcome events sent as another app's than their run's were not applied", applied.cross_app
             )
         return applied
+
+    def _check_clocks(self, decoded: Sequence[Decoded], db_now: datetime) -> None:
+        """Count the events stamped later than PostgreSQL's clock, and name their workers."""
+        latest = db_now + CLOCK_AHEAD_TOLERANCE
+        ahead: dict[str, timedelta] = {}
+        events = 0
+        for event in decoded:
+            if not isinstance(event, OutcomeEvent):
+                continue
+            stamped = event.finished_at or event.started_at
+            if stamped is not None and stamped > latest:
+                events += 1
+                worker = event.worker or "(unnamed)"
+                ahead[worker] = max(ahead.get(worker, timedelta()), stamped - db_now)
+        if not events:
+            return
+        metrics.CLOCK_AHEAD_EVENTS.inc(events)
+        now = time.monotonic()
+        if len(self._clock_warned) > CLOCK_WARNED_WORKERS:
+            self._clock_warned.clear()
+        for worker, by in ahead.items():
+            if now - self._clock_warned.get(worker, -math.inf) < CLOCK_WARNING_EVERY_S:
+                continue
+            self._clock_warned[worker] = now
+            self.log.warning(
+                "worker %s stamps its events %.3f s later than PostgreSQL's clock: its clock is ahead, "
+                "and it starts jobs leased ahead (SCHEDULER_LOOKAHEAD_S) early by as much; synchronise it",
+                worker,
+                by.total_seconds(),
+            )
 
     def _apply(
         self, conn: psycopg.Connection[Row], batch: Sequence[tuple[Received, Decoded]]

@@ -350,7 +350,7 @@ def update_schedule(
         # Locked: the next fire it keeps is the one a scanner leaves, not one read before it advanced.
         old = current_schedule(conn, schedule_id, expected_version, lock="update")
         if old["state"] not in UPDATABLE:
-            raise InvalidTransition(f"cannot update schedule {schedule_id}: it is {old['state']}")
+            raise _refusal(conn, old, "update")
         if old["app"] != spec.app:
             raise InvalidSchedule(f"schedule {schedule_id} belongs to app {old['app']!r}, not {spec.app!r}")
         _app_of(conn, spec)
@@ -420,7 +420,7 @@ def _transition(
         if old["state"] == target:
             return old  # already there: repeating a pause or cancel is harmless
         if old["state"] not in allowed_from:
-            raise InvalidTransition(f"cannot {action} schedule {schedule_id}: it is {old['state']}")
+            raise _refusal(conn, old, action)
         if old["state"] == ScheduleState.ERROR and target == ScheduleState.ACTIVE:
             _check_computes(conn, old, action)
         # A paused schedule keeps its next fire time; on resume its misfire policy judges what was
@@ -435,6 +435,21 @@ def _transition(
         if target == ScheduleState.ACTIVE:
             schedules.notify_due(conn)
     return new
+
+
+def _refusal(conn: psycopg.Connection[Row], old: Row, action: str) -> InvalidTransition:
+    """Why ``action`` cannot apply to the schedule in its state. A one-shot is completed once its
+    fire is leased, up to the look-ahead before its instant, so the refusal says where that run is:
+    "completed" alone would read as "it ran" to someone a second early."""
+    reason = f"cannot {action} schedule {old['id']}: it is {old['state']}"
+    if old["state"] == ScheduleState.COMPLETED and old["kind"] != ScheduleKind.CRON:
+        run = schedules.latest_run(conn, old["id"])
+        if run is not None:
+            reason += (
+                f"; its fire is run {run['id']}, {run['state']}, due {run['scheduled_for'].isoformat()}"
+                " (a fire leased already runs whatever its schedule does)"
+            )
+    return InvalidTransition(reason)
 
 
 def _check_computes(conn: psycopg.Connection[Row], row: Row, action: str) -> None:

@@ -81,6 +81,8 @@ class Applied:
     appless_letters: int = 0  # run-less dead letters naming no app there is, quarantined instead of kept
     not_applied: Mapping[str, str] = field(default_factory=dict, compare=False)
     """Event id → stale, duplicate or reexecution, for each event that did not move its run."""
+    db_now: datetime | None = field(default=None, compare=False)
+    """PostgreSQL's clock as the events were applied (its transaction's start); None: no event."""
 
     def __add__(self, other: Applied) -> Applied:
         return Applied(
@@ -93,6 +95,7 @@ class Applied:
             self.cross_app + other.cross_app,
             self.appless_letters + other.appless_letters,
             not_applied={**self.not_applied, **other.not_applied},
+            db_now=max((t for t in (self.db_now, other.db_now) if t is not None), default=None),
         )
 
 
@@ -139,6 +142,7 @@ def apply_outcomes(
         tuple(row["dead_apps"]),
         row["cross_app"],
         not_applied=row["not_applied"],
+        db_now=row["db_now"],
     )
 
 

@@ -83,6 +83,11 @@ def get_schedule(
     return conn.execute(query(name), {"id": schedule_id}).fetchone()
 
 
+def latest_run(conn: psycopg.Connection[Row], schedule_id: UUID) -> Row | None:
+    """The schedule's latest run (id, state, scheduled_for), or None."""
+    return conn.execute(query("latest_run"), {"id": schedule_id}).fetchone()
+
+
 def guard_open_runs(conn: psycopg.Connection[Row], schedule_id: UUID) -> None:
     """Count the schedule's open runs for its overlap policy from now on (see the SQL)."""
     conn.execute(query("guard_open_runs"), {"id": schedule_id})

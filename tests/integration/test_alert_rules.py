@@ -62,6 +62,7 @@ METRICS = {
     "scheduler_dead_letters_total",
     "scheduler_reconciler_last_batch_timestamp_seconds",
     "scheduler_reconciler_quarantined_total",
+    "scheduler_reconciler_clock_ahead_events_total",
     # reconciler: its lease sweeper and its buffer release
     "scheduler_lease_expiries_total",
     "scheduler_lease_sweep_held_seconds",

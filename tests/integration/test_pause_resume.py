@@ -12,6 +12,7 @@ import pytest
 
 from scheduler.config import Settings
 from scheduler.store import connect
+from scheduler.wiring import Wiring
 from tests.support import SCHEDULER, wait_for
 
 pytestmark = pytest.mark.integration
@@ -62,3 +63,39 @@ def test_fires_missed_in_a_short_pause_follow_the_misfire_policy(
         assert first_missed + timedelta(seconds=4) <= next_fire <= now, "only the latest missed fire is left"
     else:
         assert next_fire == first_missed, "every missed fire is left for the scanner to run"
+
+
+def test_a_one_shot_leased_ahead_is_refused_with_where_its_run_is(
+    settings_env: dict[str, str], settings: Settings
+) -> None:
+    """Within the look-ahead before its instant a one-shot's fire is a run already, and the
+    schedule completed: cancelling it is refused, saying that the run is pending, not that it ran."""
+    assert (
+        subprocess.run([SCHEDULER, "apps", "create", "mail"], env=settings_env, check=False).returncode == 0
+    )
+    at = db_now(settings) + timedelta(seconds=30)
+    created = cli(
+        settings_env,
+        "schedules",
+        "create",
+        "--app",
+        "mail",
+        "--at",
+        at.isoformat(),
+        "--handler",
+        "builtin:noop",
+    )
+    with connect(settings.database_url) as conn:
+        Wiring(settings).scanner().scan_once(conn, now=at - timedelta(milliseconds=500))  # 1 s look-ahead
+        run = conn.execute("select id, state from runs where schedule_id = %s", (created["id"],)).fetchone()
+    assert run is not None and run["state"] == "pending", "leased ahead of its instant"
+    for action in ("cancel", "pause"):
+        refused = subprocess.run(
+            [SCHEDULER, "schedules", action, created["id"]],
+            env=settings_env, capture_output=True, text=True, check=False, timeout=60,
+        )  # fmt: skip
+        assert refused.returncode != 0
+        lines = refused.stderr.strip().splitlines()
+        assert len(lines) == 1, refused.stderr
+        assert f"cannot {action} schedule {created['id']}: it is completed" in lines[0]
+        assert f"run {run['id']}, pending" in lines[0]

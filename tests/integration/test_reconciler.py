@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -15,6 +16,7 @@ from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import JobResult
 from scheduler.kafka.transport import OutgoingMessage, Producer, Received, TopicAdmin, producer_config
+from scheduler.reconcile import metrics
 from scheduler.reconcile.reconciler import Reconciler
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
@@ -47,8 +49,15 @@ def dispatched_runs(settings: Settings) -> list[dict[str, Any]]:
         return conn.execute("select id, schedule_id, attempt from runs").fetchall()
 
 
-def result(run: dict[str, Any], attempt: int | None = None, event_id: uuid.UUID | None = None) -> JobResult:
-    now = datetime.now(UTC)
+def result(
+    run: dict[str, Any],
+    attempt: int | None = None,
+    event_id: uuid.UUID | None = None,
+    *,
+    worker: str = "w",
+    clock_ahead: timedelta = timedelta(),
+) -> JobResult:
+    now = datetime.now(UTC) + clock_ahead
     return JobResult(
         event_id=event_id or uuid.uuid4(),
         status="succeeded",
@@ -56,7 +65,7 @@ def result(run: dict[str, Any], attempt: int | None = None, event_id: uuid.UUID 
         schedule_id=run["schedule_id"],
         app="rec",
         attempt=attempt or run["attempt"],
-        worker="w",
+        worker=worker,
         started_at=now,
         finished_at=now,
     )
@@ -178,3 +187,35 @@ def test_buffer_one_keeps_one_waiting_fire_and_dispatches_it_when_the_running_on
         stop.set()
         for thread in threads:
             thread.join(30)
+
+
+def test_a_worker_whose_clock_is_ahead_is_counted_and_named(
+    settings: Settings,
+    dispatched_runs: list[dict[str, Any]],
+    running_reconciler: FailsOnce,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker's clock ahead of the database's starts held jobs early, and its events say the
+    instants its clock gave: the reconciler, which applies them on PostgreSQL's clock, tells."""
+
+    def ahead_events() -> float:
+        return metrics.REGISTRY.get_sample_value("scheduler_reconciler_clock_ahead_events_total") or 0.0
+
+    before = ahead_events()
+    with caplog.at_level(logging.WARNING):
+        on_time = [result(run, worker="w-synchronised") for run in dispatched_runs[:100]]
+        publish(settings, on_time)
+        wait_for(lambda: outcomes(settings)["succeeded"] == 100, 60, "the on-time successes applied")
+        assert ahead_events() == before, "events stamped by a synchronised clock are not counted"
+
+        early = [
+            result(run, worker="w-ahead", clock_ahead=timedelta(seconds=30)) for run in dispatched_runs[100:]
+        ]
+        publish(settings, early)
+        wait_for(lambda: outcomes(settings)["succeeded"] == RUNS, 60, "the other successes applied")
+    # Applied all the same: the run's record is the worker's, which is all there is.
+    assert ahead_events() == before + RUNS - 100
+    named = [r.getMessage() for r in caplog.records if "later than PostgreSQL's clock" in r.getMessage()]
+    assert named and all("w-ahead" in line for line in named), caplog.text
+    assert "w-synchronised" not in caplog.text
+    assert len(named) == 1, "a worker is named once a minute, not once per batch"

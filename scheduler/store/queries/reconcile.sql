@@ -217,7 +217,9 @@ select (select count(*) from classified where outcome = 'applied') as applied,
        (select count(*) from classified where cross_app and outcome = 'stale') as cross_app,
        -- Each event that did not move its run (usually none): what its trace span says it was.
        (select coalesce(jsonb_object_agg(event_id, outcome), '{}') from classified
-         where outcome <> 'applied') as not_applied;
+         where outcome <> 'applied') as not_applied,
+       -- The database's clock, which the events' times are checked against (workers' clocks ahead).
+       now() as db_now;
 
 -- name: record_undecodable_dead_letters
 -- Dead letters without a run (their job could not be decoded) are kept for the DLQ listing, each

@@ -136,3 +136,7 @@ select s.*, k.schedule_key
   from schedules s
   left join schedule_keys k on k.schedule_id = s.id
  where s.id = any(%(ids)s::uuid[]);
+
+-- name: latest_run
+-- A schedule's latest fire, for a refusal to say what became of a one-shot's (from its unique key).
+select id, state, scheduled_for from runs where schedule_id = %(id)s::uuid order by scheduled_for desc limit 1;
