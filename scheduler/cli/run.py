@@ -64,9 +64,11 @@ def _serve(
         )
     except OSError as exc:
         reason = exc.strerror or str(exc)
+        # A setting's fault, as under `run all`: exit 2, the code of every bad setting.
         fail(
             f"{component}: cannot listen on {settings.metrics_host}:{port} "
-            f"(--metrics-port or SCHEDULER_METRICS_PORT, SCHEDULER_METRICS_HOST): {reason}"
+            f"(--metrics-port or SCHEDULER_METRICS_PORT, SCHEDULER_METRICS_HOST): {reason}",
+            code=2,
         )
     finally:
         shutdown_tracing()
