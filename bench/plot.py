@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +53,17 @@ def plot_lag(latest: dict[str, Any], out: Path) -> Path | None:
                 color=COLOURS["ours"],
                 label=f"ours start {key[:3]}",
             )
-        left.plot(
-            rates,
-            [p["dispatch"].get("p99_ms") for p in points],
-            "-.",
-            marker=".",
-            color="#999999",
-            label="ours dispatched p99",
-        )
+        # Only runs from before the relay stopped recording dispatched_at have a dispatch figure.
+        dispatched = [(p.get("dispatch") or {}).get("p99_ms") for p in points]
+        if any(value is not None for value in dispatched):
+            left.plot(
+                rates,
+                [math.nan if value is None else value for value in dispatched],
+                "-.",
+                marker=".",
+                color="#999999",
+                label="ours dispatched p99",
+            )
         for p in points:
             late = p.get("last_start_after_window_s", 0)
             if p.get("stalled"):
