@@ -51,18 +51,20 @@ def isolated_settings(label: str) -> Iterator[Settings]:
         env |= stack.env()
     base_url = env["SCHEDULER_DATABASE_URL"]
     name = f"bench_{label}_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(base_url, autocommit=True) as admin:
-        admin.execute(f'create database "{name}"')
     url = base_url.rsplit("/", 1)[0] + f"/{name}"
     prefix = f"bench{uuid.uuid4().hex[:6]}"
     settings = load_settings(env | {"SCHEDULER_DATABASE_URL": url, "SCHEDULER_TOPIC_PREFIX": prefix})
     wiring = Wiring(settings)
-    with wiring.database.connect() as conn:
-        migrate(conn)
-        conn.execute(BENCH_ID)
-        conn.commit()
-    wiring.admin.ensure_topics(settings.core_topics, partitions=6)
+    # The set-up is inside the try: a migration or a topic creation that fails or is interrupted
+    # still has the database dropped and the topics made so far deleted.
     try:
+        with psycopg.connect(base_url, autocommit=True) as admin:
+            admin.execute(f'create database "{name}"')
+        with wiring.database.connect() as conn:
+            migrate(conn)
+            conn.execute(BENCH_ID)
+            conn.commit()
+        wiring.admin.ensure_topics(settings.core_topics, partitions=6)
         yield settings
     finally:
         with psycopg.connect(base_url, autocommit=True) as admin:
