@@ -3,15 +3,18 @@ components as processes, percentiles, and the results file."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -253,3 +256,64 @@ def console() -> Any:
     from rich.console import Console
 
     return Console() if sys.stdout.isatty() else Console(width=150)
+
+
+def _interrupted(signum: int, _frame: object) -> None:
+    # SIGTERM (a CI timeout, say) unwinds like Ctrl-C, so that every process started is stopped and
+    # every database and topic made is removed by the context managers above.
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def run_main(main: Callable[[], object]) -> None:
+    """A benchmark's entry point: ``main`` with SIGTERM turned into Ctrl-C's KeyboardInterrupt, and
+    an interruption reported in one line (after the clean-up it unwound through) with the shell's
+    status for the signal, 130 for Ctrl-C, rather than with a traceback."""
+    signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        main()
+    except KeyboardInterrupt as exc:
+        signum = signal.SIGTERM if exc.args == (signal.SIGTERM.name,) else signal.SIGINT
+        print("interrupted; cleaned up", file=sys.stderr)
+        raise SystemExit(128 + signum) from None
+
+
+# argparse types for the command lines: a count, a rate or a duration that is zero or negative
+# (or not a number) is refused with one line and exit status 2, before anything is started.
+
+
+def _number(text: str, kind: Callable[[str], float], allow_zero: bool) -> float:
+    try:
+        value = kind(text.replace("_", ""))
+    except ValueError:
+        wanted = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be {'0 or more' if allow_zero else 'above 0'}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return int(_number(text, int, allow_zero=False))
+
+
+def non_negative_int(text: str) -> int:
+    """A count where 0 means "skip this part"."""
+    return int(_number(text, int, allow_zero=True))
+
+
+def positive_float(text: str) -> float:
+    return _number(text, float, allow_zero=False)
+
+
+def non_negative_float(text: str) -> float:
+    return _number(text, float, allow_zero=True)
+
+
+def positive_ints(text: str) -> list[int]:
+    """Comma separated counts or rates, each above zero ('' is none)."""
+    return [positive_int(part) for part in text.split(",") if part]
+
+
+def non_negative_ints(text: str) -> list[int]:
+    """Comma separated counts, each zero or more ('' is none)."""
+    return [non_negative_int(part) for part in text.split(",") if part]

@@ -33,7 +33,7 @@ from typing import Any
 
 from rich.table import Table
 
-from bench.common import console, latest, peers_python, percentiles, record, stack_database_url
+from bench.common import console, latest, peers_python, percentiles, record, run_main, stack_database_url
 from bench.cost import show_cost
 
 PEERS_DIR = Path(__file__).resolve().parent / "peers"
@@ -305,4 +305,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

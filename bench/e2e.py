@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import component_env, isolated_settings, percentiles, record, running, wait_until
+from bench.common import component_env, isolated_settings, percentiles, record, run_main, running, wait_until
 from bench.cost import (
     ComponentCpu,
     CostProbe,
@@ -156,4 +156,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

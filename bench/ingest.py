@@ -44,6 +44,7 @@ from bench.common import (
     create_bench_app,
     isolated_settings,
     record,
+    run_main,
     running,
     wait_until,
 )
@@ -278,4 +279,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -45,6 +45,7 @@ from bench.common import (
     ms_percentiles,
     pipeline_commands,
     record,
+    run_main,
     running,
     warm_up,
 )
@@ -332,4 +333,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -30,7 +30,7 @@ from uuid import UUID
 import psycopg
 from rich.table import Table
 
-from bench.common import BENCH_APP, console, create_bench_app, isolated_settings, record
+from bench.common import BENCH_APP, console, create_bench_app, isolated_settings, record, run_main
 from bench.cost import process_cpu_seconds
 from bench.scale import load_history
 from scheduler.store.reconcile import OutcomeEvent, apply_outcomes
@@ -186,4 +186,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

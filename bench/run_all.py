@@ -32,7 +32,7 @@ from typing import Any
 
 from rich.table import Table
 
-from bench.common import console, latest, peers_python, record
+from bench.common import console, latest, peers_python, record, run_main
 
 STEPS = ("e2e", "lag", "lag_idle", "peers", "ingest", "api", "plot")
 
@@ -243,4 +243,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

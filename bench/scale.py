@@ -61,6 +61,7 @@ from bench.common import (
     percentiles,
     pipeline_commands,
     record,
+    run_main,
     running,
     wait_until,
 )
@@ -1087,4 +1088,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import Consumer, TopicPartition
 
-from bench.common import component_env, isolated_settings, running, wait_until
+from bench.common import component_env, isolated_settings, run_main, running, wait_until
 from bench.cost import ComponentCpu
 from scheduler.kafka.messages import ATTEMPT_HEADER, RUN_ID_HEADER, JobMessage, RetryPolicy
 from scheduler.kafka.tracing import HEADER
@@ -86,4 +86,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)
