@@ -65,6 +65,11 @@ from bench.common import (
     console,
     create_bench_app,
     isolated_settings,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    positive_ints,
     record,
     run_main,
     running,
@@ -939,41 +944,50 @@ def show(figures: dict[str, Any]) -> None:
         out.print(table)
 
 
-def _ints(text: str) -> list[int]:
-    return [int(part.replace("_", "")) for part in text.split(",") if part]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     defaults = Options()
-    parser.add_argument("--rates", type=_ints, default=[100, 500, 1000], help="single creates per second")
     parser.add_argument(
-        "--duration", type=float, default=defaults.duration_s, help="seconds measured per step"
+        "--rates", type=positive_ints, default=[100, 500, 1000], help="single creates per second"
     )
     parser.add_argument(
-        "--warmup", type=float, default=defaults.warmup_s, help="seconds sent first, not counted"
+        "--duration", type=positive_float, default=defaults.duration_s, help="seconds measured per step"
+    )
+    parser.add_argument(
+        "--warmup", type=non_negative_float, default=defaults.warmup_s, help="seconds sent first, not counted"
     )
     parser.add_argument("--transports", default=",".join(TRANSPORTS), help="http, grpc or both")
-    parser.add_argument("--clients", type=int, help=f"client processes [one per {PER_CLIENT} requests/s]")
     parser.add_argument(
-        "--connections", type=int, default=defaults.connections, help="HTTP connections per client"
+        "--clients", type=positive_int, help=f"client processes [one per {PER_CLIENT} requests/s]"
+    )
+    parser.add_argument(
+        "--connections", type=positive_int, default=defaults.connections, help="HTTP connections per client"
     )
     parser.add_argument(
         "--http-client", choices=("streams", "httpx"), default=defaults.http_client, help="the HTTP client"
     )
-    parser.add_argument("--channels", type=int, default=defaults.channels, help="gRPC channels per client")
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="schedules per batch")
     parser.add_argument(
-        "--batch-concurrency", type=int, default=defaults.batch_concurrency, help="batches at once (0 skips)"
+        "--channels", type=positive_int, default=defaults.channels, help="gRPC channels per client"
     )
     parser.add_argument(
-        "--timeout", type=float, default=defaults.timeout_s, help="seconds before a request fails"
+        "--batch-size", type=positive_int, default=defaults.batch_size, help="schedules per batch"
     )
-    parser.add_argument("--principals", type=int, default=1, help="tokens of distinct subjects, used in turn")
-    parser.add_argument("--pool-size", type=int, help="SCHEDULER_API_POOL_SIZE [the API's default]")
-    parser.add_argument("--partitions", type=int, default=12)
+    parser.add_argument(
+        "--batch-concurrency",
+        type=non_negative_int,
+        default=defaults.batch_concurrency,
+        help="batches at once (0 skips)",
+    )
+    parser.add_argument(
+        "--timeout", type=positive_float, default=defaults.timeout_s, help="seconds before a request fails"
+    )
+    parser.add_argument(
+        "--principals", type=positive_int, default=1, help="tokens of distinct subjects, used in turn"
+    )
+    parser.add_argument("--pool-size", type=positive_int, help="SCHEDULER_API_POOL_SIZE [the API's default]")
+    parser.add_argument("--partitions", type=positive_int, default=12)
     parser.add_argument(
         "--cost", action=argparse.BooleanOptionalAction, default=True, help="what a create costs PostgreSQL"
     )
@@ -990,7 +1004,9 @@ def main() -> None:
         batch_concurrency=args.batch_concurrency,
         timeout_s=args.timeout,
     )
-    transports = [name for name in args.transports.split(",") if name in TRANSPORTS]
+    transports = [name for name in args.transports.split(",") if name]
+    if not transports or set(transports) - set(TRANSPORTS):
+        parser.error(f"--transports {args.transports!r}: http, grpc or both, comma separated")
     figures = run_api(
         args.rates, options, transports, args.principals, args.partitions, args.pool_size, args.cost
     )

@@ -33,7 +33,17 @@ from typing import Any
 
 from rich.table import Table
 
-from bench.common import console, latest, peers_python, percentiles, record, run_main, stack_database_url
+from bench.common import (
+    console,
+    latest,
+    peers_python,
+    percentiles,
+    positive_float,
+    positive_int,
+    record,
+    run_main,
+    stack_database_url,
+)
 from bench.cost import show_cost
 
 PEERS_DIR = Path(__file__).resolve().parent / "peers"
@@ -276,12 +286,14 @@ def cost_table(figures: dict[str, Any]) -> Table:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--concurrency", type=int, default=64, help="ours: jobs at once per worker")
-    parser.add_argument("--partitions", type=int, default=12, help="ours: partitions of the app's topic")
-    parser.add_argument("--rate", type=int, default=1000, help="delayed jobs due per second")
-    parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--jobs", type=positive_int, default=10_000)
+    parser.add_argument("--workers", type=positive_int, default=4)
+    parser.add_argument("--concurrency", type=positive_int, default=64, help="ours: jobs at once per worker")
+    parser.add_argument(
+        "--partitions", type=positive_int, default=12, help="ours: partitions of the app's topic"
+    )
+    parser.add_argument("--rate", type=positive_int, default=1000, help="delayed jobs due per second")
+    parser.add_argument("--window", type=positive_float, default=10.0)
     parser.add_argument("--peers", default=",".join(PEERS), help="comma separated: " + ", ".join(PEERS))
     parser.add_argument(
         "--fresh-ours",

@@ -19,7 +19,16 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import component_env, isolated_settings, percentiles, record, run_main, running, wait_until
+from bench.common import (
+    component_env,
+    isolated_settings,
+    percentiles,
+    positive_int,
+    record,
+    run_main,
+    running,
+    wait_until,
+)
 from bench.cost import (
     ComponentCpu,
     CostProbe,
@@ -143,12 +152,12 @@ def show(figures: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--partitions", type=int, default=12)
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--scanners", type=int, default=1)
-    parser.add_argument("--relays", type=int, default=1)
+    parser.add_argument("--jobs", type=positive_int, default=10_000)
+    parser.add_argument("--partitions", type=positive_int, default=12)
+    parser.add_argument("--workers", type=positive_int, default=4)
+    parser.add_argument("--concurrency", type=positive_int, default=64)
+    parser.add_argument("--scanners", type=positive_int, default=1)
+    parser.add_argument("--relays", type=positive_int, default=1)
     args = parser.parse_args()
     figures = run_e2e(args.jobs, args.partitions, args.workers, args.concurrency, args.scanners, args.relays)
     show(figures)

@@ -43,6 +43,8 @@ from bench.common import (
     console,
     create_bench_app,
     isolated_settings,
+    non_negative_int,
+    positive_int,
     record,
     run_main,
     running,
@@ -268,10 +270,14 @@ def show(figures: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--commands", type=int, default=10_000, help="Avro create commands (0 skips)")
-    parser.add_argument("--cli", type=int, default=20, help="schedules created with the CLI (0 skips)")
-    parser.add_argument("--partitions", type=int, default=12)
-    parser.add_argument("--ingestors", type=int, default=1, help="ingestor processes in one group")
+    parser.add_argument(
+        "--commands", type=non_negative_int, default=10_000, help="Avro create commands (0 skips)"
+    )
+    parser.add_argument(
+        "--cli", type=non_negative_int, default=20, help="schedules created with the CLI (0 skips)"
+    )
+    parser.add_argument("--partitions", type=positive_int, default=12)
+    parser.add_argument("--ingestors", type=positive_int, default=1, help="ingestor processes in one group")
     args = parser.parse_args()
     figures = run_ingest(args.commands, args.cli, args.partitions, args.ingestors)
     show(figures)

@@ -43,7 +43,11 @@ from bench.common import (
     create_bench_app,
     isolated_settings,
     ms_percentiles,
+    non_negative_ints,
     pipeline_commands,
+    positive_float,
+    positive_int,
+    positive_ints,
     record,
     run_main,
     running,
@@ -295,24 +299,24 @@ def measure_idle(
     return {str(idle): run_lag(rate, window_s, idle=idle, **options) for idle in idle_counts}
 
 
-def _ints(text: str) -> list[int]:
-    return [int(part.replace("_", "")) for part in text.split(",") if part]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--rates", type=_ints, default=[100, 1000, 5000], help="fires per second, comma separated"
+        "--rates", type=positive_ints, default=[100, 1000, 5000], help="fires per second, comma separated"
     )
-    parser.add_argument("--window", type=float, default=10.0, help="seconds over which fires are spread")
     parser.add_argument(
-        "--idle", type=_ints, default=[1000, 1_000_000], help="idle schedule counts ('' skips)"
+        "--window", type=positive_float, default=10.0, help="seconds over which fires are spread"
     )
-    parser.add_argument("--idle-rate", type=int, default=1000)
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--partitions", type=int, default=12)
-    parser.add_argument("--stall", type=float, default=30.0, help="give up after this long without progress")
+    parser.add_argument(
+        "--idle", type=non_negative_ints, default=[1000, 1_000_000], help="idle schedule counts ('' skips)"
+    )
+    parser.add_argument("--idle-rate", type=positive_int, default=1000)
+    parser.add_argument("--workers", type=positive_int, default=4)
+    parser.add_argument("--concurrency", type=positive_int, default=64)
+    parser.add_argument("--partitions", type=positive_int, default=12)
+    parser.add_argument(
+        "--stall", type=positive_float, default=30.0, help="give up after this long without progress"
+    )
     parser.add_argument("--pg-options", help="PGOPTIONS for the components, e.g. '-c plan_cache_mode=...'")
     args = parser.parse_args()
     options = {

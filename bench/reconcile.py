@@ -30,7 +30,17 @@ from uuid import UUID
 import psycopg
 from rich.table import Table
 
-from bench.common import BENCH_APP, console, create_bench_app, isolated_settings, record, run_main
+from bench.common import (
+    BENCH_APP,
+    console,
+    create_bench_app,
+    isolated_settings,
+    non_negative_int,
+    positive_int,
+    positive_ints,
+    record,
+    run_main,
+)
 from bench.cost import process_cpu_seconds
 from bench.scale import load_history
 from scheduler.store.reconcile import OutcomeEvent, apply_outcomes
@@ -38,10 +48,6 @@ from scheduler.wiring import Wiring
 
 WORKERS = tuple(f"worker-{i}" for i in range(4))
 LEASE_WINDOW_S = 60.0
-
-
-def _ints(text: str) -> list[int]:
-    return [int(part.replace("_", "")) for part in text.split(",") if part]
 
 
 def _batches(runs: list[UUID], size: int) -> list[list[OutcomeEvent]]:
@@ -176,9 +182,15 @@ def show(figures: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=_ints, default=[10, 100, 500, 2000], help="events per statement")
-    parser.add_argument("--runs", type=int, default=4000, help="runs per batch size (two events each)")
-    parser.add_argument("--history", type=int, default=1_000_000, help="succeeded runs already in the table")
+    parser.add_argument(
+        "--batches", type=positive_ints, default=[10, 100, 500, 2000], help="events per statement"
+    )
+    parser.add_argument(
+        "--runs", type=positive_int, default=4000, help="runs per batch size (two events each)"
+    )
+    parser.add_argument(
+        "--history", type=non_negative_int, default=1_000_000, help="succeeded runs already in the table"
+    )
     args = parser.parse_args()
     figures = measure(args.batches, args.runs, args.history)
     show(figures)

@@ -32,7 +32,18 @@ from typing import Any
 
 from rich.table import Table
 
-from bench.common import console, latest, peers_python, record, run_main
+from bench.common import (
+    console,
+    latest,
+    non_negative_int,
+    non_negative_ints,
+    peers_python,
+    positive_float,
+    positive_int,
+    positive_ints,
+    record,
+    run_main,
+)
 
 STEPS = ("e2e", "lag", "lag_idle", "peers", "ingest", "api", "plot")
 
@@ -45,10 +56,6 @@ def _names(text: str) -> list[str]:
     return names
 
 
-def _ints(text: str) -> list[int]:
-    return [int(part.replace("_", "")) for part in text.split(",") if part]
-
-
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -57,31 +64,37 @@ def arguments() -> argparse.Namespace:
     steps.add_argument("--only", type=_names, default=list(STEPS), help="run only these: " + ",".join(STEPS))
     steps.add_argument("--skip", type=_names, default=[], help="run all but these")
     pipeline = parser.add_argument_group("our pipeline (e2e, lag, lag_idle; peers use --workers too)")
-    pipeline.add_argument("--jobs", type=int, default=10_000, help="no-op jobs for e2e and peers")
-    pipeline.add_argument("--workers", type=int, default=4, help="worker processes")
-    pipeline.add_argument("--concurrency", type=int, default=64, help="jobs at once per worker")
-    pipeline.add_argument("--partitions", type=int, default=12, help="partitions of the app's topic")
+    pipeline.add_argument("--jobs", type=positive_int, default=10_000, help="no-op jobs for e2e and peers")
+    pipeline.add_argument("--workers", type=positive_int, default=4, help="worker processes")
+    pipeline.add_argument("--concurrency", type=positive_int, default=64, help="jobs at once per worker")
+    pipeline.add_argument("--partitions", type=positive_int, default=12, help="partitions of the app's topic")
     lag = parser.add_argument_group("lag and lag_idle")
-    lag.add_argument("--rates", type=_ints, default=[100, 1000, 5000], help="fires per second")
-    lag.add_argument("--window", type=float, default=10.0, help="seconds the fires are spread over")
-    lag.add_argument("--idle", type=_ints, default=[1000, 1_000_000], help="idle schedule counts")
-    lag.add_argument("--idle-rate", type=int, default=1000, help="fires per second of the idle runs")
+    lag.add_argument("--rates", type=positive_ints, default=[100, 1000, 5000], help="fires per second")
+    lag.add_argument("--window", type=positive_float, default=10.0, help="seconds the fires are spread over")
+    lag.add_argument("--idle", type=non_negative_ints, default=[1000, 1_000_000], help="idle schedule counts")
+    lag.add_argument("--idle-rate", type=positive_int, default=1000, help="fires per second of the idle runs")
     lag.add_argument(
-        "--stall", type=float, default=30.0, help="give a rate up after this long without progress"
+        "--stall", type=positive_float, default=30.0, help="give a rate up after this long without progress"
     )
     lag.add_argument("--pg-options", help="PGOPTIONS for our components, e.g. '-c plan_cache_mode=...'")
     peers = parser.add_argument_group("peers")
     peers.add_argument("--peers", default="pgqueuer,pgqueuer_tuned,celery", help="which peers, of these")
     peers.add_argument(
-        "--peer-rate", type=int, default=1000, help="delayed jobs per second (ours: lag at it)"
+        "--peer-rate", type=positive_int, default=1000, help="delayed jobs per second (ours: lag at it)"
     )
     ingest = parser.add_argument_group("ingest")
-    ingest.add_argument("--commands", type=int, default=10_000, help="Avro create commands")
-    ingest.add_argument("--cli", type=int, default=20, help="schedules created one CLI call each")
+    ingest.add_argument("--commands", type=non_negative_int, default=10_000, help="Avro create commands")
+    ingest.add_argument(
+        "--cli", type=non_negative_int, default=20, help="schedules created one CLI call each"
+    )
     api = parser.add_argument_group("api")
-    api.add_argument("--api-rates", type=_ints, default=[100, 500, 1000], help="single creates per second")
-    api.add_argument("--api-duration", type=float, default=10.0, help="seconds measured per rate and batch")
-    api.add_argument("--api-clients", type=int, help="client processes [one per 1,000 requests/s]")
+    api.add_argument(
+        "--api-rates", type=positive_ints, default=[100, 500, 1000], help="single creates per second"
+    )
+    api.add_argument(
+        "--api-duration", type=positive_float, default=10.0, help="seconds measured per rate and batch"
+    )
+    api.add_argument("--api-clients", type=positive_int, help="client processes [one per 1,000 requests/s]")
     args = parser.parse_args()
     args.steps = [step for step in STEPS if step in args.only and step not in args.skip]
     return args

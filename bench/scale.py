@@ -60,6 +60,8 @@ from bench.common import (
     ms_percentiles,
     percentiles,
     pipeline_commands,
+    positive_float,
+    positive_int,
     record,
     run_main,
     running,
@@ -1049,16 +1051,20 @@ def show_history(figures: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(STEPS), help=f"steps, comma separated: {', '.join(STEPS)}")
-    parser.add_argument("--inflight", type=int, default=5000, help="sleeping jobs at once in one worker")
-    parser.add_argument("--sleep", type=float, default=30.0, help="seconds each in-flight job sleeps")
-    parser.add_argument("--cron", type=int, default=1_000_000, help="active cron schedules")
     parser.add_argument(
-        "--cron-every", type=int, default=60, help="minutes between a schedule's fires (dividing 60)"
+        "--inflight", type=positive_int, default=5000, help="sleeping jobs at once in one worker"
     )
-    parser.add_argument("--runs", type=int, default=10_000_000, help="historic runs")
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--partitions", type=int, default=12)
+    parser.add_argument(
+        "--sleep", type=positive_float, default=30.0, help="seconds each in-flight job sleeps"
+    )
+    parser.add_argument("--cron", type=positive_int, default=1_000_000, help="active cron schedules")
+    parser.add_argument(
+        "--cron-every", type=positive_int, default=60, help="minutes between a schedule's fires (dividing 60)"
+    )
+    parser.add_argument("--runs", type=positive_int, default=10_000_000, help="historic runs")
+    parser.add_argument("--workers", type=positive_int, default=4)
+    parser.add_argument("--concurrency", type=positive_int, default=64)
+    parser.add_argument("--partitions", type=positive_int, default=12)
     args = parser.parse_args()
     steps = [step for step in args.only.split(",") if step]
     unknown = set(steps) - set(STEPS)

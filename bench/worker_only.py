@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import Consumer, TopicPartition
 
-from bench.common import component_env, isolated_settings, run_main, running, wait_until
+from bench.common import component_env, isolated_settings, positive_int, run_main, running, wait_until
 from bench.cost import ComponentCpu
 from scheduler.kafka.messages import ATTEMPT_HEADER, RUN_ID_HEADER, JobMessage, RetryPolicy
 from scheduler.kafka.tracing import HEADER
@@ -35,9 +35,9 @@ def results_count(bootstrap: str, topic: str, partitions: int) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--jobs", type=int, default=20_000)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--jobs", type=positive_int, default=20_000)
+    parser.add_argument("--workers", type=positive_int, default=1)
+    parser.add_argument("--concurrency", type=positive_int, default=64)
     args = parser.parse_args()
     with isolated_settings("worker") as settings:
         wiring = Wiring(settings)
