@@ -72,6 +72,15 @@ SETUPS: dict[str, PeerSetup] = {
 PEERS = tuple(SETUPS)
 
 
+def peer_names(text: str) -> tuple[str, ...]:
+    """``--peers``: comma separated names of ``SETUPS``, checked before anything runs."""
+    names = tuple(name for name in text.split(",") if name)
+    unknown = sorted(set(names) - set(SETUPS))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: peers are {', '.join(PEERS)}")
+    return names
+
+
 def run_peer(name: str, jobs: int, workers: int, rate: int, window_s: float) -> dict[str, Any]:
     setup = SETUPS[name]
     processes = setup.workers or workers
@@ -294,14 +303,15 @@ def main() -> None:
     )
     parser.add_argument("--rate", type=positive_int, default=1000, help="delayed jobs due per second")
     parser.add_argument("--window", type=positive_float, default=10.0)
-    parser.add_argument("--peers", default=",".join(PEERS), help="comma separated: " + ", ".join(PEERS))
+    parser.add_argument(
+        "--peers", type=peer_names, default=",".join(PEERS), help="comma separated: " + ", ".join(PEERS)
+    )
     parser.add_argument(
         "--fresh-ours",
         action="store_true",
         help="measure our e2e and lag now rather than take them from latest.json (ratios of one sitting)",
     )
     args = parser.parse_args()
-    peers = tuple(p for p in args.peers.split(",") if p)
     figures = run_compare(
         args.jobs,
         args.workers,
@@ -309,7 +319,7 @@ def main() -> None:
         args.partitions,
         args.rate,
         args.window,
-        peers,
+        args.peers,
         fresh_ours=args.fresh_ours,
     )
     show(figures)

@@ -44,6 +44,7 @@ from bench.common import (
     record,
     run_main,
 )
+from bench.compare import PEERS, peer_names
 
 STEPS = ("e2e", "lag", "lag_idle", "peers", "ingest", "api", "plot")
 
@@ -78,7 +79,7 @@ def arguments() -> argparse.Namespace:
     )
     lag.add_argument("--pg-options", help="PGOPTIONS for our components, e.g. '-c plan_cache_mode=...'")
     peers = parser.add_argument_group("peers")
-    peers.add_argument("--peers", default="pgqueuer,pgqueuer_tuned,celery", help="which peers, of these")
+    peers.add_argument("--peers", type=peer_names, default=",".join(PEERS), help="which peers, of these")
     peers.add_argument(
         "--peer-rate", type=positive_int, default=1000, help="delayed jobs per second (ours: lag at it)"
     )
@@ -137,9 +138,8 @@ def step_lag_idle(args: argparse.Namespace) -> None:
 def step_peers(args: argparse.Namespace) -> None:
     from bench.compare import run_compare, show
 
-    peers = tuple(name for name in args.peers.split(",") if name)
     figures = run_compare(
-        args.jobs, args.workers, args.concurrency, args.partitions, args.peer_rate, args.window, peers
+        args.jobs, args.workers, args.concurrency, args.partitions, args.peer_rate, args.window, args.peers
     )
     show(figures)
     record("peers", figures)
