@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import (
+    RESULTS,
     component_env,
     isolated_settings,
     percentiles,
@@ -69,7 +70,7 @@ def run_e2e(
         # The insert on one connection, the polling for the end on another (the watcher), whose
         # backend's CPU the probe reports apart: it is the benchmark's, not the scheduler's.
         with (
-            running(commands, env) as procs,
+            running(commands, env, RESULTS / "logs" / "e2e") as procs,
             wiring.database.connect() as conn,
             wiring.database.connect() as watch,
         ):

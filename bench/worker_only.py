@@ -14,7 +14,15 @@ from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import Consumer, TopicPartition
 
-from bench.common import component_env, isolated_settings, positive_int, run_main, running, wait_until
+from bench.common import (
+    RESULTS,
+    component_env,
+    isolated_settings,
+    positive_int,
+    run_main,
+    running,
+    wait_until,
+)
 from bench.cost import ComponentCpu
 from scheduler.kafka.messages import ATTEMPT_HEADER, RUN_ID_HEADER, JobMessage, RetryPolicy
 from scheduler.kafka.tracing import HEADER
@@ -65,7 +73,7 @@ def main() -> None:
         def events() -> int:
             return results_count(settings.kafka_bootstrap, settings.results_topic, 6)
 
-        with running(commands, component_env(settings)) as procs:
+        with running(commands, component_env(settings), RESULTS / "logs" / "worker_only") as procs:
             started = time.monotonic()
             # The CPU from the first outcome on: the interpreter's start and imports are not the jobs'.
             wait_until(lambda: events() > 0, 120, 0.1)
