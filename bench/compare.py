@@ -260,11 +260,12 @@ COST_COLUMNS = (
 
 
 def statement_wal_per_job(cost: dict[str, Any]) -> float | None:
-    """WAL written by the measured database's own top statements (``pg_stat_statements``): unlike
+    """WAL written by all the measured database's own statements (``pg_stat_statements``): unlike
     the whole server's WAL, what other databases on the server write meanwhile does not count in
-    it, though neither do vacuum, checkpoints or commit records."""
-    rows = cost.get("top_statements")
-    return round(sum(float(row["wal_bytes_per_job"]) for row in rows), 1) if rows else None
+    it, though neither do vacuum, checkpoints or commit records. The total, not the sum of
+    ``top_statements``, which holds only the costliest few."""
+    value = cost.get("statements_wal_bytes_per_job")
+    return None if value is None else float(value)
 
 
 def cost_table(figures: dict[str, Any]) -> Table:
