@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
+import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +84,43 @@ def peer_names(text: str) -> tuple[str, ...]:
     return names
 
 
+class PeerFailed(Exception):
+    """A peer's script ended with an error; the message is its last line on stderr."""
+
+
+def run_script(command: list[str], timeout_s: float) -> None:
+    """Run a peer's script, its stderr shown as it comes and its last line kept: that line (its
+    ``SystemExit`` message, "redis-server not found: ...", or a traceback's last) is why it failed.
+    The script runs in a session of its own, so that Ctrl-C and SIGTERM reach it once, from here,
+    as SIGINT: it then stops its workers (and Celery's Redis) before it ends."""
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    last: list[str] = []
+
+    def relay() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            if line.strip():
+                last[:] = [line.strip()]
+
+    reader = threading.Thread(target=relay, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout_s)
+    except BaseException:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    finally:
+        reader.join(5)
+    if code != 0:
+        raise PeerFailed(last[0] if last else f"{Path(command[1]).name} ended with exit status {code}")
+
+
 def run_peer(name: str, jobs: int, workers: int, rate: int, window_s: float) -> dict[str, Any]:
     setup = SETUPS[name]
     processes = setup.workers or workers
@@ -96,7 +136,7 @@ def run_peer(name: str, jobs: int, workers: int, rate: int, window_s: float) -> 
         ]
         if setup.uses_postgres:
             command += ["--dsn", stack_database_url()]
-        subprocess.run(command, check=True, timeout=1200)
+        run_script(command, timeout_s=1200)
         raw = json.loads(out.read_text())
     lag = percentiles(raw["lag_ms"])
     return {
@@ -190,7 +230,7 @@ def run_compare(
     for name in peers:
         try:
             theirs = run_peer(name, jobs, workers, rate, window_s)
-        except (subprocess.SubprocessError, OSError) as exc:
+        except (PeerFailed, subprocess.SubprocessError, OSError) as exc:
             # One peer that cannot run here (no redis-server, say) must not cost the other's figures.
             figures[name] = {
                 "error": str(exc),
