@@ -15,7 +15,8 @@ Steps, in order (``--only`` and ``--skip`` take comma-separated names):
   rates and in batches (``api.single.<transport>.<rate>.p99_ms``, ``api.batch.<transport>.schedules_per_s``),
 - ``plot``: ``lag.png`` and ``throughput.png`` next to latest.json (matplotlib, peers' virtualenv).
 
-With the defaults the whole run takes about 5 to 7 minutes on 2 cores (see bench/README.md).
+With the defaults the run takes about 3 minutes on 2 cores, a minute or two more when the 5,000
+fires/s run falls behind, and the ``api`` step adds 4 to 5 (see bench/README.md).
 
     python -m bench.run_all --only e2e,lag --jobs 5000 --rates 100,1000
 """
@@ -77,7 +78,9 @@ def arguments() -> argparse.Namespace:
     lag.add_argument(
         "--stall", type=positive_float, default=30.0, help="give a rate up after this long without progress"
     )
-    lag.add_argument("--pg-options", help="PGOPTIONS for our components, e.g. '-c plan_cache_mode=...'")
+    lag.add_argument(
+        "--pg-options", help="PGOPTIONS for our components in lag and lag_idle, e.g. '-c plan_cache_mode=...'"
+    )
     peers = parser.add_argument_group("peers")
     peers.add_argument("--peers", type=peer_names, default=",".join(PEERS), help="which peers, of these")
     peers.add_argument(
