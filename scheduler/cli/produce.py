@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import stat
 import sys
 import time
 import uuid
@@ -20,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from types import FrameType
 from typing import IO
 
 import click
@@ -42,6 +46,7 @@ from scheduler.client import KAFKA_LOG, CommandFormatError, DeliveryError, Sched
 from scheduler.kafka.avro import MessageEncodeError
 from scheduler.kafka.registry import RegistryUnavailable
 from scheduler.kafka.transport import KafkaUnavailable
+from scheduler.wiring import Wiring
 
 COMMAND_ID_NAMESPACE = uuid.UUID("5c4ed01e-3a1d-4c0e-9a8b-1f2e3d4c5b6a")
 """Namespace of the uuid5 command ids derived from a line's text (stripped of surrounding blanks)."""
@@ -88,9 +93,12 @@ class _BadLine:
     reason: str
 
 
-def _produce_lines(stream: IO[bytes], client: ScheduleClient, command_ids: CommandIds, tally: _Tally) -> bool:
-    """Send each line's command; True when Ctrl-C stopped the reading."""
+def _produce_lines(
+    stream: IO[bytes], client: ScheduleClient, command_ids: CommandIds, tally: _Tally
+) -> KeyboardInterrupt | None:
+    """Send each line's command; what stopped the reading (Ctrl-C, or SIGTERM), counting included."""
     try:
+        tally.expect(_line_count(stream))
         for number, line in _lines(stream):
             if isinstance(line, _BadLine):
                 tally.bad_line(number, line.reason)
@@ -110,9 +118,25 @@ def _produce_lines(stream: IO[bytes], client: ScheduleClient, command_ids: Comma
                 tally.bad_line(number, str(exc))
             except RecursionError:
                 tally.bad_line(number, "its payload nests too deep to encode")
-    except KeyboardInterrupt:
-        return True
-    return False
+    except KeyboardInterrupt as stop:
+        return stop
+    return None
+
+
+def _line_count(stream: IO[bytes]) -> int | None:
+    """The lines ``stream`` holds from where it stands, for the progress bar's total; None unless it
+    is a regular file. A pipe, a FIFO or a terminal (``--file /dev/stdin``, ``<(cat …)``) can be read
+    only once: counting would consume the input that was to be produced."""
+    try:
+        regular = stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (OSError, ValueError):  # no file descriptor behind it
+        return None
+    if not regular:
+        return None
+    start = stream.tell()
+    total = sum(1 for _ in _lines(stream))
+    stream.seek(start)
+    return total
 
 
 class _RateColumn(ProgressColumn):
@@ -153,6 +177,9 @@ class _Tally:
         self.produced = 0
         self.failed = 0
 
+    def expect(self, total: int | None) -> None:
+        self.progress.update(self.task, total=total)
+
     def bad_line(self, number: int, reason: str) -> None:
         self.failed += 1
         self.err.print(f"line {number}: {reason}", markup=False, highlight=False, soft_wrap=True)
@@ -164,6 +191,20 @@ class _Tally:
             self.progress.advance(self.task)
         else:
             self.bad_line(number, f"not acknowledged by Kafka: {error}")
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a supervisor, `timeout`, `kill`), taken as Ctrl-C: what was sent is still delivered
+    and counted, and the summary printed, where Python's default would end the process silently."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated
+
+
+def _exit_code(stop: KeyboardInterrupt) -> int:
+    """128 plus the signal's number, as a shell reports a process the signal ended."""
+    return 128 + (signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT)
 
 
 @click.command()
@@ -180,10 +221,6 @@ def produce(path: Path | None, as_json: bool) -> None:
     # Connection trouble shows as failed lines; librdkafka's retry chatter would bury them.
     KAFKA_LOG.addHandler(logging.NullHandler())
     KAFKA_LOG.propagate = False
-    total = None
-    if path is not None:
-        with path.open("rb") as counting:
-            total = sum(1 for _ in _lines(counting))
     err = Console(stderr=True)
     progress = Progress(
         SpinnerColumn(),
@@ -194,6 +231,74 @@ def produce(path: Path | None, as_json: bool) -> None:
         _RateColumn(),
         console=err,
     )
+    tally = _Tally(progress, progress.add_task("producing", total=None), err)
+    topic = wiring.settings.schedules_topic
+    started = time.monotonic()
+    interrupted: KeyboardInterrupt | None = None
+    stream: IO[bytes] | None = None
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        client = _checked_client(wiring)
+        started = time.monotonic()  # the rate is of the producing, not of the check
+        stream = path.open("rb") if path is not None else sys.stdin.buffer
+        with progress:
+            interrupted = _produce_lines(stream, client, CommandIds(), tally)
+            # Delivery reports of the tail arrive here; each one is counted by its callback. After
+            # Ctrl-C too, for a while: what was sent is delivered and counted. Ctrl-C may also land
+            # here, past the reading (the input ended as it came); a second one stops the wait.
+            try:
+                client.flush(60.0 if interrupted is None else INTERRUPTED_FLUSH_S)
+            except KeyboardInterrupt as stop:
+                if interrupted is not None:
+                    raise
+                interrupted = stop
+                client.flush(INTERRUPTED_FLUSH_S)
+    except KeyboardInterrupt as stop:
+        # Before the reading (Kafka asked for the topic), or a second one during the wait: the
+        # summary still says what was acknowledged so far.
+        if interrupted is None:
+            interrupted = stop
+    except RegistryUnavailable as exc:
+        fail(str(exc))
+    except DeliveryError as exc:
+        if interrupted is None:
+            fail(f"Kafka at {wiring.settings.kafka_bootstrap} did not answer: {exc}")
+        # Interrupted: what Kafka did not acknowledge in time is in neither count of the summary, and
+        # producing the same input again sends it.
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if path is not None and stream is not None:
+            stream.close()
+    seconds = time.monotonic() - started
+    rate = tally.produced / seconds if seconds > 0 else 0.0
+    if as_json:
+        echo_json(
+            {
+                "produced": tally.produced,
+                "failed": tally.failed,
+                "seconds": round(seconds, 3),
+                "rate": round(rate, 1),
+                "interrupted": interrupted is not None,
+            }
+        )
+    else:
+        click.echo(
+            f"produced {tally.produced} commands to {topic}, {tally.failed} failed, "
+            f"in {seconds:.1f} s ({rate:,.0f} commands/s)"
+        )
+    if interrupted is not None:
+        fail(
+            f"{'terminated' if isinstance(interrupted, _Terminated) else 'interrupted'}: the rest of the "
+            "input was not produced; producing the same input again sends what is missing (its lines "
+            "keep their command ids, so none is applied twice)",
+            code=_exit_code(interrupted),
+        )
+    if tally.failed:
+        raise SystemExit(1)
+
+
+def _checked_client(wiring: Wiring) -> ScheduleClient:
+    """The producer, once Kafka has said that the commands topic exists."""
     try:
         client = wiring.schedule_client("scheduler-produce")
     except RegistryUnavailable as exc:
@@ -206,56 +311,4 @@ def produce(path: Path | None, as_json: bool) -> None:
         fail(f"Kafka at {wiring.settings.kafka_bootstrap} did not answer: {exc}")
     if not exists:
         fail(f"topic {client.topic} does not exist: `scheduler init` creates it")
-    started = time.monotonic()
-    stream = path.open("rb") if path is not None else sys.stdin.buffer
-    interrupted = False
-    try:
-        with progress:
-            tally = _Tally(progress, progress.add_task("producing", total=total), err)
-            command_ids = CommandIds()
-            interrupted = _produce_lines(stream, client, command_ids, tally)
-            # Delivery reports of the tail arrive here; each one is counted by its callback. After
-            # Ctrl-C too, for a while: what was sent is delivered and counted. Ctrl-C may also land
-            # here, past the reading (the input ended as it came); a second one stops the wait.
-            try:
-                client.flush(INTERRUPTED_FLUSH_S if interrupted else 60.0)
-            except KeyboardInterrupt:
-                if interrupted:
-                    raise
-                interrupted = True
-                client.flush(INTERRUPTED_FLUSH_S)
-    except RegistryUnavailable as exc:
-        fail(str(exc))
-    except DeliveryError as exc:
-        if not interrupted:
-            fail(f"Kafka at {wiring.settings.kafka_bootstrap} did not answer: {exc}")
-        # Interrupted: what Kafka did not acknowledge in time is in neither count of the summary, and
-        # producing the same input again sends it.
-    finally:
-        if path is not None:
-            stream.close()
-    seconds = time.monotonic() - started
-    rate = tally.produced / seconds if seconds > 0 else 0.0
-    if as_json:
-        echo_json(
-            {
-                "produced": tally.produced,
-                "failed": tally.failed,
-                "seconds": round(seconds, 3),
-                "rate": round(rate, 1),
-                "interrupted": interrupted,
-            }
-        )
-    else:
-        click.echo(
-            f"produced {tally.produced} commands to {client.topic}, {tally.failed} failed, "
-            f"in {seconds:.1f} s ({rate:,.0f} commands/s)"
-        )
-    if interrupted:
-        fail(
-            "interrupted: the rest of the input was not produced; producing the same input again sends "
-            "what is missing (its lines keep their command ids, so none is applied twice)",
-            code=130,
-        )
-    if tally.failed:
-        raise SystemExit(1)
+    return client
