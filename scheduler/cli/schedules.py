@@ -14,8 +14,10 @@ import psycopg
 
 from scheduler.cli.common import (
     ANY_TEXT,
+    SCHEDULE,
     DataTable,
     FiniteFloatRange,
+    ScheduleKey,
     actor,
     database,
     echo_json,
@@ -24,7 +26,7 @@ from scheduler.cli.common import (
     known_or_named_app,
     parse_instant,
     print_table,
-    uuid_arg,
+    schedule_id_of,
     wiring_or_exit,
 )
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleState
@@ -53,14 +55,22 @@ F = TypeVar("F", bound=Callable[..., Any])
 DAY_S = MAX_DELAY_MS // 1000
 
 
+SHOWN_FIELDS = (*SCHEDULE_FIELDS[:2], "schedule_key", *SCHEDULE_FIELDS[2:])
+
+
 def shown(row: dict[str, Any]) -> dict[str, Any]:
-    """A schedule as the CLI prints it; with its key where the row carries one (create, get)."""
-    names = (
-        [*SCHEDULE_FIELDS[:2], "schedule_key", *SCHEDULE_FIELDS[2:]]
-        if "schedule_key" in row
-        else SCHEDULE_FIELDS
-    )
-    return {name: row.get(name) for name in names}
+    """A schedule as the CLI prints it, always with its key: the name a user gives Kafka commands
+    and the next command (APP/KEY). A row that lacks it is a caller's mistake, not a null to print."""
+    return {name: row[name] if name == "schedule_key" else row.get(name) for name in SHOWN_FIELDS}
+
+
+def with_key(conn: psycopg.Connection[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` (as a change returns it, without the key) with its schedule's key."""
+    return row | {"schedule_key": store.schedule_key(conn, row["id"])}
+
+
+# How a command names the schedule it acts on: the id, or APP/KEY as Kafka commands name it.
+schedule_argument = click.argument("schedule", type=SCHEDULE, metavar="ID|APP/KEY")
 
 
 # What a payload file may hold, blanks and indentation included: 16 times a payload's limit. More
@@ -222,7 +232,7 @@ def create(
 
 
 @schedules.command("update")
-@click.argument("schedule_id", type=uuid_arg)
+@schedule_argument
 @click.option(
     "--at",
     "at",
@@ -233,7 +243,7 @@ def create(
 @click.option("--expect-version", type=int, help="Fail unless the schedule is at this version.")
 @json_only
 def update(
-    schedule_id: UUID,
+    schedule: UUID | ScheduleKey,
     at: str | None,
     cron: str | None,
     payload: str | None,
@@ -262,7 +272,8 @@ def update(
             "nothing to change: give the settings to change (--expect-version only guards them)"
         )
     with database(wiring_or_exit()) as conn:
-        row = store.get_schedule(conn, schedule_id)
+        schedule_id = schedule_id_of(conn, schedule)
+        row = store.schedule_with_key(conn, schedule_id)
         if row is None:
             fail(f"no schedule {schedule_id}")
         spec = stored_spec(row)
@@ -295,32 +306,21 @@ def update(
             # stored with them before they were refused loses them), unless given (then refused).
             given |= {"start_at": given.get("start_at"), "end_at": given.get("end_at")}
         spec = dataclasses.replace(spec, **given)
-        echo_json(shown(service.update_schedule(conn, schedule_id, spec, actor(), expect_version)))
+        new = service.update_schedule(conn, schedule_id, spec, actor(), expect_version)
+        echo_json(shown(new | {"schedule_key": row["schedule_key"]}))
 
 
 @schedules.command("get")
-@click.argument("schedule", metavar="ID|APP/KEY")
+@schedule_argument
 @json_only
-def get(schedule: str, as_json: bool) -> None:
+def get(schedule: UUID | ScheduleKey, as_json: bool) -> None:
     """Print one schedule as JSON, with its key; name it by id or by its app and key."""
     with database(wiring_or_exit()) as conn:
-        schedule_id = _schedule_id(conn, schedule)
-        row = store.schedule_with_key(conn, schedule_id) if schedule_id else None
+        schedule_id = schedule_id_of(conn, schedule)
+        row = store.schedule_with_key(conn, schedule_id)
         if row is None:
             fail(f"no schedule {schedule}")
     echo_json(shown(row))
-
-
-def _schedule_id(conn: psycopg.Connection[dict[str, Any]], schedule: str) -> UUID | None:
-    """An id, or the id of the schedule an ``app/key`` names (the key may itself hold a ``/``)."""
-    try:
-        return UUID(schedule)
-    except ValueError:
-        pass
-    app, slash, key = schedule.partition("/")
-    if not slash or not app or not key:
-        raise click.BadParameter(f"{schedule!r} is neither an id (a UUID) nor APP/KEY", param_hint="schedule")
-    return store.schedule_id_by_key(conn, app, key)
 
 
 @schedules.command("list")
@@ -332,7 +332,15 @@ def list_(app: str | None, state: str | None, limit: int, as_json: bool) -> None
     """List schedules."""
     with database(wiring_or_exit()) as conn:
         known_app(conn, app)
-        rows = store.list_schedules(conn, app, state, limit)
+        # One more than shown: whether the listing is whole, said on stderr (stdout stays the data).
+        rows = store.list_schedules(conn, app, state, limit + 1)
+    if len(rows) > limit:
+        rows = rows[:limit]
+        click.echo(
+            f"note: showing the first {limit} schedules (oldest first); more exist: raise --limit "
+            "or filter by --app or --state",
+            err=True,
+        )
     if as_json:
         echo_json([shown(r) for r in rows])
         return
@@ -350,12 +358,13 @@ def list_(app: str | None, state: str | None, limit: int, as_json: bool) -> None
 
 def _versioned(name: str, operation: Any, help_text: str) -> click.Command:
     @click.command(name, help=help_text)
-    @click.argument("schedule_id", type=uuid_arg)
+    @schedule_argument
     @click.option("--expect-version", type=int, help="Fail unless the schedule is at this version.")
     @json_only
-    def command(schedule_id: UUID, expect_version: int | None, as_json: bool) -> None:
+    def command(schedule: UUID | ScheduleKey, expect_version: int | None, as_json: bool) -> None:
         with database(wiring_or_exit()) as conn:
-            echo_json(shown(operation(conn, schedule_id, actor(), expect_version)))
+            schedule_id = schedule_id_of(conn, schedule)
+            echo_json(shown(with_key(conn, operation(conn, schedule_id, actor(), expect_version))))
 
     return command
 
@@ -372,13 +381,21 @@ schedules.add_command(_versioned("cancel", service.cancel, "Cancel a schedule fo
 
 
 @schedules.command("trigger")
-@click.argument("schedule_id", type=uuid_arg)
+@schedule_argument
+@click.option(
+    "--expect-version",
+    type=int,
+    help="Fail unless the schedule is at this version (a trigger leaves it as it is).",
+)
 @json_only
-def trigger(schedule_id: UUID, as_json: bool) -> None:
+def trigger(schedule: UUID | ScheduleKey, expect_version: int | None, as_json: bool) -> None:
     """Fire a schedule now, outside its timetable; prints the new run id."""
     wiring = wiring_or_exit()
     with database(wiring) as conn:
-        run_id = service.trigger(conn, wiring.settings, schedule_id, actor(), wiring.dispatcher)
+        schedule_id = schedule_id_of(conn, schedule)
+        run_id = service.trigger(
+            conn, wiring.settings, schedule_id, actor(), wiring.dispatcher, expected_version=expect_version
+        )
     echo_json({"schedule_id": schedule_id, "run_id": run_id})
 
 

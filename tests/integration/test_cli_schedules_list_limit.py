@@ -1,0 +1,46 @@
+"""`schedules list` shows the first --limit schedules, oldest first, and says on stderr (stdout keeps
+only the data, --json parseable) when more exist."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from scheduler.schedule.service import NewSchedule, create_schedules
+from scheduler.schedule.spec import ScheduleSpec
+from scheduler.store import connect
+from tests.support import SCHEDULER
+
+pytestmark = pytest.mark.integration
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SCHEDULER, *args], env=env, capture_output=True, text=True, check=False, timeout=60
+    )
+
+
+def test_a_listing_cut_short_by_its_limit_says_so_on_stderr(settings_env: dict[str, str]) -> None:
+    """`schedules list` showed the 1,000 oldest schedules of 1,001, and nothing said more existed."""
+    assert cli(settings_env, "apps", "create", "billing", "--partitions", "1").returncode == 0
+    spec = ScheduleSpec(app="billing", handler="builtin:noop", kind="cron", cron="0 3 * * *")
+    with connect(settings_env["SCHEDULER_DATABASE_URL"]) as conn:
+        first = create_schedules(conn, [NewSchedule(spec)] * 1000, "test")
+        last = create_schedules(conn, [NewSchedule(spec)], "test")
+    note = (
+        "note: showing the first 1000 schedules (oldest first); more exist: raise --limit or filter by "
+        "--app or --state\n"
+    )
+    listed = cli(settings_env, "schedules", "list", "--json")
+    assert listed.returncode == 0 and listed.stderr == note, listed.stderr
+    assert {s["id"] for s in json.loads(listed.stdout)} == {str(row["id"]) for row in first}
+    table = cli(settings_env, "schedules", "list")
+    assert table.returncode == 0 and table.stderr == note, table.stderr
+    assert str(last[0]["id"]) not in table.stdout
+    whole = cli(settings_env, "schedules", "list", "--limit", "1001", "--json")
+    assert whole.returncode == 0 and whole.stderr == "", whole.stderr
+    assert len(json.loads(whole.stdout)) == 1001
+    two = cli(settings_env, "schedules", "list", "--limit", "2", "--json")
+    assert two.stderr.startswith("note: showing the first 2 schedules") and len(json.loads(two.stdout)) == 2
