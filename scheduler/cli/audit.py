@@ -9,11 +9,13 @@ import click
 
 from scheduler.cli.common import (
     DataTable,
+    ScheduleKey,
     database,
     echo_json,
     known_app,
     parse_instant,
     print_table,
+    schedule_id_of,
     wiring_or_exit,
 )
 from scheduler.store import api as store
@@ -27,7 +29,11 @@ def audit() -> None:
 @audit.command("list")
 @click.option("--app", help="Only entries about this app, its schedules and their runs.")
 @click.option("--entity", type=click.Choice(["app", "schedule", "run"]))
-@click.option("--id", "entity_id", help="Only entries about this app name, schedule id or run id.")
+@click.option(
+    "--id",
+    "entity_id",
+    help="Only entries about this app name, schedule (its id, or APP/KEY) or run id.",
+)
 @click.option("--actor", help="Only entries by this actor (e.g. api:alice, cli:ops@host, kafka:svc).")
 @click.option("--since", help="ISO 8601: at or after.")
 @click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
@@ -44,6 +50,10 @@ def list_(
     """List audit entries, newest first."""
     with database(wiring_or_exit()) as conn:
         known_app(conn, app)
+        if entity_id is not None and "/" in entity_id:
+            # No app name or id holds a "/": this is a schedule named by its app and key.
+            named_app, _, key = entity_id.partition("/")
+            entity_id = str(schedule_id_of(conn, ScheduleKey(named_app, key)))
         rows = store.audit_page(
             conn,
             apps=None if app is None else [app],

@@ -9,6 +9,7 @@ import math
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 from uuid import UUID
@@ -23,7 +24,7 @@ from scheduler.domain.cron import UnknownTimeZone, time_zone
 from scheduler.kafka.transport import KafkaUnavailable
 from scheduler.schedule.service import AppConflict, InvalidTransition, KeyConflict, ScheduleNotFound
 from scheduler.schedule.spec import InvalidSchedule
-from scheduler.store.schedules import VersionConflict, get_app, get_schedule
+from scheduler.store.schedules import VersionConflict, get_app, get_schedule, schedule_id_by_key
 from scheduler.telemetry.logs import check_environment as check_logging_environment
 from scheduler.telemetry.terminal import json_shown, shown
 from scheduler.wiring import Wiring
@@ -106,14 +107,71 @@ def unknown_app(app: str, why: str = "") -> NoReturn:
     fail(f"unknown app {app!r}{why} (`scheduler apps list` shows the apps)", code=2)
 
 
-def known_schedule(conn: psycopg.Connection[dict[str, Any]], schedule_id: UUID | None) -> None:
-    """Refuse a filter on a schedule that does not exist (exit 2), as :func:`known_app` does."""
+@dataclass(frozen=True, slots=True)
+class ScheduleKey:
+    """A schedule named as Kafka commands name it: its app, and its key in that app."""
+
+    app: str
+    key: str
+
+    def __str__(self) -> str:
+        return f"{self.app}/{self.key}"
+
+
+class ScheduleNamed(Utf8Text):
+    """A click parameter type for a schedule: its id, or ``APP/KEY`` (the key may itself hold a
+    ``/``). Text that is neither is one line, exit 2; which schedule a key names is asked of the
+    database by :func:`schedule_id_of`, once the command has a connection."""
+
+    name = "id|app/key"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, UUID | ScheduleKey):
+            return value
+        text = super().convert(value, param, ctx)
+        try:
+            return UUID(text)
+        except ValueError:
+            pass
+        app, slash, key = text.partition("/")
+        if not slash or not app or not key:
+            self.fail(f"{_as_typed(text)} is neither an id (a UUID) nor APP/KEY", param, ctx)
+        return ScheduleKey(app, key)
+
+
+SCHEDULE = ScheduleNamed()
+
+
+def schedule_id_of(conn: psycopg.Connection[dict[str, Any]], named: UUID | ScheduleKey) -> UUID:
+    """The id of the schedule ``named``. An id is taken as given (the command says if no schedule has
+    it); an APP/KEY that names none is refused (exit 2), as a filter on an unknown app is."""
+    if isinstance(named, UUID):
+        return named
+    with conn.transaction():  # of its own, as in app_exists
+        schedule_id = schedule_id_by_key(conn, named.app, named.key)
+        app_found = schedule_id is not None or get_app(conn, named.app) is not None
+    if not app_found:
+        unknown_app(named.app)
     if schedule_id is None:
-        return
+        fail(
+            f"unknown schedule {named}: app {named.app!r} has no schedule with key {named.key!r} "
+            f"(`scheduler schedules list --app {named.app}` shows its schedules)",
+            code=2,
+        )
+    return schedule_id
+
+
+def known_schedule(conn: psycopg.Connection[dict[str, Any]], named: UUID | ScheduleKey | None) -> UUID | None:
+    """The id of the schedule a filter names; one that does not exist is refused (exit 2), as
+    :func:`known_app` does."""
+    if named is None:
+        return None
+    schedule_id = schedule_id_of(conn, named)
     with conn.transaction():
         found = get_schedule(conn, schedule_id)
     if found is None:
         fail(f"unknown schedule {schedule_id} (`scheduler schedules list` shows the schedules)", code=2)
+    return schedule_id
 
 
 def time_range(since: str | None, until: str | None) -> tuple[datetime | None, datetime | None]:

@@ -12,8 +12,10 @@ from rich.console import Console
 from rich.progress import Progress, TextColumn
 
 from scheduler.cli.common import (
+    SCHEDULE,
     DataTable,
     FiniteFloatRange,
+    ScheduleKey,
     actor,
     database,
     echo_json,
@@ -42,7 +44,7 @@ def _dead_letter_filters(command: F) -> F:
     for option in reversed(
         (
             click.option("--app"),
-            click.option("--schedule", "schedule_id", type=uuid_arg, metavar="ID"),
+            click.option("--schedule", "schedule", type=SCHEDULE, metavar="ID|APP/KEY"),
             click.option(
                 "--error-class", help="Only runs whose error is of this class (e.g. PlannedFailure, HTTP503)."
             ),
@@ -60,7 +62,7 @@ def _dead_letter_filters(command: F) -> F:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 def list_(
     app: str | None,
-    schedule_id: UUID | None,
+    schedule: UUID | ScheduleKey | None,
     error_class: str | None,
     since: str | None,
     until: str | None,
@@ -71,7 +73,7 @@ def list_(
     start, end = time_range(since, until)
     with database(wiring_or_exit()) as conn:
         known_app(conn, app)
-        known_schedule(conn, schedule_id)
+        schedule_id = known_schedule(conn, schedule)
         rows = store.list_dead(
             conn,
             app=app,
@@ -124,7 +126,7 @@ def list_(
 def replay(
     run_ids: tuple[UUID, ...],
     app: str | None,
-    schedule_id: UUID | None,
+    schedule: UUID | ScheduleKey | None,
     error_class: str | None,
     since: str | None,
     until: str | None,
@@ -140,19 +142,18 @@ def replay(
     if limit is None:
         limit = len(named) if named else 100
     wiring = wiring_or_exit()
-    where = ReplayFilter(
-        app=app,
-        schedule_id=schedule_id,
-        error_class=error_class,
-        since=start,
-        until=end,
-        force=force,
-        run_ids=named,
-    )
     replayer = Replayer(wiring.settings, wiring.dispatcher)
     with database(wiring) as conn:
         known_app(conn, app)
-        known_schedule(conn, schedule_id)
+        where = ReplayFilter(
+            app=app,
+            schedule_id=known_schedule(conn, schedule),
+            error_class=error_class,
+            since=start,
+            until=end,
+            force=force,
+            run_ids=named,
+        )
         refused = first_not_dead(conn, named) if named else None
         if refused is not None and refused.state is None:
             fail(

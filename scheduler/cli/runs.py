@@ -7,7 +7,9 @@ from uuid import UUID
 import click
 
 from scheduler.cli.common import (
+    SCHEDULE,
     DataTable,
+    ScheduleKey,
     actor,
     database,
     echo_json,
@@ -33,16 +35,18 @@ def runs() -> None:
 
 
 @runs.command("list")
-@click.option("--schedule", "schedule_id", type=uuid_arg)
+@click.option("--schedule", "schedule", type=SCHEDULE, metavar="ID|APP/KEY")
 @click.option("--app")
 @click.option("--state", type=click.Choice(RUN_STATES))
 @click.option("--limit", type=click.IntRange(1, 1_000_000), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
-def list_(schedule_id: UUID | None, app: str | None, state: str | None, limit: int, as_json: bool) -> None:
+def list_(
+    schedule: UUID | ScheduleKey | None, app: str | None, state: str | None, limit: int, as_json: bool
+) -> None:
     """List runs, newest fire first."""
     with database(wiring_or_exit()) as conn:
         known_app(conn, app)
-        known_schedule(conn, schedule_id)
+        schedule_id = known_schedule(conn, schedule)
         rows = store.list_runs(conn, schedule_id=schedule_id, app=app, state=state, limit=limit)
     if as_json:
         echo_json(rows)

@@ -512,13 +512,21 @@ def trigger(
     schedule_id: uuid.UUID,
     actor: str,
     dispatcher: JobDispatcher | None = None,
+    *,
+    expected_version: int | None = None,
 ) -> uuid.UUID:
     """Fire the schedule now, outside its timetable (also when paused or in error: it needs no fire
-    time); returns the new run's id. Like every new run it has no lease until a worker starts it."""
+    time); returns the new run's id. Like every new run it has no lease until a worker starts it.
+
+    Versioned as the other operations: refused with :class:`~scheduler.store.schedules.VersionConflict`
+    when ``expected_version`` is given and the schedule is at another. A trigger changes nothing of the
+    schedule, so its version stays."""
     dispatcher = dispatcher or JobDispatcher(settings)
     with conn.transaction():
-        # Locked: an update of its overlap policy waits until this run is made under the one read.
-        schedule = schedule_from_row(current_schedule(conn, schedule_id, None, lock="share"))
+        # Locked: an update of its overlap policy (or any change of its version) waits until this
+        # run is made under the one read.
+        row = current_schedule(conn, schedule_id, expected_version, lock="share")
+        schedule = schedule_from_row(row)
         if schedule.state in (ScheduleState.CANCELLED, ScheduleState.COMPLETED):
             raise InvalidTransition(f"cannot trigger schedule {schedule_id}: it is {schedule.state}")
         now = schedules.db_now(conn)

@@ -103,6 +103,12 @@ def insert_schedule_key(
     return row is not None
 
 
+def schedule_key(conn: psycopg.Connection[Row], schedule_id: UUID) -> str | None:
+    """The schedule's key (None when there is no such schedule)."""
+    row = conn.execute(query("schedule_key"), {"id": schedule_id}).fetchone()
+    return None if row is None else str(row["schedule_key"])
+
+
 def schedule_with_key(conn: psycopg.Connection[Row], schedule_id: UUID) -> Row | None:
     """The schedule's row with its ``schedule_key``."""
     return conn.execute(query("schedule_with_key"), {"id": schedule_id}).fetchone()

@@ -398,8 +398,11 @@ def test_every_schedule_has_a_key_by_which_it_is_found(cli: Cli, app: str) -> No
         "schedules", "create", "--app", app, "--now", "--handler", "builtin:noop", "--key", "x" * 201
     )
     assert refused.returncode == 2 and "1 to 200 characters" in refused.stderr
-    missing = cli("schedules", "get", f"{app}/no-such-key")
-    assert missing.returncode == 1 and missing.stderr.strip() == f"error: no schedule {app}/no-such-key"
+    # A key no schedule has is a usage error, as in every command that takes one.
+    assert cli.refused("schedules", "get", f"{app}/no-such-key") == (
+        f"error: unknown schedule {app}/no-such-key: app '{app}' has no schedule with key 'no-such-key' "
+        f"(`scheduler schedules list --app {app}` shows its schedules)"
+    )
     assert cli("schedules", "get", "not-an-id").returncode == 2
 
 

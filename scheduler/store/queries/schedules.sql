@@ -116,6 +116,10 @@ returning schedule_key;
 -- name: schedule_id_by_key
 select schedule_id from schedule_keys where app = %(app)s::text and schedule_key = %(schedule_key)s::text;
 
+-- name: schedule_key
+-- A schedule's key, which never changes once it is made.
+select schedule_key from schedule_keys where schedule_id = %(id)s::uuid;
+
 -- name: schedule_with_key
 select s.*, k.schedule_key
   from schedules s
