@@ -15,7 +15,7 @@ import click
 
 from scheduler.cli.common import UTC_NAMES, fail, in_zone, uuid_arg
 from scheduler.domain.cron import CronSchedule, InvalidCronExpression, UnknownTimeZone
-from scheduler.schedule.spec import EARLIEST, LATEST
+from scheduler.schedule.spec import EARLIEST, LATEST, MAX_CRON_LENGTH
 
 
 @click.group()
@@ -42,7 +42,11 @@ def cron() -> None:
 def next_fire_times(
     expression: str, tz: str, after: str | None, count: int, schedule_id: UUID | None, as_json: bool
 ) -> None:
-    """Print the next fire times of EXPR (5 fields, minute first; or 6, second first)."""
+    """Print the next fire times of EXPR (5 fields, minute first; or 6, second first; at most 200
+    characters, as a schedule's)."""
+    if len(expression) > MAX_CRON_LENGTH:
+        # What no schedule can hold is not previewed as if it could.
+        fail(f"cron expression must be at most {MAX_CRON_LENGTH} characters, got {len(expression)}", code=2)
     try:
         schedule = CronSchedule.of(expression, tz or "UTC", schedule_id)  # an empty zone is UTC
     except (InvalidCronExpression, UnknownTimeZone) as error:

@@ -119,9 +119,7 @@ def _run_step(
         case "cancel":
             service.cancel(conn, step.schedule_id, actor, version)
         case "trigger":
-            if version is not None:
-                service.current_schedule(conn, step.schedule_id, version)
-            service.trigger(conn, settings, step.schedule_id, actor, dispatcher)
+            service.trigger(conn, settings, step.schedule_id, actor, dispatcher, expected_version=version)
         case other:  # pragma: no cover - the Avro enum admits no other symbol
             raise InvalidSchedule(f"unknown operation {other!r}")
 

@@ -134,3 +134,13 @@ def test_bad_input_is_one_line_on_stderr_and_exit_code_2(args: tuple[str, ...], 
 def test_a_bare_group_prints_its_help_not_an_error(group: tuple[str, ...]) -> None:
     result = CliRunner().invoke(main, list(group))
     assert "Commands:" in result.output and "error:" not in result.output, result.output
+
+
+def test_an_expression_no_schedule_can_hold_is_refused_as_create_refuses_it() -> None:
+    longest = "00 0 * * * " + "1," * 94 + "1"  # 200 characters: a valid list of days of week
+    assert len(longest) == 200
+    code, out, err = run(longest, "--count", "1", "--json")
+    assert code == 0, err
+    code, out, err = run(longest + ",1", "--count", "1")
+    assert code == 2 and out == ""
+    assert err.strip() == "error: cron expression must be at most 200 characters, got 202"
