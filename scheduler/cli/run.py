@@ -54,22 +54,25 @@ def _serve(
     port = metrics_port if metrics_port is not None else settings.metrics_port
     try:
         services = build(wiring)
-        code = run_component(
-            component,
-            services,
-            wiring.registry_of(component),
-            metrics_port=port,
-            metrics_host=settings.metrics_host,
-            grace_s=grace_s,
-        )
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        # A setting's fault, as under `run all`: exit 2, the code of every bad setting.
-        fail(
-            f"{component}: cannot listen on {settings.metrics_host}:{port} "
-            f"(--metrics-port or SCHEDULER_METRICS_PORT, SCHEDULER_METRICS_HOST): {reason}",
-            code=2,
-        )
+        try:
+            code = run_component(
+                component,
+                services,
+                wiring.registry_of(component),
+                metrics_port=port,
+                metrics_host=settings.metrics_host,
+                grace_s=grace_s,
+            )
+        except OSError as exc:
+            if port is None:
+                raise  # nothing was to listen: not the endpoints' trouble
+            # A setting's fault, as under `run all`: exit 2, the code of every bad setting.
+            fail(
+                f"{component}: cannot listen on {settings.metrics_host}:{port} "
+                f"(--metrics-port or SCHEDULER_METRICS_PORT, SCHEDULER_METRICS_HOST): "
+                f"{exc.strerror or exc}",
+                code=2,
+            )
     finally:
         shutdown_tracing()
     raise SystemExit(code)
@@ -145,7 +148,8 @@ def api(port: int | None, grpc_port: int | None, metrics_port: int | None) -> No
     except OSError as exc:
         fail(
             f"api: cannot listen on {settings.api_host}:{settings.api_port} "
-            f"(--port or SCHEDULER_API_PORT, SCHEDULER_API_HOST): {exc.strerror or exc}"
+            f"(--port or SCHEDULER_API_PORT, SCHEDULER_API_HOST): {exc.strerror or exc}",
+            code=2,
         )
     try:
         probe = listen(settings.api_host, settings.grpc_port) if settings.grpc_port else None
@@ -153,7 +157,8 @@ def api(port: int | None, grpc_port: int | None, metrics_port: int | None) -> No
         http_socket.close()
         fail(
             f"api: cannot listen on {settings.api_host}:{settings.grpc_port} "
-            f"(--grpc-port or SCHEDULER_GRPC_PORT): {exc.strerror or exc}"
+            f"(--grpc-port or SCHEDULER_GRPC_PORT): {exc.strerror or exc}",
+            code=2,
         )
     if probe is not None:
         probe.close()  # gRPC binds its own socket; this only turned a taken port into one line

@@ -71,8 +71,10 @@ Decoded = OutcomeEvent | UndecodableLetter | Quarantined | None
 # much: nothing else can see it, since the worker records the instant its clock says. A start is
 # announced up to 50 ms before its instant (and may be applied that soon), hence the margin.
 CLOCK_AHEAD_TOLERANCE = timedelta(milliseconds=250)
-# A worker whose clock is ahead is named at most this often, and at most this many at once.
+# A worker whose clock is ahead is named at most this often; a batch naming more workers than
+# CLOCK_WARNINGS_PER_BATCH is one line, and at most CLOCK_WARNED_WORKERS names are remembered.
 CLOCK_WARNING_EVERY_S = 60.0
+CLOCK_WARNINGS_PER_BATCH = 20
 CLOCK_WARNED_WORKERS = 1000
 # A process span's attribute: applied, or stale, duplicate or reexecution (the event moved nothing).
 EVENT_OUTCOME = "scheduler.event.outcome"
@@ -136,6 +138,7 @@ class Reconciler(Service):
         self.session = Session(database)
         self._last_lag = 0.0
         self._clock_warned: dict[str, float] = {}  # worker → when it was last named (monotonic)
+        self._clock_unnamed_at = -math.inf  # when workers too many to name were last counted in a line
         self._tracing = tracing_exports()
 
     def checks(self) -> Sequence[Check]:
@@ -309,17 +312,32 @@ class Reconciler(Service):
             return
         metrics.CLOCK_AHEAD_EVENTS.inc(events)
         now = time.monotonic()
-        if len(self._clock_warned) > CLOCK_WARNED_WORKERS:
-            self._clock_warned.clear()
+        warned = self._clock_warned
+        if len(warned) >= CLOCK_WARNED_WORKERS:
+            # Those named over a minute ago may be named again: forgetting them changes nothing.
+            self._clock_warned = warned = {
+                w: at for w, at in warned.items() if now - at < CLOCK_WARNING_EVERY_S
+            }
+        unnamed = 0
         for worker, by in ahead.items():
-            if now - self._clock_warned.get(worker, -math.inf) < CLOCK_WARNING_EVERY_S:
+            if now - warned.get(worker, -math.inf) < CLOCK_WARNING_EVERY_S:
                 continue
-            self._clock_warned[worker] = now
+            # Workers are few; names by the thousand are junk or forged events: counted, not each
+            # logged, and never more remembered than the bound.
+            if len(warned) >= CLOCK_WARNED_WORKERS or len(ahead) > CLOCK_WARNINGS_PER_BATCH:
+                unnamed += 1
+                continue
+            warned[worker] = now
             self.log.warning(
                 "worker %s stamps its events %.3f s later than PostgreSQL's clock: its clock is ahead, "
                 "and it starts jobs leased ahead (SCHEDULER_LOOKAHEAD_S) early by as much; synchronise it",
                 worker,
                 by.total_seconds(),
+            )
+        if unnamed and now - self._clock_unnamed_at >= CLOCK_WARNING_EVERY_S:
+            self._clock_unnamed_at = now
+            self.log.warning(
+                "%d more workers stamp their events later than PostgreSQL's clock (too many to name)", unnamed
             )
 
     def _apply(

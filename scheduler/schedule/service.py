@@ -443,7 +443,7 @@ def _refusal(conn: psycopg.Connection[Row], old: Row, action: str) -> InvalidTra
     "completed" alone would read as "it ran" to someone a second early."""
     reason = f"cannot {action} schedule {old['id']}: it is {old['state']}"
     if old["state"] == ScheduleState.COMPLETED and old["kind"] != ScheduleKind.CRON:
-        run = schedules.latest_run(conn, old["id"])
+        run = schedules.latest_fire(conn, old["id"])
         if run is not None:
             reason += (
                 f"; its fire is run {run['id']}, {run['state']}, due {run['scheduled_for'].isoformat()}"

@@ -83,9 +83,9 @@ def get_schedule(
     return conn.execute(query(name), {"id": schedule_id}).fetchone()
 
 
-def latest_run(conn: psycopg.Connection[Row], schedule_id: UUID) -> Row | None:
-    """The schedule's latest run (id, state, scheduled_for), or None."""
-    return conn.execute(query("latest_run"), {"id": schedule_id}).fetchone()
+def latest_fire(conn: psycopg.Connection[Row], schedule_id: UUID) -> Row | None:
+    """The schedule's latest run (id, state, scheduled_for) that a fire made, not a trigger; or None."""
+    return conn.execute(query("latest_fire"), {"id": schedule_id}).fetchone()
 
 
 def guard_open_runs(conn: psycopg.Connection[Row], schedule_id: UUID) -> None:

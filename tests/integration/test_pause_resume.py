@@ -99,3 +99,31 @@ def test_a_one_shot_leased_ahead_is_refused_with_where_its_run_is(
         assert len(lines) == 1, refused.stderr
         assert f"cannot {action} schedule {created['id']}: it is completed" in lines[0]
         assert f"run {run['id']}, pending" in lines[0]
+
+
+def test_the_refusal_names_the_one_shots_fire_not_a_run_a_trigger_made(
+    settings_env: dict[str, str], settings: Settings
+) -> None:
+    created_app = subprocess.run([SCHEDULER, "apps", "create", "mail"], env=settings_env, check=False)
+    assert created_app.returncode == 0
+    at = db_now(settings) + timedelta(seconds=1)
+    created = cli(
+        settings_env, "schedules", "create", "--app", "mail", "--at", at.isoformat(),
+        "--handler", "builtin:noop",
+    )  # fmt: skip
+    cli(settings_env, "schedules", "pause", created["id"])
+    wait_for(lambda: db_now(settings) > at, 10, "the one-shot's instant to pass while it is paused")
+    triggered = cli(settings_env, "schedules", "trigger", created["id"])  # a run later than the fire
+    cli(settings_env, "schedules", "resume", created["id"])  # fire_once: the missed fire runs
+    with connect(settings.database_url) as conn:
+        Wiring(settings).scanner().scan_once(conn)
+        fire = conn.execute(
+            "select id from runs where schedule_id = %s and id <> %s", (created["id"], triggered["run_id"])
+        ).fetchone()
+    assert fire is not None
+    refused = subprocess.run(
+        [SCHEDULER, "schedules", "cancel", created["id"]],
+        env=settings_env, capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert f"its fire is run {fire['id']}" in refused.stderr, refused.stderr

@@ -21,6 +21,7 @@ from scheduler.reconcile.reconciler import Reconciler
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, reconcile
+from scheduler.store.reconcile import OutcomeEvent
 from scheduler.wiring import Wiring
 from tests.support import wait_for
 
@@ -219,3 +220,29 @@ def test_a_worker_whose_clock_is_ahead_is_counted_and_named(
     assert named and all("w-ahead" in line for line in named), caplog.text
     assert "w-synchronised" not in caplog.text
     assert len(named) == 1, "a worker is named once a minute, not once per batch"
+
+
+def test_workers_by_the_thousand_are_counted_in_one_line_not_named_each(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Junk or forged events naming thousands of workers must not flood the log nor grow memory."""
+    reconciler = Wiring(settings).reconciler_service(Reconciler)
+    db_now = datetime.now(UTC)
+    ahead = db_now + timedelta(hours=1)
+
+    def events(workers: range) -> list[OutcomeEvent]:
+        return [
+            OutcomeEvent(
+                str(uuid.uuid4()), uuid.uuid4(), 1, "succeeded", f"junk-{w}", ahead, ahead, app="rec"
+            )
+            for w in workers
+        ]
+
+    with caplog.at_level(logging.WARNING):
+        for first in range(0, 3000, 500):
+            reconciler._check_clocks(events(range(first, first + 500)), db_now)
+        reconciler._check_clocks(events(range(5)), db_now)  # a few: each named
+    lines = [r.getMessage() for r in caplog.records if "PostgreSQL's clock" in r.getMessage()]
+    assert sum("too many to name" in line for line in lines) == 1, lines
+    assert sum("stamps its events" in line for line in lines) == 5, lines
+    assert len(reconciler._clock_warned) <= 1000

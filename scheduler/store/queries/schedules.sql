@@ -141,6 +141,14 @@ select s.*, k.schedule_key
   left join schedule_keys k on k.schedule_id = s.id
  where s.id = any(%(ids)s::uuid[]);
 
--- name: latest_run
--- A schedule's latest fire, for a refusal to say what became of a one-shot's (from its unique key).
-select id, state, scheduled_for from runs where schedule_id = %(id)s::uuid order by scheduled_for desc limit 1;
+-- name: latest_fire
+-- A schedule's latest fire, for a refusal to say what became of a one-shot's (from its unique key):
+-- the runs a trigger made, which its audit entries name, are not fires.
+select r.id, r.state, r.scheduled_for
+  from runs r
+ where r.schedule_id = %(id)s::uuid
+   and not exists (select 1 from audit_log a
+                    where a.entity = 'schedule' and a.entity_id = %(id)s::text and a.action = 'trigger'
+                      and a.new_value->>'run_id' = r.id::text)
+ order by r.scheduled_for desc
+ limit 1;
