@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import UTC
+from uuid import UUID
 
 import click
 
 from scheduler.cli.common import (
+    SCHEDULE,
     DataTable,
-    ScheduleKey,
     database,
     echo_json,
     known_app,
@@ -51,9 +53,12 @@ def list_(
     with database(wiring_or_exit()) as conn:
         known_app(conn, app)
         if entity_id is not None and "/" in entity_id:
-            # No app name or id holds a "/": this is a schedule named by its app and key.
-            named_app, _, key = entity_id.partition("/")
-            entity_id = str(schedule_id_of(conn, ScheduleKey(named_app, key)))
+            # No app name or id holds a "/": a schedule named by its app and key, read as every
+            # command reads one.
+            entity_id = str(schedule_id_of(conn, SCHEDULE.convert(entity_id, None, None)))
+        elif entity_id is not None:
+            with contextlib.suppress(ValueError):  # else an app's name
+                entity_id = str(UUID(entity_id))  # an id in any of its forms, as stored
         rows = store.audit_page(
             conn,
             apps=None if app is None else [app],

@@ -153,8 +153,9 @@ def schedule_id_of(conn: psycopg.Connection[dict[str, Any]], named: UUID | Sched
     if not app_found:
         unknown_app(named.app)
     if schedule_id is None:
+        # Quoted, as a key may hold a line break, and said once, as it may be long.
         fail(
-            f"unknown schedule {named}: app {named.app!r} has no schedule with key {named.key!r} "
+            f"unknown schedule {str(named)!r}: app {named.app!r} has no schedule with that key "
             f"(`scheduler schedules list --app {named.app}` shows its schedules)",
             code=2,
         )

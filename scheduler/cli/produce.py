@@ -235,6 +235,7 @@ def produce(path: Path | None, as_json: bool) -> None:
     topic = wiring.settings.schedules_topic
     started = time.monotonic()
     interrupted: KeyboardInterrupt | None = None
+    read_to_the_end = False  # then a signal cut only the wait for Kafka's acknowledgements
     stream: IO[bytes] | None = None
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
@@ -243,6 +244,7 @@ def produce(path: Path | None, as_json: bool) -> None:
         stream = path.open("rb") if path is not None else sys.stdin.buffer
         with progress:
             interrupted = _produce_lines(stream, client, CommandIds(), tally)
+            read_to_the_end = interrupted is None
             # Delivery reports of the tail arrive here; each one is counted by its callback. After
             # Ctrl-C too, for a while: what was sent is delivered and counted. Ctrl-C may also land
             # here, past the reading (the input ended as it came); a second one stops the wait.
@@ -287,10 +289,15 @@ def produce(path: Path | None, as_json: bool) -> None:
             f"in {seconds:.1f} s ({rate:,.0f} commands/s)"
         )
     if interrupted is not None:
+        stopped = "terminated" if isinstance(interrupted, _Terminated) else "interrupted"
+        what = (
+            "every line was sent, but not every acknowledgement waited for"
+            if read_to_the_end
+            else "the rest of the input was not produced"
+        )
         fail(
-            f"{'terminated' if isinstance(interrupted, _Terminated) else 'interrupted'}: the rest of the "
-            "input was not produced; producing the same input again sends what is missing (its lines "
-            "keep their command ids, so none is applied twice)",
+            f"{stopped}: {what}; producing the same input again sends what is missing (its lines keep "
+            "their command ids, so none is applied twice)",
             code=_exit_code(interrupted),
         )
     if tally.failed:

@@ -69,6 +69,11 @@ def test_a_schedule_is_changed_and_found_by_app_and_key(cli: Cli) -> None:
     assert [(e["action"], e["entity_id"]) for e in audited] == [
         ("trigger", sid), ("update", sid), ("resume", sid), ("pause", sid), ("create", sid),
     ]  # fmt: skip
+    # An id in any of its forms finds what its usual form finds, as every other command reads it.
+    assert cli.json("audit", "list", "--id", "{" + sid.upper() + "}", "--json") == audited
+    assert cli.refused("audit", "list", "--id", "billing/", code=2).endswith(
+        "'billing/' is neither an id (a UUID) nor APP/KEY (see `scheduler audit list --help`)"
+    )
     cancelled = cli.json("schedules", "cancel", "billing/nightly")
     assert (cancelled["id"], cancelled["state"]) == (sid, "cancelled")
 
@@ -95,7 +100,7 @@ def test_a_key_that_names_no_schedule_is_one_line_and_exit_2(cli: Cli, command: 
         return tuple(arg.format(name) for arg in command)
 
     assert cli.refused(*run("billing/nope"), code=2) == (
-        "error: unknown schedule billing/nope: app 'billing' has no schedule with key 'nope' "
+        "error: unknown schedule 'billing/nope': app 'billing' has no schedule with that key "
         "(`scheduler schedules list --app billing` shows its schedules)"
     )
     assert cli.refused(*run("payroll/nightly"), code=2) == (
@@ -134,3 +139,8 @@ def test_trigger_is_versioned_and_leaves_the_version_as_it_is(cli: Cli) -> None:
         f"error: schedule {sid} is at version 1, not 2; read it again"
     )
     assert len(cli.json("runs", "list", "--schedule", sid, "--json")) == 1, "the refused one made no run"
+
+
+def test_a_key_with_a_line_break_is_refused_in_one_line(cli: Cli) -> None:
+    line = cli.refused("schedules", "pause", "billing/new\nline", code=2)
+    assert line.startswith("error: unknown schedule 'billing/new\\nline'"), line

@@ -400,7 +400,7 @@ def test_every_schedule_has_a_key_by_which_it_is_found(cli: Cli, app: str) -> No
     assert refused.returncode == 2 and "1 to 200 characters" in refused.stderr
     # A key no schedule has is a usage error, as in every command that takes one.
     assert cli.refused("schedules", "get", f"{app}/no-such-key") == (
-        f"error: unknown schedule {app}/no-such-key: app '{app}' has no schedule with key 'no-such-key' "
+        f"error: unknown schedule '{app}/no-such-key': app '{app}' has no schedule with that key "
         f"(`scheduler schedules list --app {app}` shows its schedules)"
     )
     assert cli("schedules", "get", "not-an-id").returncode == 2
