@@ -18,6 +18,7 @@ from scheduler.cli.common import (
     parse_instant,
     print_table,
     schedule_id_of,
+    shown_within,
     wiring_or_exit,
 )
 from scheduler.store import api as store
@@ -67,8 +68,9 @@ def list_(
             actor=actor,
             since=parse_instant(since, "--since") if since else None,
             before_id=None,
-            limit=limit,
+            limit=limit + 1,  # one more than shown: whether the listing is whole
         )
+        rows = shown_within(rows, limit, "audit entries (newest first)")
     if as_json:
         echo_json(rows)
         return

@@ -80,6 +80,15 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise SystemExit(code)
 
 
+def shown_within(rows: list[dict[str, Any]], limit: int, what: str) -> list[dict[str, Any]]:
+    """The first ``limit`` of ``rows``, read one more than that: when there is more, a note on stderr
+    says so (stdout stays the data, ``--json`` too). ``what`` names the rows and their order."""
+    if len(rows) <= limit:
+        return rows
+    click.echo(f"note: showing the first {limit} {what}; more exist: raise --limit or filter", err=True)
+    return rows[:limit]
+
+
 def known_app(conn: psycopg.Connection[dict[str, Any]], app: str | None) -> None:
     """Refuse a filter on an app that does not exist (exit 2, as the API's NOT_FOUND): an empty
     answer would read as an app with nothing in it, and a typo would go unseen."""

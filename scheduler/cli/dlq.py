@@ -23,6 +23,7 @@ from scheduler.cli.common import (
     known_app,
     known_schedule,
     print_table,
+    shown_within,
     time_range,
     uuid_arg,
     wiring_or_exit,
@@ -81,8 +82,9 @@ def list_(
             error_class=error_class,
             since=start,
             until=end,
-            limit=limit,
+            limit=limit + 1,  # one more than shown: whether the listing is whole
         )
+        rows = shown_within(rows, limit, "dead letters (newest first)")
     if as_json:
         echo_json(rows)
         return

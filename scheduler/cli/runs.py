@@ -18,6 +18,7 @@ from scheduler.cli.common import (
     known_schedule,
     parse_instant,
     print_table,
+    shown_within,
     uuid_arg,
     wiring_or_exit,
 )
@@ -47,7 +48,11 @@ def list_(
     with database(wiring_or_exit()) as conn:
         known_app(conn, app)
         schedule_id = known_schedule(conn, schedule)
-        rows = store.list_runs(conn, schedule_id=schedule_id, app=app, state=state, limit=limit)
+        rows = shown_within(
+            store.list_runs(conn, schedule_id=schedule_id, app=app, state=state, limit=limit + 1),
+            limit,
+            "runs (newest fire first)",
+        )
     if as_json:
         echo_json(rows)
         return

@@ -27,6 +27,7 @@ from scheduler.cli.common import (
     parse_instant,
     print_table,
     schedule_id_of,
+    shown_within,
     wiring_or_exit,
 )
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleState
@@ -332,14 +333,9 @@ def list_(app: str | None, state: str | None, limit: int, as_json: bool) -> None
     """List schedules."""
     with database(wiring_or_exit()) as conn:
         known_app(conn, app)
-        # One more than shown: whether the listing is whole, said on stderr (stdout stays the data).
-        rows = store.list_schedules(conn, app, state, limit + 1)
-    if len(rows) > limit:
-        rows = rows[:limit]
-        click.echo(
-            f"note: showing the first {limit} schedules (oldest first); more exist: raise --limit "
-            "or filter by --app or --state",
-            err=True,
+        # One more than shown: whether the listing is whole.
+        rows = shown_within(
+            store.list_schedules(conn, app, state, limit + 1), limit, "schedules (oldest first)"
         )
     if as_json:
         echo_json([shown(r) for r in rows])

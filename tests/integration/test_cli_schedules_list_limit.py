@@ -1,5 +1,5 @@
-"""`schedules list` shows the first --limit schedules, oldest first, and says on stderr (stdout keeps
-only the data, --json parseable) when more exist."""
+"""The listings show the first --limit rows and say on stderr (stdout keeps only the data, --json
+parseable) when more exist."""
 
 from __future__ import annotations
 
@@ -29,10 +29,7 @@ def test_a_listing_cut_short_by_its_limit_says_so_on_stderr(settings_env: dict[s
     with connect(settings_env["SCHEDULER_DATABASE_URL"]) as conn:
         first = create_schedules(conn, [NewSchedule(spec)] * 1000, "test")
         last = create_schedules(conn, [NewSchedule(spec)], "test")
-    note = (
-        "note: showing the first 1000 schedules (oldest first); more exist: raise --limit or filter by "
-        "--app or --state\n"
-    )
+    note = "note: showing the first 1000 schedules (oldest first); more exist: raise --limit or filter\n"
     listed = cli(settings_env, "schedules", "list", "--json")
     assert listed.returncode == 0 and listed.stderr == note, listed.stderr
     assert {s["id"] for s in json.loads(listed.stdout)} == {str(row["id"]) for row in first}
@@ -44,3 +41,28 @@ def test_a_listing_cut_short_by_its_limit_says_so_on_stderr(settings_env: dict[s
     assert len(json.loads(whole.stdout)) == 1001
     two = cli(settings_env, "schedules", "list", "--limit", "2", "--json")
     assert two.stderr.startswith("note: showing the first 2 schedules") and len(json.loads(two.stdout)) == 2
+
+
+@pytest.mark.parametrize(
+    ("listing", "what"),
+    [
+        (("runs", "list", "--app", "billing"), "runs (newest fire first)"),
+        (("audit", "list", "--app", "billing"), "audit entries (newest first)"),
+    ],
+)
+def test_every_listing_says_when_its_limit_cut_it_short(
+    settings_env: dict[str, str], listing: tuple[str, ...], what: str
+) -> None:
+    assert cli(settings_env, "apps", "create", "billing", "--partitions", "1").returncode == 0
+    created = cli(settings_env, "schedules", "create", "--app", "billing", "--cron", "0 3 * * *",
+                  "--handler", "builtin:noop")  # fmt: skip
+    schedule_id = json.loads(created.stdout)["id"]
+    for _ in range(3):  # three runs, and audit entries of the creation and the triggers
+        assert cli(settings_env, "schedules", "trigger", schedule_id).returncode == 0
+    cut = cli(settings_env, *listing, "--limit", "2", "--json")
+    assert cut.returncode == 0, cut.stderr
+    assert cut.stderr == f"note: showing the first 2 {what}; more exist: raise --limit or filter\n"
+    assert len(json.loads(cut.stdout)) == 2
+    whole = cli(settings_env, *listing, "--limit", "100", "--json")
+    assert whole.returncode == 0 and whole.stderr == "", whole.stderr
+    assert len(json.loads(whole.stdout)) > 2
