@@ -349,10 +349,11 @@ def update_schedule(
     with conn.transaction():
         # Locked: the next fire it keeps is the one a scanner leaves, not one read before it advanced.
         old = current_schedule(conn, schedule_id, expected_version, lock="update")
-        if old["state"] not in UPDATABLE:
-            raise _refusal(conn, old, "update")
+        # The app first: a caller naming another app's schedule learns nothing of its state or runs.
         if old["app"] != spec.app:
             raise InvalidSchedule(f"schedule {schedule_id} belongs to app {old['app']!r}, not {spec.app!r}")
+        if old["state"] not in UPDATABLE:
+            raise _refusal(conn, old, "update")
         _app_of(conn, spec)
         columns = spec_columns(spec)
         kept = (

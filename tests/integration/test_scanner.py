@@ -17,7 +17,7 @@ from scheduler.kafka.transport import TopicAdmin
 from scheduler.scan import metrics as scan_metrics
 from scheduler.scan.scanner import LOCKED_DUE_PAUSE_S
 from scheduler.schedule import service
-from scheduler.schedule.spec import ScheduleSpec, stored_spec
+from scheduler.schedule.spec import InvalidSchedule, ScheduleSpec, stored_spec
 from scheduler.store import connect, schedules
 from scheduler.store import scan as scan_store
 from scheduler.wiring import Wiring
@@ -614,3 +614,16 @@ def test_jitter_still_holds_a_fire_leased_ahead_back_from_its_instant(settings: 
         ).fetchall()
     assert len(held) == len(rows)
     assert all(run_at <= h["available_at"] <= run_at + timedelta(seconds=5, milliseconds=1) for h in held)
+
+
+def test_an_update_naming_another_app_is_refused_for_the_app_before_the_state(
+    settings: Settings, app: str
+) -> None:
+    row = create(settings, kind="cron", cron="* * * * *")
+    with connect(settings.database_url) as conn:
+        service.cancel(conn, row["id"], "test")
+        spec = replace(stored_spec(schedule_row(settings, row["id"])), app="elsewhere")
+        # Cancelled: an update from its own app is refused for the state, naming it; one from
+        # another app is told only that the schedule is not its own.
+        with pytest.raises(InvalidSchedule, match="belongs to app 'scan', not 'elsewhere'"):
+            service.update_schedule(conn, row["id"], spec, "test")
