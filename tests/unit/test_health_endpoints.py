@@ -471,33 +471,51 @@ def test_a_scrape_is_never_held_by_a_hung_probe(
     the target. Whether the hung probe is another request's or the scrape's own, the scrape waits
     PROBE_UNDER_WAY_S and then says the dependency down."""
     monkeypatch.setattr(health_module, "PROBE_UNDER_WAY_S", 0.2)
-    gate, entered = threading.Event(), threading.Event()
-    blocking = {"on": False}
+    hang: dict[str, threading.Event | None] = {"gate": None}
+    entered = threading.Event()
 
     def probe() -> str | None:
-        if blocking["on"]:
+        gate = hang["gate"]
+        if gate is not None:
             entered.set()
             gate.wait(30)
         return "ok"
 
+    def hung_from_now() -> threading.Event:
+        entered.clear()
+        gate = threading.Event()
+        hang["gate"] = gate
+        return gate
+
+    def released(gate: threading.Event) -> None:
+        hang["gate"] = None
+        gate.set()
+        wait_until(lambda: "scheduler_ready 1.0" in client.get("/metrics").text, what="ready again")
+
     client = serve([started(FakeService("scan", [Check("postgresql", probe)]))])
     assert "scheduler_ready 1.0" in client.get("/metrics").text
-    blocking["on"] = True
+    # The scrape's own probe hangs.
+    gate = hung_from_now()
     try:
-        # The scrape's own probe hangs.
         body = client.get("/metrics").text
         assert entered.is_set()
         assert "scheduler_ready 0.0" in body
         assert 'scheduler_dependency_up{dependency="postgresql"} 0.0' in body
-        # Another request's probe hangs; the scrape does not queue behind it.
-        waiting = threading.Thread(target=lambda: client.get("/ready", timeout=60), daemon=True)
-        waiting.start()
-        assert "scheduler_ready 0.0" in client.get("/metrics").text
     finally:
-        gate.set()
-    blocking["on"] = False
+        released(gate)
+    # Another request's probe hangs: /ready started it, and it is hung before the scrape comes.
+    gate = hung_from_now()
+    waiting = threading.Thread(target=lambda: client.get("/ready", timeout=60), daemon=True)
+    try:
+        waiting.start()
+        assert entered.wait(10), "the /ready request's probe started"
+        entered.clear()
+        assert "scheduler_ready 0.0" in client.get("/metrics").text
+        assert not entered.is_set(), "the scrape waited on the hung probe rather than starting its own"
+    finally:
+        released(gate)
     waiting.join(10)
-    wait_until(lambda: "scheduler_ready 1.0" in client.get("/metrics").text, what="ready again")
+    assert not waiting.is_alive()
 
 
 # Probe cache --------------------------------------------------------------------------------------
