@@ -32,8 +32,9 @@ QUARANTINED = Counter(
 )
 CLOCK_AHEAD_EVENTS = Counter(
     "scheduler_reconciler_clock_ahead_events_total",
-    "Outcome events stamped over 0.25 s later than PostgreSQL's clock when applied: their worker's "
-    "clock is ahead, and it starts jobs leased ahead early by as much (the log names the worker)",
+    "Outcome events PostgreSQL stored (not quarantined, not another app's) stamped over 0.25 s later "
+    "than its clock when applied: their worker's clock is ahead, and it starts jobs leased ahead early "
+    "by as much (the log names the worker)",
     registry=REGISTRY,
 )
 DEAD_LETTERS = Counter(

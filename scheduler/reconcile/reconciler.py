@@ -257,6 +257,7 @@ class Reconciler(Service):
         decoded = [self.decode(m) for m in messages]
         batch = list(zip(messages, decoded, strict=True))
         spans = self._trace(messages, decoded) if self._tracing else []
+        refusals: list[Quarantined] = []
         with ending(spans):
             try:
                 with conn.transaction():
@@ -264,7 +265,7 @@ class Reconciler(Service):
             except psycopg.Error as exc:
                 if not refused(exc):
                     raise
-                applied = self._apply_isolating(conn, batch, exc)
+                applied = self._apply_isolating(conn, batch, exc, refusals)
             for span, event in zip(spans, decoded, strict=bool(spans)):  # no spans: not traced
                 if isinstance(event, OutcomeEvent):
                     # What the event did: a stale or duplicate one claims a status its run never got.
@@ -287,7 +288,7 @@ class Reconciler(Service):
         for app in applied.dead_apps:
             metrics.DEAD_LETTERS.labels(app).inc()
         if applied.db_now is not None:
-            self._check_clocks(decoded, applied.db_now)
+            self._check_clocks(stored_events(batch, refusals, applied), applied.db_now)
         if applied.cross_app:
             # Only junk or a forged message names a run of another app than its sender's.
             self.log.warning(
@@ -295,14 +296,12 @@ class Reconciler(Service):
             )
         return applied
 
-    def _check_clocks(self, decoded: Sequence[Decoded], db_now: datetime) -> None:
+    def _check_clocks(self, stored: Sequence[OutcomeEvent], db_now: datetime) -> None:
         """Count the events stamped later than PostgreSQL's clock, and name their workers."""
         latest = db_now + CLOCK_AHEAD_TOLERANCE
         ahead: dict[str, timedelta] = {}
         events = 0
-        for event in decoded:
-            if not isinstance(event, OutcomeEvent):
-                continue
+        for event in stored:
             stamped = event.finished_at or event.started_at
             if stamped is not None and stamped > latest:
                 events += 1
@@ -368,16 +367,17 @@ class Reconciler(Service):
         conn: psycopg.Connection[Row],
         batch: Sequence[tuple[Received, Decoded]],
         error: psycopg.Error,
+        refusals: list[Quarantined],
     ) -> store.Applied:
         """The batch again, in halves under savepoints, until each refused message stands alone;
-        those are quarantined, everything else is applied, in one transaction."""
+        those are quarantined (and added to ``refusals``), everything else is applied, in one
+        transaction."""
         self.log.warning(
             "PostgreSQL refused a batch of %d outcome messages (%s: %s); finding the refused ones",
             len(batch),
             error.sqlstate,
             first_line(error),
         )
-        refusals: list[Quarantined] = []
         with conn.transaction():
             applied = self._bisect(conn, batch, refusals)
             store.quarantine(conn, COMPONENT, refusals)
@@ -440,6 +440,21 @@ class Reconciler(Service):
                     record_failure(event.error_class or "Error", event.error)
             spans.append(span)
         return spans
+
+
+def stored_events(
+    batch: Sequence[tuple[Received, Decoded]], refusals: Sequence[Quarantined], applied: store.Applied
+) -> list[OutcomeEvent]:
+    """The batch's outcome events PostgreSQL stored: neither refused (quarantined) nor sent as
+    another app's than their run's (kept nowhere, junk or forged)."""
+    refused_at = {(q.topic, q.partition, q.offset) for q in refusals}
+    return [
+        event
+        for message, event in batch
+        if isinstance(event, OutcomeEvent)
+        and (message.topic, message.partition, message.offset) not in refused_at
+        and event.event_id not in applied.cross_app_events
+    ]
 
 
 def next_offsets(messages: Sequence[Received]) -> list[Offset]:

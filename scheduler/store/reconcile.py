@@ -79,6 +79,8 @@ class Applied:
     dead_apps: tuple[str, ...] = ()  # the app of each run this batch made dead
     cross_app: int = 0  # stale events sent as another app's than their run's (not in its attempts)
     appless_letters: int = 0  # run-less dead letters naming no app there is, quarantined instead of kept
+    cross_app_events: frozenset[str] = field(default_factory=frozenset, compare=False)
+    """The ids of the events sent as another app's, which were stored nowhere."""
     not_applied: Mapping[str, str] = field(default_factory=dict, compare=False)
     """Event id → stale, duplicate or reexecution, for each event that did not move its run."""
     db_now: datetime | None = field(default=None, compare=False)
@@ -94,6 +96,7 @@ class Applied:
             self.dead_apps + other.dead_apps,
             self.cross_app + other.cross_app,
             self.appless_letters + other.appless_letters,
+            cross_app_events=self.cross_app_events | other.cross_app_events,
             not_applied={**self.not_applied, **other.not_applied},
             db_now=max((t for t in (self.db_now, other.db_now) if t is not None), default=None),
         )
@@ -141,6 +144,7 @@ def apply_outcomes(
         row["finished"],
         tuple(row["dead_apps"]),
         row["cross_app"],
+        cross_app_events=frozenset(row["cross_app_events"]),
         not_applied=row["not_applied"],
         db_now=row["db_now"],
     )

@@ -620,6 +620,42 @@ def test_another_apps_events_in_a_batch_neither_end_a_started_run_nor_count_as_e
         assert "reexecution" not in {outcome for _, outcome, _ in history(settings, run)}
 
 
+def test_only_events_postgresql_stored_are_checked_against_its_clock(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An event PostgreSQL refused (quarantined) or one sent as another app's than its run's (kept
+    nowhere) says nothing of a worker's clock, however far ahead it is stamped."""
+    poisoned, foreign, ahead_a, ahead_b, on_time = dispatched_runs(settings, 5)
+    with connect(settings.database_url) as conn:
+        conn.execute("alter table runs add constraint no_poison check (worker is distinct from 'poison')")
+        conn.commit()
+    ahead = datetime.now(UTC) + timedelta(minutes=5)
+    before = metrics.CLOCK_AHEAD_EVENTS._value.get()
+    publish(
+        settings,
+        [
+            result(poisoned, "started", worker="poison", started_at=ahead),
+            result(foreign, "started", worker="w-other", app="other", started_at=ahead),
+            result(ahead_a, "started", worker="w-ahead", started_at=ahead),
+            result(ahead_b, "started", worker="w-ahead", started_at=ahead),
+            result(on_time, "started", worker="w-synchronised"),
+        ],
+    )
+    with caplog.at_level(logging.WARNING), running(Wiring(settings).reconciler_service()):
+        wait_for(group_at_the_end(settings), 60, "the offsets committed past all of them")
+    assert [run_row(settings, run)["state"] for run in (poisoned, foreign, ahead_a, ahead_b, on_time)] == [
+        "dispatched",
+        "dispatched",
+        "running",
+        "running",
+        "running",
+    ]
+    assert [r["run_id"] for r in rows(settings, "select run_id from quarantine")] == [poisoned.id]
+    assert metrics.CLOCK_AHEAD_EVENTS._value.get() == before + 2
+    named = [r.getMessage() for r in caplog.records if "later than PostgreSQL's clock" in r.getMessage()]
+    assert len(named) == 1 and "w-ahead" in named[0], named
+
+
 def test_a_start_gives_the_run_a_lease_of_the_window_from_the_database_clock(settings: Settings) -> None:
     [run] = dispatched_runs(settings, 1)
     with connect(settings.database_url) as conn:

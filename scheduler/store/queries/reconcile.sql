@@ -215,6 +215,8 @@ select (select count(*) from classified where outcome = 'applied') as applied,
        (select count(*) from applied where state in ('succeeded', 'dead')) as finished,
        array(select app from applied where state = 'dead') as dead_apps,
        (select count(*) from classified where cross_app and outcome = 'stale') as cross_app,
+       -- Their ids: such an event is stored nowhere, so its times say nothing of a worker's clock.
+       array(select distinct event_id from classified where cross_app) as cross_app_events,
        -- Each event that did not move its run (usually none): what its trace span says it was.
        (select coalesce(jsonb_object_agg(event_id, outcome), '{}') from classified
          where outcome <> 'applied') as not_applied,
