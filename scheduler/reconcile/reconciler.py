@@ -139,6 +139,9 @@ class Reconciler(Service):
         self._last_lag = 0.0
         self._clock_warned: dict[str, float] = {}  # worker → when it was last named (monotonic)
         self._clock_unnamed_at = -math.inf  # when workers too many to name were last counted in a line
+        # Per partition, the last offset whose event was checked against PostgreSQL's clock since
+        # the offsets were last committed: a batch whose commit failed is read again, and checked once.
+        self._clock_checked: dict[tuple[str, int], int] = {}
         self._tracing = tracing_exports()
 
     def checks(self) -> Sequence[Check]:
@@ -150,6 +153,7 @@ class Reconciler(Service):
         if messages:
             self.apply(conn, messages)
             consumer.commit(next_offsets(messages))
+            self._clock_checked.clear()  # what was checked is never read again
         metrics.LAST_BATCH.set(time.time())
         if time.monotonic() - self._last_lag >= LAG_EVERY_S:
             self.consumer.observe_lag(metrics.CONSUMER_LAG)
@@ -287,14 +291,25 @@ class Reconciler(Service):
             )
         for app in applied.dead_apps:
             metrics.DEAD_LETTERS.labels(app).inc()
+        unchecked = self._unchecked(batch)
         if applied.db_now is not None:
-            self._check_clocks(stored_events(batch, refusals, applied), applied.db_now)
+            self._check_clocks(stored_events(unchecked, refusals, applied), applied.db_now)
         if applied.cross_app:
             # Only junk or a forged message names a run of another app than its sender's.
             self.log.warning(
                 "%d outcome events sent as another app's than their run's were not applied", applied.cross_app
             )
         return applied
+
+    def _unchecked(self, batch: Sequence[tuple[Received, Decoded]]) -> list[tuple[Received, Decoded]]:
+        """The messages of an applied ``batch`` not checked against the clock before, now marked
+        checked: those of a batch applied before whose offsets were not committed were."""
+        checked = self._clock_checked
+        unchecked = [(m, d) for m, d in batch if m.offset > checked.get((m.topic, m.partition), -1)]
+        for message, _ in unchecked:
+            partition = (message.topic, message.partition)
+            checked[partition] = max(checked.get(partition, -1), message.offset)
+        return unchecked
 
     def _check_clocks(self, stored: Sequence[OutcomeEvent], db_now: datetime) -> None:
         """Count the events stamped later than PostgreSQL's clock, and name their workers."""

@@ -5,22 +5,32 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import JobResult
-from scheduler.kafka.transport import OutgoingMessage, Producer, Received, TopicAdmin, producer_config
+from scheduler.kafka.transport import (
+    Consumer,
+    OutgoingMessage,
+    Producer,
+    Received,
+    TopicAdmin,
+    producer_config,
+)
 from scheduler.reconcile import metrics
 from scheduler.reconcile.reconciler import Reconciler
+from scheduler.runtime.service import Check
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, reconcile
+from scheduler.store.database import Database
 from scheduler.store.reconcile import OutcomeEvent
 from scheduler.wiring import Wiring
 from tests.support import wait_for
@@ -246,3 +256,73 @@ def test_workers_by_the_thousand_are_counted_in_one_line_not_named_each(
     assert sum("too many to name" in line for line in lines) == 1, lines
     assert sum("stamps its events" in line for line in lines) == 5, lines
     assert len(reconciler._clock_warned) <= 1000
+
+
+class FirstCommitRefused:
+    """The librdkafka consumer, except that its first commit fails, as one does in a rebalance."""
+
+    def __init__(self, inner: Any, reconciler: CommitFailsOnce) -> None:
+        self._inner = inner
+        self._reconciler = reconciler
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._reconciler.commit_failed:
+            self._reconciler.commit_failed = True
+            raise KafkaException(KafkaError(KafkaError.REBALANCE_IN_PROGRESS, "injected"))
+        return self._inner.commit(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class CommitFailsOnce(Reconciler):
+    """A reconciler whose first offset commit fails after its batch was stored in PostgreSQL: the
+    batch is read again and applied again."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        database: Database,
+        consumers: Callable[[], Consumer],
+        codec: AvroCodec,
+        kafka_check: Check,
+    ) -> None:
+        self.commit_failed = False
+
+        def refusing_first_commit() -> Consumer:
+            consumer = consumers()
+            consumer._consumer = FirstCommitRefused(consumer._consumer, self)  # type: ignore[assignment]
+            return consumer
+
+        super().__init__(settings, database, refusing_first_commit, codec, kafka_check)
+
+
+def test_events_of_a_batch_read_again_after_a_failed_commit_are_checked_against_the_clock_once(
+    settings: Settings, dispatched_runs: list[dict[str, Any]]
+) -> None:
+    """A batch applied again is counted again as duplicates, as it should be; its workers' clocks
+    are not: the alert on them counts events, not readings."""
+
+    def ahead_events() -> float:
+        return metrics.REGISTRY.get_sample_value("scheduler_reconciler_clock_ahead_events_total") or 0.0
+
+    before = ahead_events()
+    publish(
+        settings,
+        [result(run, worker="w-ahead", clock_ahead=timedelta(seconds=30)) for run in dispatched_runs],
+    )
+    positions = Wiring(settings).lease_sweeper().positions
+    reconciler = Wiring(settings).reconciler_service(CommitFailsOnce)
+    stop = threading.Event()
+    thread = threading.Thread(target=reconciler.run, args=(stop,))
+    thread.start()
+    try:
+        wait_for(lambda: not positions.unread(positions.ends()), 60, "the offsets committed to the end")
+    finally:
+        stop.set()
+        thread.join(30)
+    assert reconciler.commit_failed, "the injected failure happened"
+    # The batch whose commit failed was applied again: its successes are on record as duplicates.
+    recorded = outcomes(settings)
+    assert recorded["succeeded"] == RUNS and recorded.get("duplicate", 0) > 0, recorded
+    assert ahead_events() == before + RUNS
