@@ -25,8 +25,9 @@ UNDECODABLE = Counter(
 QUARANTINED = Counter(
     "scheduler_reconciler_quarantined_total",
     "Outcome messages set aside in the quarantine table instead of applied, by cause "
-    "(undecodable; unknown_app: a run-less dead letter naming no app there is; refused: PostgreSQL "
-    "refused to store it)",
+    "(undecodable; unknown_app: a run-less dead letter naming no app there is; no_worker: a dead "
+    "letter without a worker, whose run's lease expiry is not on record; refused: PostgreSQL refused "
+    "to store it)",
     ["cause"],
     registry=REGISTRY,
 )
@@ -90,7 +91,7 @@ HISTORY_DELETED = Counter(
 # sample is 0: the alert on a first quarantined outcome would never fire. Every known label starts at 0.
 for _outcome in ("applied", "stale", "duplicate", "reexecution"):
     EVENTS.labels(_outcome)
-for _cause in ("undecodable", "unknown_app", "refused"):
+for _cause in ("undecodable", "unknown_app", "no_worker", "refused"):
     QUARANTINED.labels(_cause)
 for _outcome in ("retry", "dead"):
     LEASE_EXPIRIES.labels(_outcome)

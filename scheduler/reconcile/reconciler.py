@@ -14,7 +14,9 @@ Poison never stops it. Handler text is made storable (NUL and lone surrogates es
 before it reaches PostgreSQL. A message that cannot be decoded, or that PostgreSQL still refuses
 (a data or integrity error, as opposed to a lost connection), is found by applying the batch in
 halves under savepoints, set aside in the ``quarantine`` table with its bytes, source and reason,
-and counted; the rest of the batch is applied and the offsets move on.
+and counted; the rest of the batch is applied and the offsets move on. So is a dead letter without
+a worker, which only the lease sweeper writes (for a run it made dead), when PostgreSQL has no
+record of the sweeper's death of its run's attempt: the sweeper's own are passed over.
 
 The same process runs the lease sweeper (:mod:`.lease_sweeper`) and the buffer release
 (:mod:`.buffer_release`); a batch that ended runs wakes the latter.
@@ -44,7 +46,7 @@ from scheduler.reconcile import metrics
 from scheduler.runtime.service import Check, Service
 from scheduler.store import reconcile as store
 from scheduler.store.database import Database, Session
-from scheduler.store.reconcile import OutcomeEvent, Quarantined, UndecodableLetter
+from scheduler.store.reconcile import OutcomeEvent, Quarantined, SweeperLetter, UndecodableLetter
 from scheduler.telemetry.tracing import (
     ending,
     job_outcome_attributes,
@@ -65,7 +67,7 @@ NAME_CHARS = 256
 # constraint violation, program limit exceeded): the same statement fails again on every retry.
 REFUSED_CLASSES = ("22", "23", "54")
 Row = dict[str, Any]
-Decoded = OutcomeEvent | UndecodableLetter | Quarantined | None
+Decoded = OutcomeEvent | UndecodableLetter | SweeperLetter | Quarantined
 # An event's times are its worker's clock. One later than PostgreSQL's as the event is applied
 # says that clock is ahead, and a worker holding a fire leased ahead then starts it early by as
 # much: nothing else can see it, since the worker records the instant its clock says. A start is
@@ -169,8 +171,8 @@ class Reconciler(Service):
         self.reset()
 
     def decode(self, message: Received) -> Decoded:
-        """The event a message carries (its text made storable), the message set aside when it
-        cannot be decoded, or None for one that is not ours to apply."""
+        """The event a message carries (its text made storable), or the message set aside when it
+        cannot be decoded."""
         topic, value = message.topic, message.value
         try:
             if topic == self.settings.results_topic:
@@ -225,7 +227,13 @@ class Reconciler(Service):
                 offset=dead.source.offset if dead.source else None,
             )
         if dead.worker is None:
-            return None  # written by a sweeper: the run is dead in PostgreSQL already
+            # The lease sweeper's, whose run is dead in PostgreSQL already: checked, not applied.
+            return SweeperLetter(
+                event_id=str(dead.event_id),
+                run_id=dead.run_id,
+                attempt=dead.attempt,
+                app=capped_text(dead.app, NAME_CHARS),
+            )
         return OutcomeEvent(
             event_id=str(dead.event_id),
             run_id=dead.run_id,
@@ -240,9 +248,9 @@ class Reconciler(Service):
         )
 
     @staticmethod
-    def _quarantined(message: Received, reason: str, event: Decoded = None) -> Quarantined:
+    def _quarantined(message: Received, reason: str, event: Decoded | None = None) -> Quarantined:
         run_id = app = None
-        if isinstance(event, OutcomeEvent):
+        if isinstance(event, OutcomeEvent | SweeperLetter):
             run_id, app = event.run_id, event.app
         elif isinstance(event, UndecodableLetter):
             app = event.app
@@ -288,6 +296,12 @@ class Reconciler(Service):
             self.log.warning(
                 "quarantined %d run-less dead letters naming an app that does not exist",
                 applied.appless_letters,
+            )
+        if applied.unswept_letters:
+            metrics.QUARANTINED.labels("no_worker").inc(applied.unswept_letters)
+            self.log.warning(
+                "quarantined %d dead letters without a worker whose run's lease expiry is not on record",
+                applied.unswept_letters,
             )
         for app in applied.dead_apps:
             metrics.DEAD_LETTERS.labels(app).inc()
@@ -372,6 +386,22 @@ class Reconciler(Service):
             quarantined += appless
             # Messages, as the other causes count: a letter sent twice is quarantined twice.
             applied = replace(applied, appless_letters=len(appless))
+        swept = [d for _, d in batch if isinstance(d, SweeperLetter)]
+        if unswept := store.unswept_letters(conn, swept):
+            # Only the sweeper writes a letter without a worker, and records the death it tells of:
+            # one that is not its would otherwise be dropped unseen, its run left to its lease.
+            workerless = [
+                self._quarantined(
+                    message,
+                    f"a dead letter without a worker for attempt {d.attempt} of run {d.run_id}, whose "
+                    "lease expiry is not on record (only the lease sweeper writes one)",
+                    d,
+                )
+                for message, d in batch
+                if isinstance(d, SweeperLetter) and d.event_id in unswept
+            ]
+            quarantined += workerless
+            applied = replace(applied, unswept_letters=len(workerless))
         store.quarantine(conn, COMPONENT, quarantined)
         if applied.finished:
             store.notify_run_finished(conn)

@@ -57,6 +57,17 @@ class UndecodableLetter:
 
 
 @dataclass(frozen=True, slots=True)
+class SweeperLetter:
+    """A dead letter naming a run without a worker: the lease sweeper's, whose run is dead in
+    PostgreSQL already, if that death is on record."""
+
+    event_id: str
+    run_id: UUID
+    attempt: int
+    app: str
+
+
+@dataclass(frozen=True, slots=True)
 class Quarantined:
     """A message set aside instead of applied, with why, its bytes and where it was read."""
 
@@ -79,6 +90,7 @@ class Applied:
     dead_apps: tuple[str, ...] = ()  # the app of each run this batch made dead
     cross_app: int = 0  # stale events sent as another app's than their run's (not in its attempts)
     appless_letters: int = 0  # run-less dead letters naming no app there is, quarantined instead of kept
+    unswept_letters: int = 0  # worker-less dead letters of no expiry the sweeper recorded, quarantined
     cross_app_events: frozenset[str] = field(default_factory=frozenset, compare=False)
     """The ids of the events sent as another app's, which were stored nowhere."""
     not_applied: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -96,6 +108,7 @@ class Applied:
             self.dead_apps + other.dead_apps,
             self.cross_app + other.cross_app,
             self.appless_letters + other.appless_letters,
+            unswept_letters=self.unswept_letters + other.unswept_letters,
             cross_app_events=self.cross_app_events | other.cross_app_events,
             not_applied={**self.not_applied, **other.not_applied},
             db_now=max((t for t in (self.db_now, other.db_now) if t is not None), default=None),
@@ -202,6 +215,21 @@ def record_undecodable(conn: psycopg.Connection[Row], letters: Sequence[Undecoda
             "topics": [x.topic for x in letters],
             "partitions": [x.partition for x in letters],
             "offsets": [x.offset for x in letters],
+        },
+    ).fetchall()
+    return {r["event_id"] for r in rows}
+
+
+def unswept_letters(conn: psycopg.Connection[Row], letters: Sequence[SweeperLetter]) -> set[str]:
+    """The event ids of ``letters`` whose run's attempt the lease sweeper did not make dead."""
+    if not letters:
+        return set()
+    rows = conn.execute(
+        query("unswept_dead_letters"),
+        {
+            "event_ids": [x.event_id for x in letters],
+            "run_ids": [x.run_id for x in letters],
+            "attempts": [x.attempt for x in letters],
         },
     ).fetchall()
     return {r["event_id"] for r in rows}

@@ -778,6 +778,55 @@ def test_the_sweeper_never_expires_a_run_that_was_not_started(settings: Settings
     assert len(runs) == 5
 
 
+def test_a_dead_letter_without_a_worker_is_passed_over_only_when_the_sweeper_wrote_it(
+    settings: Settings,
+) -> None:
+    """Only the lease sweeper writes a dead letter without a worker, for a run whose death it
+    recorded: reading it changes nothing. Any other such letter is quarantined, not dropped unseen,
+    and its run is left to its lease."""
+    [swept] = dispatched_runs(settings, 1, max_attempts=1)
+    not_swept, after = dispatched_runs(settings, 2)
+    wiring = Wiring(settings)
+    publish(settings, [result(swept, "started")])
+    with running(wiring.reconciler_service()):
+        wait_for(lambda: run_row(settings, swept)["state"] == "running", 60, "the start applied")
+    sweeper = wiring.lease_sweeper()
+    later = database_now(settings) + timedelta(hours=1)
+    with connect(settings.database_url) as conn:
+        wait_for(lambda: sweeper.sweep(conn, now=later).dead, 30, "the silent run swept dead")
+    # The sweeper's letter, as the relay publishes it, and a copy of it naming a run it never swept.
+    [queued] = rows(
+        settings,
+        "select key, value from outbox where run_id = %s and topic = %s",
+        swept.id,
+        settings.dlq_topic,
+    )
+    codec = AvroCodec()
+    letter = codec.decode(JobDeadLetter, queued["value"])
+    assert letter.worker is None
+    forged = replace(letter, event_id=uuid.uuid4(), run_id=not_swept.id, schedule_id=not_swept.schedule_id)
+    quarantined_before = counter(metrics.QUARANTINED, "no_worker")
+    publish(
+        settings,
+        [
+            OutgoingMessage(settings.dlq_topic, queued["value"], queued["key"]),
+            OutgoingMessage(settings.dlq_topic, codec.encode(forged), not_swept.id.bytes),
+            result(after),
+        ],
+    )
+    with running(wiring.reconciler_service()):
+        wait_for(lambda: run_row(settings, after)["state"] == "succeeded", 60, "the event behind them")
+        wait_for(group_at_the_end(settings), 30, "the offsets committed past them")
+
+    assert history(settings, swept) == [("started", "applied", "w"), ("dead", "applied", "sweeper")]
+    assert run_row(settings, not_swept)["state"] == "dispatched"
+    [kept] = rows(settings, "select * from quarantine")
+    assert (kept["component"], kept["run_id"], kept["app"]) == ("reconciler", not_swept.id, APP)
+    assert kept["source_topic"] == settings.dlq_topic and kept["original_bytes"] == codec.encode(forged)
+    assert "a dead letter without a worker" in kept["reason"], kept["reason"]
+    assert counter(metrics.QUARANTINED, "no_worker") == quarantined_before + 1
+
+
 # --- path 12: a buffered fire inserted while the run before it ends ------------------------------
 
 

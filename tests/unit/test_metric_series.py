@@ -29,7 +29,7 @@ def test_every_known_cause_and_outcome_is_exposed_at_zero_before_it_happens() ->
     relay_lines, reconciler_lines = set(relay_text.splitlines()), set(reconciler_text.splitlines())
     for cause in ("too_large", "invalid"):
         assert f'scheduler_relay_quarantined_total{{cause="{cause}"}} 0.0' in relay_lines
-    for cause in ("undecodable", "unknown_app", "refused"):
+    for cause in ("undecodable", "unknown_app", "no_worker", "refused"):
         assert f'scheduler_reconciler_quarantined_total{{cause="{cause}"}} 0.0' in reconciler_lines
     for outcome in ("retry", "dead"):
         assert f'scheduler_lease_expiries_total{{outcome="{outcome}"}} 0.0' in reconciler_lines

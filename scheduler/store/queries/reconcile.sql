@@ -242,6 +242,18 @@ with letters as (
 )
 select event_id from letters where not app_exists;
 
+-- name: unswept_dead_letters
+-- Only the lease sweeper writes a dead letter without a worker, in the transaction that makes its
+-- run dead and records that death (worker 'sweeper', see sweep_expired_leases). The event ids of
+-- the letters whose run's attempt has no such record: not the sweeper's (junk, or a producer that
+-- is not a worker of this scheduler), for the caller to quarantine.
+select l.event_id
+  from unnest(%(event_ids)b::text[], %(run_ids)b::uuid[], %(attempts)b::int[])
+       as l (event_id, run_id, attempt)
+ where not exists (select 1 from attempts a
+                    where a.run_id = l.run_id and a.attempt = l.attempt and a.kind = 'dead'
+                      and a.worker = 'sweeper');
+
 -- name: expired_leases_due
 -- Whether any started run's lease has passed, and the database time that answer holds for: the
 -- sweeper checks the outcome topics after this, and then sweeps only what had expired by then.
