@@ -82,9 +82,15 @@ def _integral(value: Any) -> Any:
     return value
 
 
+def gives_payload(message: Message, field: str = "payload") -> bool:
+    """Whether a Value field is given: a null is one left out, as for every other field (proto3's
+    JSON mapping reads a null as "not set" everywhere but in a Value, which can hold one)."""
+    return message.HasField(field) and getattr(message, field).WhichOneof("kind") not in (None, "null_value")
+
+
 def payload_of(message: Message, field: str = "payload") -> Any:
-    """A Value field as JSON data ({} when not set); 413 past the payload limit."""
-    if not message.HasField(field):
+    """A Value field as JSON data ({} when not given); 413 past the payload limit."""
+    if not gives_payload(message, field):
         return {}
     try:
         value = _integral(json_format.MessageToDict(getattr(message, field)))
@@ -388,7 +394,9 @@ SPEC_CHANGES = (
 
 
 def changes_spec(request: pb.UpdateScheduleRequest) -> bool:
-    return any(request.HasField(field) for field in SPEC_CHANGES)
+    return any(request.HasField(field) for field in SPEC_CHANGES if field != "payload") or gives_payload(
+        request
+    )
 
 
 def spec_of_update(stored: ScheduleSpec, request: pb.UpdateScheduleRequest) -> ScheduleSpec:
@@ -414,7 +422,7 @@ def spec_of_update(stored: ScheduleSpec, request: pb.UpdateScheduleRequest) -> S
             # A one-shot has no bounds: a cron schedule's go with its expression (and a one-shot
             # stored with them before they were refused loses them), unless given (then refused).
             values[field] = None
-    if request.HasField("payload"):
+    if gives_payload(request):
         values["payload"] = payload_of(request)
     if request.HasField("retry_config"):
         _retry(values, request.retry_config)

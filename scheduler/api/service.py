@@ -500,14 +500,15 @@ class SchedulerApi:
         limit = m.page_limit(request.limit, default=len(run_ids) if run_ids else 100, maximum=MAX_REPLAY)
         app = request.app or None
         apps = self._app_filter(conn, principal, request.app)
-        # Runs named are each in the caller's scope already; otherwise one app bounds the replay.
-        if app is None and apps is not None and not run_ids:
-            if len(apps) != 1:
-                raise invalid("name the app whose dead letters to replay", field="app")
-            app = apps[0]
         schedule_id = None
         if request.schedule_id:
             schedule_id = self._schedule(conn, principal, request.schedule_id, field="schedule_id")["id"]
+        # Runs or a schedule named are in the caller's scope already; otherwise one app bounds the
+        # replay, the token's only one or the one named: a token that sees every app names it too.
+        if app is None and not run_ids and schedule_id is None:
+            if apps is None or len(apps) != 1:
+                raise invalid("name the app whose dead letters to replay", field="app")
+            app = apps[0]
         where = ReplayFilter(
             app=app,
             schedule_id=schedule_id,

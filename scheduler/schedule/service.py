@@ -13,8 +13,9 @@ computes the next fire afresh from the new spec.
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -361,6 +362,10 @@ def update_schedule(
             and old["next_fire_at"] is not None
             and all(columns[name] == old[name] for name in TIMETABLE)
         )
+        if kept and _changes_nothing(old, columns | {"name": spec.name or old["name"]}):
+            # No new version and no audit entry: a client that sends what it read (a PATCH of a
+            # form's every field) must not fail a concurrent writer's expected version for nothing.
+            return old
         next_fire_at = old["next_fire_at"] if kept else first_fire(spec, schedule_id, schedules.db_now(conn))
         new = schedules.replace_schedule_spec(
             conn,
@@ -387,6 +392,18 @@ def update_schedule(
         if new["state"] == ScheduleState.ACTIVE:
             schedules.notify_due(conn)
     return new
+
+
+def _changes_nothing(old: Row, columns: Mapping[str, Any]) -> bool:
+    """Whether a spec's columns are those stored. Payloads compare as JSON text, where Python's
+    equality would take ``true`` for ``1`` and ``1.0`` for ``1``."""
+    if _json_text(columns["payload"]) != _json_text(old["payload"]):
+        return False
+    return all(value == old[name] for name, value in columns.items() if name != "payload")
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 def current_schedule(
