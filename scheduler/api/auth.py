@@ -126,9 +126,19 @@ def _names(value: Any) -> list[str]:
     """A claim holding names: a list of strings, or one string of names separated by spaces or commas."""
     if isinstance(value, str):
         return [name for name in value.replace(",", " ").split() if name]
-    if isinstance(value, list):
-        return [name for name in value if isinstance(name, str)]
-    return []
+    if isinstance(value, list) and all(isinstance(name, str) for name in value):
+        return value
+    return []  # anything else is no list of names, and names none (not the strings it holds)
+
+
+def _check_times(claims: dict[str, Any]) -> None:
+    """RFC 7519's times are numbers (NumericDate). PyJWT reads "9999999999" as one, and ``true`` as
+    1 (long expired): either is refused for its type, also when PyJWT found it expired (it checks
+    the signature first, so these claims are the signer's)."""
+    for name in ("exp", "nbf", "iat"):
+        value = claims.get(name)
+        if name in claims and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise _unauthenticated(f"the token's {name!r} claim must be a number (seconds since the epoch)")
 
 
 class _JwksFile:
@@ -228,8 +238,10 @@ class Authenticator:
                 options={"require": ["exp", "sub"]},
             )
         except jwt.ExpiredSignatureError:
+            _check_times(jwt.decode(token, options={"verify_signature": False}))
             raise _unauthenticated("the token has expired") from None
         except jwt.ImmatureSignatureError:
+            _check_times(jwt.decode(token, options={"verify_signature": False}))
             raise _unauthenticated("the token is not valid yet (its nbf or iat is in the future)") from None
         except jwt.InvalidAudienceError:
             if s.audience is None:
@@ -253,12 +265,7 @@ class Authenticator:
         except jwt.InvalidTokenError as exc:
             # Signature, format, algorithm: PyJWT's messages name the check, never the token.
             raise _unauthenticated(f"the token is not valid ({type(exc).__name__})") from None
-        for name in ("exp", "nbf", "iat"):
-            # PyJWT reads "9999999999" as a number; RFC 7519 has only numbers (NumericDate).
-            value = claims.get(name)
-            if name in claims and (isinstance(value, bool) or not isinstance(value, int | float)):
-                shown = f"the token's {name!r} claim must be a number (seconds since the epoch)"
-                raise _unauthenticated(shown)
+        _check_times(claims)
         if not isinstance(claims.get("sub"), str) or not claims["sub"]:
             raise _unauthenticated("the token's 'sub' claim must be a non-empty string")
         if "iss" in claims and (not isinstance(claims["iss"], str) or not claims["iss"]):

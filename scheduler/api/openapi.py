@@ -11,6 +11,7 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 
 from scheduler import __version__
+from scheduler.api import idempotency
 from scheduler.api.errors import HTTP_STATUS
 from scheduler.api.messages import MAX_PAGE, MAX_STRING_LENGTH
 from scheduler.api.routes import ROUTES, Route
@@ -18,7 +19,14 @@ from scheduler.api.service import AUDIT_ENTITIES, METHODS
 from scheduler.domain.run_state import RunState
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleState
 from scheduler.schedule.service import MAX_BATCH
-from scheduler.schedule.spec import APP_NAME_RE, HANDLER_RE
+from scheduler.schedule.spec import (
+    APP_NAME_RE,
+    HANDLER_RE,
+    MAX_CRON_LENGTH,
+    MAX_DESCRIPTION_LENGTH,
+    MAX_KEY_LENGTH,
+    MAX_NAME_LENGTH,
+)
 
 INT32 = {"type": "integer", "format": "int32", "minimum": -(2**31), "maximum": 2**31 - 1}
 SCALARS: dict[int, dict[str, Any]] = {
@@ -78,6 +86,17 @@ REQUEST_CHOICES: dict[tuple[str, str] | str, tuple[str, ...]] = {
 }
 
 
+# The string fields the service bounds more tightly than any string of a request, so that a client
+# that checks its requests against the document is not refused for a length the document allowed.
+LENGTHS = {
+    "name": MAX_NAME_LENGTH,
+    "description": MAX_DESCRIPTION_LENGTH,
+    "cron_expression": MAX_CRON_LENGTH,
+    "schedule_key": MAX_KEY_LENGTH,
+    "idempotency_key": idempotency.MAX_KEY_LENGTH,
+}
+
+
 # The fields a create cannot leave out (nor give as null): every other request field may be left
 # out, and an empty string is one left out.
 NEEDED = {
@@ -100,7 +119,7 @@ def _request_string(message: Descriptor, field: FieldDescriptor) -> dict[str, An
         return {"type": "string", "pattern": f"^$|{APP_PATTERN}"}
     if field.name in ("id", "schedule_id", "run_id"):
         return {"type": "string", "pattern": f"^$|{UUID_PATTERN}"}
-    return {"type": "string", "maxLength": MAX_STRING_LENGTH}
+    return {"type": "string", "maxLength": LENGTHS.get(field.name, MAX_STRING_LENGTH)}
 
 
 def _field_schema(field: FieldDescriptor, components: dict[str, Any], response: bool) -> dict[str, Any]:
@@ -186,7 +205,7 @@ def _operation(route: Route, components: dict[str, Any]) -> dict[str, Any]:
                 "name": "Idempotency-Key",
                 "in": "header",
                 "required": False,
-                "schema": {"type": "string", "maxLength": 200},
+                "schema": {"type": "string", "maxLength": idempotency.MAX_KEY_LENGTH},
                 "description": "The same key with the same request returns the first response for 24 h "
                 "(an empty key is none)",
             }

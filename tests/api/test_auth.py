@@ -147,6 +147,9 @@ REFUSED_TOKENS: dict[str, Callable[[], str]] = {
     "tampered-claims": lambda: _tampered(),
     "exp-as-a-string": lambda: token(exp=str(int(time.time()) + 600)),
     "iat-as-a-string": lambda: token(iat=str(int(time.time()))),
+    # PyJWT reads true as 1, a time long past: refused for its type all the same, not as "expired".
+    "exp-true": lambda: _signed_by_hand(exp=True),
+    "nbf-true": lambda: _signed_by_hand(nbf=True),
     "sub-over-512-bytes": lambda: token(subject="é" * 257),
     "iss-over-512-bytes": lambda: token(iss="https://" + "i" * 510),
     # Read as no issuer, it would share the buckets and keys of the subject's tokens without one.
@@ -217,6 +220,28 @@ def test_invalid_tokens_are_refused(caller: Caller, case: str, sent: list[str]) 
     bearer = REFUSED_TOKENS[case]()
     refused(caller, bearer, sent)
     assert_unauthenticated(caller.call("GetSchedule", {"id": str(uuid.uuid4())}, bearer), bearer)
+
+
+def test_a_time_claim_of_the_wrong_type_is_refused_for_its_type_even_when_it_reads_as_long_past(
+    caller: Caller, sent: list[str]
+) -> None:
+    for name in ("exp", "iat"):
+        bearer = _signed_by_hand(**{name: True})
+        sent.append(bearer)
+        outcome = caller.call(*READ_CALL, bearer)
+        assert_unauthenticated(outcome, bearer)
+        assert f"the token's {name!r} claim must be a number" in outcome.body["message"], outcome
+
+
+def test_an_apps_claim_holding_anything_but_names_grants_no_app(caller: Caller, sent: list[str]) -> None:
+    """ "Not a list of names sees none": not the names it happens to hold besides."""
+    for apps in (["alpha", 5], ["alpha", None], ["alpha", ["beta"]]):
+        bearer = token(subject="odd-apps", roles=(VIEWER,), apps=apps)  # type: ignore[arg-type]
+        sent.append(bearer)
+        assert caller.call("ListRuns", {"app": "alpha"}, bearer).code == "NOT_FOUND", apps
+    named = token(subject="odd-apps", roles=(VIEWER,), apps=["alpha"])
+    sent.append(named)
+    assert caller.call("ListRuns", {"app": "alpha"}, named).ok
 
 
 def test_the_leeway_forgives_a_little_clock_skew(caller: Caller, sent: list[str]) -> None:
