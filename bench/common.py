@@ -8,7 +8,6 @@ import json
 import math
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from typing import Any
 
 import psycopg
 
+from scheduler.cli.common import interrupted_exit_code, sigterm_as_interrupt
 from scheduler.config import Settings, load_settings
 from scheduler.devstack import LocalStack
 from scheduler.runtime.supervisor import stop_processes
@@ -258,23 +258,17 @@ def console() -> Any:
     return Console() if sys.stdout.isatty() else Console(width=150)
 
 
-def _interrupted(signum: int, _frame: object) -> None:
-    # SIGTERM (a CI timeout, say) unwinds like Ctrl-C, so that every process started is stopped and
-    # every database and topic made is removed by the context managers above.
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def run_main(main: Callable[[], object]) -> None:
-    """A benchmark's entry point: ``main`` with SIGTERM turned into Ctrl-C's KeyboardInterrupt, and
-    an interruption reported in one line (after the clean-up it unwound through) with the shell's
-    status for the signal, 130 for Ctrl-C, rather than with a traceback."""
-    signal.signal(signal.SIGTERM, _interrupted)
+    """A benchmark's entry point: ``main`` with SIGTERM (a CI timeout, say) unwinding like Ctrl-C,
+    so that every process started is stopped and every database and topic made is removed by the
+    context managers above; an interruption is reported in one line (after the clean-up it unwound
+    through) with the shell's status for the signal, 130 for Ctrl-C, rather than with a traceback."""
     try:
-        main()
-    except KeyboardInterrupt as exc:
-        signum = signal.SIGTERM if exc.args == (signal.SIGTERM.name,) else signal.SIGINT
+        with sigterm_as_interrupt():
+            main()
+    except KeyboardInterrupt as stop:
         print("interrupted; cleaned up", file=sys.stderr)
-        raise SystemExit(128 + signum) from None
+        raise SystemExit(interrupted_exit_code(stop)) from None
 
 
 # argparse types for the command lines: a count, a rate or a duration that is zero or negative

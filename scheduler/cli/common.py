@@ -6,11 +6,13 @@ from __future__ import annotations
 import getpass
 import json
 import math
+import signal
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import FrameType
 from typing import Any, NoReturn
 from uuid import UUID
 
@@ -78,6 +80,32 @@ def fail(message: str, code: int = 1) -> NoReturn:
     """The one error line (it may quote a name or a reason someone else wrote: see :func:`shown`)."""
     click.echo(f"error: {shown(message)}", err=True)
     raise SystemExit(code)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a supervisor, `timeout`, `kill`), taken as Ctrl-C within :func:`sigterm_as_interrupt`."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise Terminated(signal.Signals(signum).name)
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While the block runs, SIGTERM raises :class:`Terminated`, a KeyboardInterrupt: what unwinds on
+    Ctrl-C (a summary, the clean-up of what was started) unwinds on it too, where Python's default
+    would end the process at once. The handler before it is back once the block is left."""
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted_exit_code(stop: KeyboardInterrupt) -> int:
+    """128 plus the signal's number, as a shell reports a process the signal ended: 143 for SIGTERM
+    (:class:`Terminated`), 130 for Ctrl-C."""
+    return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
 
 
 def shown_within(rows: list[dict[str, Any]], limit: int, what: str) -> list[dict[str, Any]]:

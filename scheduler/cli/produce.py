@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import stat
 import sys
 import time
@@ -23,7 +22,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from types import FrameType
 from typing import IO
 
 import click
@@ -41,7 +39,14 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from scheduler.cli.common import echo_json, fail, wiring_or_exit
+from scheduler.cli.common import (
+    Terminated,
+    echo_json,
+    fail,
+    interrupted_exit_code,
+    sigterm_as_interrupt,
+    wiring_or_exit,
+)
 from scheduler.client import KAFKA_LOG, CommandFormatError, DeliveryError, ScheduleClient, command_from_json
 from scheduler.kafka.avro import MessageEncodeError
 from scheduler.kafka.registry import RegistryUnavailable
@@ -193,20 +198,6 @@ class _Tally:
             self.bad_line(number, f"not acknowledged by Kafka: {error}")
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM (a supervisor, `timeout`, `kill`), taken as Ctrl-C: what was sent is still delivered
-    and counted, and the summary printed, where Python's default would end the process silently."""
-
-
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise _Terminated
-
-
-def _exit_code(stop: KeyboardInterrupt) -> int:
-    """128 plus the signal's number, as a shell reports a process the signal ended."""
-    return 128 + (signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT)
-
-
 @click.command()
 @click.option(
     "--file",
@@ -237,40 +228,39 @@ def produce(path: Path | None, as_json: bool) -> None:
     interrupted: KeyboardInterrupt | None = None
     read_to_the_end = False  # then a signal cut only the wait for Kafka's acknowledgements
     stream: IO[bytes] | None = None
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        client = _checked_client(wiring)
-        started = time.monotonic()  # the rate is of the producing, not of the check
-        stream = path.open("rb") if path is not None else sys.stdin.buffer
-        with progress:
-            interrupted = _produce_lines(stream, client, CommandIds(), tally)
-            read_to_the_end = interrupted is None
-            # Delivery reports of the tail arrive here; each one is counted by its callback. After
-            # Ctrl-C too, for a while: what was sent is delivered and counted. Ctrl-C may also land
-            # here, past the reading (the input ended as it came); a second one stops the wait.
-            try:
-                client.flush(60.0 if interrupted is None else INTERRUPTED_FLUSH_S)
-            except KeyboardInterrupt as stop:
-                if interrupted is not None:
-                    raise
+    with sigterm_as_interrupt():
+        try:
+            client = _checked_client(wiring)
+            started = time.monotonic()  # the rate is of the producing, not of the check
+            stream = path.open("rb") if path is not None else sys.stdin.buffer
+            with progress:
+                interrupted = _produce_lines(stream, client, CommandIds(), tally)
+                read_to_the_end = interrupted is None
+                # Delivery reports of the tail arrive here; each one is counted by its callback. After
+                # Ctrl-C too, for a while: what was sent is delivered and counted. Ctrl-C may also land
+                # here, past the reading (the input ended as it came); a second one stops the wait.
+                try:
+                    client.flush(60.0 if interrupted is None else INTERRUPTED_FLUSH_S)
+                except KeyboardInterrupt as stop:
+                    if interrupted is not None:
+                        raise
+                    interrupted = stop
+                    client.flush(INTERRUPTED_FLUSH_S)
+        except KeyboardInterrupt as stop:
+            # Before the reading (Kafka asked for the topic), or a second one during the wait: the
+            # summary still says what was acknowledged so far.
+            if interrupted is None:
                 interrupted = stop
-                client.flush(INTERRUPTED_FLUSH_S)
-    except KeyboardInterrupt as stop:
-        # Before the reading (Kafka asked for the topic), or a second one during the wait: the
-        # summary still says what was acknowledged so far.
-        if interrupted is None:
-            interrupted = stop
-    except RegistryUnavailable as exc:
-        fail(str(exc))
-    except DeliveryError as exc:
-        if interrupted is None:
-            fail(f"Kafka at {wiring.settings.kafka_bootstrap} did not answer: {exc}")
-        # Interrupted: what Kafka did not acknowledge in time is in neither count of the summary, and
-        # producing the same input again sends it.
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if path is not None and stream is not None:
-            stream.close()
+        except RegistryUnavailable as exc:
+            fail(str(exc))
+        except DeliveryError as exc:
+            if interrupted is None:
+                fail(f"Kafka at {wiring.settings.kafka_bootstrap} did not answer: {exc}")
+            # Interrupted: what Kafka did not acknowledge in time is in neither count of the summary, and
+            # producing the same input again sends it.
+        finally:
+            if path is not None and stream is not None:
+                stream.close()
     seconds = time.monotonic() - started
     rate = tally.produced / seconds if seconds > 0 else 0.0
     if as_json:
@@ -289,7 +279,7 @@ def produce(path: Path | None, as_json: bool) -> None:
             f"in {seconds:.1f} s ({rate:,.0f} commands/s)"
         )
     if interrupted is not None:
-        stopped = "terminated" if isinstance(interrupted, _Terminated) else "interrupted"
+        stopped = "terminated" if isinstance(interrupted, Terminated) else "interrupted"
         what = (
             "every line was sent, but not every acknowledgement waited for"
             if read_to_the_end
@@ -298,7 +288,7 @@ def produce(path: Path | None, as_json: bool) -> None:
         fail(
             f"{stopped}: {what}; producing the same input again sends what is missing (its lines keep "
             "their command ids, so none is applied twice)",
-            code=_exit_code(interrupted),
+            code=interrupted_exit_code(interrupted),
         )
     if tally.failed:
         raise SystemExit(1)
