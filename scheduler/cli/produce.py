@@ -28,7 +28,6 @@ import click
 from rich.console import Console
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
     ProgressColumn,
     SpinnerColumn,
@@ -101,79 +100,101 @@ class _BadLine:
 def _produce_lines(
     stream: IO[bytes], client: ScheduleClient, command_ids: CommandIds, tally: _Tally
 ) -> KeyboardInterrupt | None:
-    """Send each line's command; what stopped the reading (Ctrl-C, or SIGTERM), counting included."""
+    """Send each line's command; what stopped the reading (Ctrl-C, or SIGTERM)."""
     try:
-        tally.expect(_line_count(stream))
-        for number, line in _lines(stream):
+        tally.expect(_bytes_left(stream))
+        for number, line, size in _lines(stream):
+            if line is None:
+                tally.blank(size)
+                continue
             if isinstance(line, _BadLine):
-                tally.bad_line(number, line.reason)
+                tally.bad_line(number, size, line.reason)
                 continue
             try:
                 document = json.loads(line)
             except ValueError as exc:  # JSONDecodeError, or an integer past Python's 4300 digits
-                tally.bad_line(number, f"not JSON: {exc}")
+                tally.bad_line(number, size, f"not JSON: {exc}")
                 continue
             except RecursionError:
-                tally.bad_line(number, "not JSON this reader can take: it nests about a thousand levels deep")
+                tally.bad_line(
+                    number, size, "not JSON this reader can take: it nests about a thousand levels deep"
+                )
                 continue
             try:
                 command = command_from_json(document, default_command_id=command_ids.derive(line))
-                client.send(command, on_delivery=partial(tally.delivered, number))
+                client.send(command, on_delivery=partial(tally.delivered, number, size))
             except (CommandFormatError, MessageEncodeError) as exc:
-                tally.bad_line(number, str(exc))
+                tally.bad_line(number, size, str(exc))
             except RecursionError:
-                tally.bad_line(number, "its payload nests too deep to encode")
+                tally.bad_line(number, size, "its payload nests too deep to encode")
+        tally.input_ended()
     except KeyboardInterrupt as stop:
         return stop
     return None
 
 
-def _line_count(stream: IO[bytes]) -> int | None:
-    """The lines ``stream`` holds from where it stands, for the progress bar's total; None unless it
-    is a regular file. A pipe, a FIFO or a terminal (``--file /dev/stdin``, ``<(cat …)``) can be read
-    only once: counting would consume the input that was to be produced."""
+def _bytes_left(stream: IO[bytes]) -> int | None:
+    """The bytes ``stream`` holds from where it stands, for the progress bar's total; None unless it
+    is a regular file. Its size, not a count of its lines: counting would read it twice, and a
+    pipe, a FIFO or a terminal (``--file /dev/stdin``, ``<(cat …)``) can be read only once."""
     try:
-        regular = stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+        status = os.fstat(stream.fileno())
     except (OSError, ValueError):  # no file descriptor behind it
         return None
-    if not regular:
+    if not stat.S_ISREG(status.st_mode):
         return None
-    start = stream.tell()
-    total = sum(1 for _ in _lines(stream))
-    stream.seek(start)
-    return total
+    return max(status.st_size - stream.tell(), 0)
+
+
+class _LinesColumn(ProgressColumn):
+    """The lines done (produced or failed), and for a regular file how much of it that is."""
+
+    def render(self, task: Task) -> Text:
+        done = f"{task.fields['lines']:,} lines"
+        if task.total is not None:
+            done += f" {task.percentage:>3.0f}%"
+        return Text(done, style="progress.download")
 
 
 class _RateColumn(ProgressColumn):
     def render(self, task: Task) -> Text:
+        # The task advances by bytes; rich keeps their recent speed, and the lines done so far say
+        # how many bytes a line takes.
         speed = task.finished_speed or task.speed
-        return Text("" if speed is None else f"{speed:,.0f} lines/s", style="progress.data.speed")
+        if speed is None or not task.completed:
+            return Text("")
+        return Text(
+            f"{speed * task.fields['lines'] / task.completed:,.0f} lines/s", style="progress.data.speed"
+        )
 
 
-def _lines(stream: IO[bytes]) -> Iterator[tuple[int, str | _BadLine]]:
-    """The non-blank lines, each decoded on its own (a BOM before the first is none of its text):
-    one that is not UTF-8, or longer than :data:`MAX_LINE_BYTES`, is one bad line rather than the
-    end of the run."""
+def _lines(stream: IO[bytes]) -> Iterator[tuple[int, str | _BadLine | None, int]]:
+    """Each line's number, its text decoded on its own (a BOM before the first is none of its text),
+    and the bytes it took. A blank line is None; one that is not UTF-8, or longer than
+    :data:`MAX_LINE_BYTES`, is one bad line rather than the end of the run."""
     number = 0
     while raw := stream.readline(MAX_LINE_BYTES + 1):
         number += 1
-        if len(raw) > MAX_LINE_BYTES:
-            yield number, _BadLine(f"longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB; not read")
+        size = len(raw)
+        if size > MAX_LINE_BYTES:
             ended = raw.endswith(b"\n")
             while not ended and (rest := stream.readline(1024 * 1024)):
                 ended = rest.endswith(b"\n")
+                size += len(rest)
+            yield number, _BadLine(f"longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB; not read"), size
             continue
         try:
             line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
         except UnicodeDecodeError as exc:
-            yield number, _BadLine(f"not UTF-8 (byte {exc.start + 1} of the line)")
+            yield number, _BadLine(f"not UTF-8 (byte {exc.start + 1} of the line)"), size
             continue
-        if line.strip():  # blank as text: non-ASCII spaces too
-            yield number, line
+        # Blank as text: non-ASCII spaces too.
+        yield number, line if line.strip() else None, size
 
 
 class _Tally:
-    """Outcomes as Kafka reports them; bad lines are printed as they are found."""
+    """Outcomes as Kafka reports them; bad lines are printed as they are found. The progress bar
+    advances by the bytes of each line as its outcome is known, and counts the lines."""
 
     def __init__(self, progress: Progress, task: TaskID, err: Console) -> None:
         self.progress = progress
@@ -181,21 +202,36 @@ class _Tally:
         self.err = err
         self.produced = 0
         self.failed = 0
+        self._blank_bytes = 0
 
-    def expect(self, total: int | None) -> None:
-        self.progress.update(self.task, total=total)
+    def expect(self, total_bytes: int | None) -> None:
+        self.progress.update(self.task, total=total_bytes)
 
-    def bad_line(self, number: int, reason: str) -> None:
+    def blank(self, size: int) -> None:
+        # Shown with the next line done, at the end of the input, or by the mebibyte: a file of
+        # millions of blank lines would otherwise update the bar for each.
+        self._blank_bytes += size
+        if self._blank_bytes >= 1024 * 1024:
+            self._advance(0)
+
+    def input_ended(self) -> None:
+        self._advance(0)
+
+    def bad_line(self, number: int, size: int, reason: str) -> None:
         self.failed += 1
         self.err.print(f"line {number}: {reason}", markup=False, highlight=False, soft_wrap=True)
-        self.progress.advance(self.task)
+        self._advance(size)
 
-    def delivered(self, number: int, error: str | None) -> None:
+    def delivered(self, number: int, size: int, error: str | None) -> None:
         if error is None:
             self.produced += 1
-            self.progress.advance(self.task)
+            self._advance(size)
         else:
-            self.bad_line(number, f"not acknowledged by Kafka: {error}")
+            self.bad_line(number, size, f"not acknowledged by Kafka: {error}")
+
+    def _advance(self, size: int) -> None:
+        self.progress.update(self.task, advance=size + self._blank_bytes, lines=self.produced + self.failed)
+        self._blank_bytes = 0
 
 
 @click.command()
@@ -217,12 +253,12 @@ def produce(path: Path | None, as_json: bool) -> None:
         SpinnerColumn(),
         TextColumn("producing"),
         BarColumn(),
-        MofNCompleteColumn(),
+        _LinesColumn(),
         TimeElapsedColumn(),
         _RateColumn(),
         console=err,
     )
-    tally = _Tally(progress, progress.add_task("producing", total=None), err)
+    tally = _Tally(progress, progress.add_task("producing", total=None, lines=0), err)
     topic = wiring.settings.schedules_topic
     started = time.monotonic()
     interrupted: KeyboardInterrupt | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -147,3 +148,34 @@ def test_ctrl_c_while_a_large_file_is_read_still_prints_the_summary_and_exits_13
     assert summary(out, err)["interrupted"] is True
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: interrupted: the rest of the input was not produced"), err
+
+
+def test_a_file_is_read_once_and_the_progress_bar_counts_its_bytes(
+    env: dict[str, str], settings: Settings, tmp_path: Path
+) -> None:
+    """A regular file was read twice: to its end to count its lines for the progress bar's total,
+    then again to produce them. The bar's total is now the file's size, and it advances by the bytes
+    of each line done."""
+    path = tmp_path / "commands.jsonl"
+    with path.open("w") as file:  # blank lines (read, nothing to produce): a second or more of reading
+        file.write("\n" * 2_000_000)
+        file.write("".join(command(f"k{i}") + "\n" for i in range(5)))
+        file.write("\n\n")
+    # As on a terminal, so that the bar is drawn.
+    proc = start(env | {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "NO_COLOR": "1"}, "--file", str(path))
+    offsets: list[int] = []
+
+    def ended() -> bool:
+        offset = _read_offset(proc.pid, path)
+        if offset is not None:
+            offsets.append(offset)
+        return proc.poll() is not None
+
+    wait_for(ended, 120, "produce to end", interval_s=0.01)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert (summary(out, err)["produced"], summary(out, err)["failed"]) == (5, 0)
+    assert len(offsets) > 1 and offsets == sorted(offsets), "the file was read from its start again"
+    assert produced_keys(settings) == [f"k{i}" for i in range(5)]
+    # The bar as last drawn: every line and byte done.
+    assert re.findall(r"\d[\d,]* lines +\d+%", err)[-1] == "5 lines 100%", err[-2000:]
