@@ -337,9 +337,10 @@ def _checked_client(wiring: Wiring) -> ScheduleClient:
     except RegistryUnavailable as exc:
         fail(str(exc))
     try:
-        # Asked once, up front: without the topic (or a broker) every line would wait out its
-        # delivery timeout and fail with librdkafka's "Message timed out", naming neither.
-        exists = client.topic in wiring.admin.topics(TOPIC_CHECK_S)
+        # Asked up front: without the topic (or a broker) every line would wait out its delivery
+        # timeout and fail with librdkafka's "Message timed out", naming neither. In requests of a
+        # second, so that a Ctrl-C (or SIGTERM) stops the check within one, not after all of it.
+        exists = client.topic in wiring.admin.topics_interruptibly(TOPIC_CHECK_S)
     except KafkaUnavailable as exc:
         fail(f"Kafka at {wiring.settings.kafka_bootstrap} did not answer: {exc}")
     if not exists:

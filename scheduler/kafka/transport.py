@@ -629,6 +629,11 @@ def not_led(listed: Mapping[str, TopicMetadata], names: Iterable[str]) -> list[s
     return pending
 
 
+INTERRUPTIBLE_REQUEST_S = 1.0
+"""The longest metadata request :meth:`TopicAdmin.topics_interruptibly` makes: how long a Ctrl-C may
+wait for it, and how long a broker has to answer."""
+
+
 class TopicAdmin:
     """Topics, and the metadata round trip that tells whether the cluster answers."""
 
@@ -710,6 +715,22 @@ class TopicAdmin:
 
     def topics(self, timeout_s: float = 10.0) -> set[str]:
         return {name for name in self._metadata(timeout_s).topics if not name.startswith("__")}
+
+    def topics_interruptibly(self, timeout_s: float = 10.0) -> set[str]:
+        """:meth:`topics`, asked in requests of at most :data:`INTERRUPTIBLE_REQUEST_S` until
+        ``timeout_s`` has passed: librdkafka's call holds Python's signal handlers until it returns,
+        so one request of the whole timeout keeps a Ctrl-C waiting for all of it. The connection to
+        a broker goes on between requests; only an answer must come within one."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            asked = time.monotonic()
+            try:
+                return self.topics(max(min(deadline - asked, INTERRUPTIBLE_REQUEST_S), 0.001))
+            except KafkaUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+            # A request refused at once (no broker to ask yet) is not repeated in a busy loop.
+            time.sleep(max(min(asked + INTERRUPTIBLE_REQUEST_S, deadline) - time.monotonic(), 0))
 
     def partitions(self, topic: str, timeout_s: float = 10.0) -> int:
         return len(self._metadata(timeout_s, topic).topics[topic].partitions)

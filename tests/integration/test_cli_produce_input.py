@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +180,34 @@ def test_a_file_is_read_once_and_the_progress_bar_counts_its_bytes(
     assert produced_keys(settings) == [f"k{i}" for i in range(5)]
     # The bar as last drawn: every line and byte done.
     assert re.findall(r"\d[\d,]* lines +\d+%", err)[-1] == "5 lines 100%", err[-2000:]
+
+
+def _librdkafka_clients(pid: int) -> int:
+    """How many librdkafka clients process ``pid`` has made (each has one thread named rdk:main)."""
+    try:
+        return sum(
+            path.read_text().strip() == "rdk:main" for path in Path(f"/proc/{pid}/task").glob("*/comm")
+        )
+    except OSError:  # a thread ended as we looked
+        return 0
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_the_topic_check_stops_produce_within_seconds(
+    env: dict[str, str], signum: signal.Signals, status: int
+) -> None:
+    """Ctrl-C while Kafka was asked whether the commands topic exists waited out the check's 10 s:
+    librdkafka's one metadata request held the signal until it returned."""
+    proc = start(env | {"SCHEDULER_KAFKA_BOOTSTRAP": "127.0.0.1:1"})  # a closed port: no answer
+    # The producer, then the admin client that asks for the topic: the check is under way.
+    wait_for(lambda: _librdkafka_clients(proc.pid) >= 2, 60, "the topic check")
+    signalled = time.monotonic()
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - signalled
+    assert proc.returncode == status, err
+    assert took < 5, f"it ended {took:.1f} s after the signal"
+    produced = summary(out, err)
+    assert (produced["produced"], produced["failed"], produced["interrupted"]) == (0, 0, True)
+    stopped = "terminated" if signum == signal.SIGTERM else "interrupted"
+    assert err.strip().splitlines()[-1].startswith(f"error: {stopped}: the rest of the input"), err

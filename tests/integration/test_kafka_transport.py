@@ -228,3 +228,16 @@ def test_ping_measures_a_round_trip_and_a_dead_cluster_is_unavailable(settings: 
     assert 0 < TopicAdmin(settings.kafka).ping(5) < 5
     with pytest.raises(KafkaUnavailable, match="did not answer"):
         TopicAdmin(KafkaConnection("127.0.0.1:1"), quiet=True).ping(1)
+
+
+def test_topics_asked_in_short_requests_until_the_timeout(settings: Settings) -> None:
+    """What `scheduler produce` asks before it reads: the same topics as one long request, and from a
+    dead cluster, KafkaUnavailable once the whole timeout has passed (not after the first request)."""
+    admin = TopicAdmin(settings.kafka)
+    topic = f"{settings.topic_prefix}.asked"
+    admin.ensure_topics([topic])
+    assert topic in admin.topics_interruptibly(10)
+    started = time.monotonic()
+    with pytest.raises(KafkaUnavailable, match="did not answer"):
+        TopicAdmin(KafkaConnection("127.0.0.1:1"), quiet=True).topics_interruptibly(2.5)
+    assert time.monotonic() - started >= 2.5
