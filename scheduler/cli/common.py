@@ -180,11 +180,13 @@ SCHEDULE = ScheduleNamed()
 
 
 def schedule_id_of(conn: psycopg.Connection[dict[str, Any]], named: UUID | ScheduleKey) -> UUID:
-    """The id of the schedule ``named``. An id is taken as given (the command says if no schedule has
-    it); an APP/KEY that names none is refused (exit 2), as a filter on an unknown app is."""
-    if isinstance(named, UUID):
-        return named
+    """The id of the schedule ``named``, by its id or its APP/KEY; one that names no schedule is
+    refused (exit 2), as an unknown app is, whether the command acts on it or filters by it."""
     with conn.transaction():  # of its own, as in app_exists
+        if isinstance(named, UUID):
+            if get_schedule(conn, named) is None:
+                unknown_schedule(named)
+            return named
         schedule_id = schedule_id_by_key(conn, named.app, named.key)
         app_found = schedule_id is not None or get_app(conn, named.app) is not None
     if not app_found:
@@ -199,17 +201,13 @@ def schedule_id_of(conn: psycopg.Connection[dict[str, Any]], named: UUID | Sched
     return schedule_id
 
 
+def unknown_schedule(schedule_id: UUID) -> NoReturn:
+    fail(f"unknown schedule {schedule_id} (`scheduler schedules list` shows the schedules)", code=2)
+
+
 def known_schedule(conn: psycopg.Connection[dict[str, Any]], named: UUID | ScheduleKey | None) -> UUID | None:
-    """The id of the schedule a filter names; one that does not exist is refused (exit 2), as
-    :func:`known_app` does."""
-    if named is None:
-        return None
-    schedule_id = schedule_id_of(conn, named)
-    with conn.transaction():
-        found = get_schedule(conn, schedule_id)
-    if found is None:
-        fail(f"unknown schedule {schedule_id} (`scheduler schedules list` shows the schedules)", code=2)
-    return schedule_id
+    """The id of the schedule a filter names, if it names one (see :func:`schedule_id_of`)."""
+    return None if named is None else schedule_id_of(conn, named)
 
 
 def time_range(since: str | None, until: str | None) -> tuple[datetime | None, datetime | None]:
@@ -343,9 +341,10 @@ def database(wiring: Wiring) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         fail(f"cannot reach PostgreSQL at {where}: {reason} (is `scheduler dev up` running?)")
     except psycopg.errors.UndefinedTable:
         fail("the database has no scheduler schema: run `scheduler init` first")
-    except InvalidSchedule as exc:
+    except (InvalidSchedule, ScheduleNotFound) as exc:
+        # ScheduleNotFound: a schedule deleted (by the history retention) after it was named.
         fail(str(exc), code=2)
-    except (ScheduleNotFound, VersionConflict, InvalidTransition, AppConflict, KeyConflict) as exc:
+    except (VersionConflict, InvalidTransition, AppConflict, KeyConflict) as exc:
         fail(str(exc))
     except KafkaUnavailable as exc:
         fail(f"cannot reach Kafka at {wiring.settings.kafka_bootstrap}: {exc}")

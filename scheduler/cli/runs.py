@@ -79,7 +79,8 @@ def get(run_id: UUID, as_json: bool) -> None:
     with database(wiring_or_exit()) as conn:
         row = store.get_run(conn, run_id)
     if row is None:
-        fail(f"no run {run_id}")
+        # As an unknown schedule is, and a run `dlq replay --run` does not find.
+        fail(f"unknown run {run_id}: no run has that id (`scheduler runs list` lists the runs)", code=2)
     echo_json(row)
 
 

@@ -28,6 +28,7 @@ from scheduler.cli.common import (
     print_table,
     schedule_id_of,
     shown_within,
+    unknown_schedule,
     wiring_or_exit,
 )
 from scheduler.domain.schedule import MisfirePolicy, OverlapPolicy, ScheduleKind, ScheduleState
@@ -275,8 +276,8 @@ def update(
     with database(wiring_or_exit()) as conn:
         schedule_id = schedule_id_of(conn, schedule)
         row = store.schedule_with_key(conn, schedule_id)
-        if row is None:
-            fail(f"no schedule {schedule_id}")
+        if row is None:  # deleted since it was named
+            unknown_schedule(schedule_id)
         spec = stored_spec(row)
         zone = options["tz"] or spec.tz
         changes: dict[str, Any] = {
@@ -319,8 +320,8 @@ def get(schedule: UUID | ScheduleKey, as_json: bool) -> None:
     with database(wiring_or_exit()) as conn:
         schedule_id = schedule_id_of(conn, schedule)
         row = store.schedule_with_key(conn, schedule_id)
-        if row is None:
-            fail(f"no schedule {schedule}")
+        if row is None:  # deleted since it was named
+            unknown_schedule(schedule_id)
     echo_json(shown(row))
 
 

@@ -110,6 +110,21 @@ def test_a_key_that_names_no_schedule_is_one_line_and_exit_2(cli: Cli, command: 
         assert "is neither an id (a UUID) nor APP/KEY" in cli.refused(*run("nightly"), code=2)
 
 
+@pytest.mark.parametrize(
+    "command",
+    # audit list --id also lists the entries of a schedule since deleted (by the history retention).
+    [c for c in SCHEDULE_COMMANDS if c[:2] != ("audit", "list")],
+    ids=lambda c: " ".join(c[:2]),
+)
+def test_an_id_that_names_no_schedule_is_one_line_and_exit_2(cli: Cli, command: tuple[str, ...]) -> None:
+    """The commands that act on a schedule said `error: no schedule ID`, exit 1, where a filter by it
+    and an unknown APP/KEY everywhere exit 2 with what to run to see the schedules."""
+    missing = "0190c6d2-0000-7000-8000-000000000000"
+    assert cli.refused(*(arg.format(missing) for arg in command), code=2) == (
+        f"error: unknown schedule {missing} (`scheduler schedules list` shows the schedules)"
+    )
+
+
 def test_every_schedule_the_cli_prints_carries_its_key(cli: Cli) -> None:
     """pause, resume, cancel and update printed a schedule without `schedule_key`, which create,
     get and list include."""

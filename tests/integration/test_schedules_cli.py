@@ -543,6 +543,16 @@ def test_runs_of_an_unknown_schedule_are_refused_not_an_empty_list(cli: Cli) -> 
     )
 
 
+def test_an_unknown_run_is_one_line_and_exit_2(cli: Cli) -> None:
+    """`runs get` said `error: no run ID`, exit 1, where `dlq replay --run` refuses it with exit 2."""
+    missing = "0190c6d2-0000-7000-8000-000000000000"
+    done = cli("runs", "get", missing)
+    assert (done.returncode, done.stdout) == (2, ""), done
+    assert done.stderr == (
+        f"error: unknown run {missing}: no run has that id (`scheduler runs list` lists the runs)\n"
+    )
+
+
 def test_version_is_a_command_too(cli: Cli) -> None:
     done = cli("version")
     assert done.returncode == 0 and done.stdout == cli("--version").stdout
