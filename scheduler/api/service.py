@@ -523,8 +523,9 @@ class SchedulerApi:
             return pb.ReplayDeadLettersResponse(
                 replayed=len(candidates), run_ids=[str(dead.run.id) for dead in candidates], dry_run=True
             )
-        replayed = self.replayer.replay(conn, where, limit, principal.actor)
-        return pb.ReplayDeadLettersResponse(replayed=replayed)
+        moved: list[UUID] = []
+        replayed = self.replayer.replay(conn, where, limit, principal.actor, moved=moved)
+        return pb.ReplayDeadLettersResponse(replayed=replayed, run_ids=[str(run_id) for run_id in moved])
 
     def _dead_runs(self, conn: Conn, principal: Principal, texts: Sequence[str]) -> tuple[UUID, ...] | None:
         """The runs a replay names, each one the caller sees and dead (NOT_FOUND or

@@ -91,8 +91,10 @@ class Replayer:
         *,
         chunk: int = REPLAY_CHUNK,
         after_chunk: Callable[[int], None] | None = None,
+        moved: list[UUID] | None = None,
     ) -> int:
-        """Replay up to ``limit`` matching dead runs, one transaction per ``chunk``; returns how many.
+        """Replay up to ``limit`` matching dead runs, one transaction per ``chunk``; returns how many,
+        and adds their ids to ``moved`` when given (the CLI's replay of millions keeps none).
 
         Each run is taken once: one that an earlier chunk replayed and that has died again since is
         not taken again, even under ``force`` (which only takes runs replayed by earlier commands).
@@ -110,7 +112,9 @@ class Replayer:
                 break
             # The first chunk's transaction time: its audit rows, and every later one's, are at or after it.
             began = began or dead[0].now
-            replayed += done
+            replayed += len(done)
+            if moved is not None:
+                moved += done
             if after_chunk is not None:
                 after_chunk(replayed)
         return replayed
@@ -138,7 +142,7 @@ class Replayer:
             moved = dlq.replay_runs(conn, attempts, actor, action="redispatch")
             if moved:
                 scan.notify_outbox(conn)
-        return moved
+        return len(moved)
 
     def _select(
         self,

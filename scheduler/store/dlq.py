@@ -111,11 +111,11 @@ def replay_runs(
     actor: str,
     *,
     action: str = "replay",
-) -> int:
+) -> list[UUID]:
     """Move each (dead or lost) run to its (next attempt, max_attempts), its message in the
-    outbox, audited as ``action`` with the state it left; returns how many runs moved."""
+    outbox, audited as ``action`` with the state it left; returns the ids of the runs moved."""
     if not attempts:
-        return 0
+        return []
     row = conn.execute(
         query("replay_runs"),
         {
@@ -131,4 +131,4 @@ def replay_runs(
             "action": action,
         },
     ).fetchone()
-    return int(row["replayed"]) if row else 0
+    return list(row["run_ids"]) if row else []

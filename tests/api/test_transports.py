@@ -259,7 +259,7 @@ def run_script(s: Session, run_at: str) -> None:
     assert (dry["replayed"], dry["run_ids"], dry["dry_run"]) == (1, [first["run_id"]], True)
     assert s.call("still dead", "GetRun", {"id": first["run_id"]})["state"] == "dead"
     done = s.write("replay", "ReplayDeadLetters", replay, entity=first["run_id"])
-    assert (done["replayed"], done["dry_run"]) == (1, False)
+    assert (done["replayed"], done["run_ids"], done["dry_run"]) == (1, [first["run_id"]], False)
     assert s.call("replayed run", "GetRun", {"id": first["run_id"]})["state"] != "dead"
     assert s.call("no dead letters", "ListDeadLetters", replay)["dead_letters"] == []
 

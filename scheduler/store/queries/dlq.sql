@@ -142,4 +142,4 @@ with replay as (
       join moved using (id)
     returning run_id
 )
-select count(*) as replayed from queued;
+select coalesce(array_agg(run_id order by run_id), '{}') as run_ids from queued;
