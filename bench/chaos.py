@@ -43,6 +43,7 @@ from bench.chaos_faults import PIPELINE, ROOT, Fault, Supervised, http_get, plan
 from bench.chaos_handlers import EXECUTIONS_DIR_ENV
 from bench.chaos_kafka import group_lag
 from bench.chaos_stack import ChaosStack, free_port_range
+from scheduler.cli.common import interrupted_exit_code, sigterm_as_interrupt
 from scheduler.client import ScheduleClient
 from scheduler.client import spec as command_spec
 from scheduler.domain.cron import CronSchedule
@@ -769,13 +770,7 @@ def restart_workers(
     }
 
 
-def _interrupted(signum: int, _frame: object) -> None:
-    # SIGTERM (a CI timeout, say) unwinds like Ctrl-C, so that every process started is stopped.
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _interrupted)
     # The command producer's reconnect warnings during the broker's outage are expected.
     logging.getLogger("scheduler").setLevel(logging.ERROR)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -815,7 +810,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         label=args.label,
         report_dir=args.report_dir,
     )
-    report = run_chaos(options)
+    try:
+        # SIGTERM (a CI timeout, say) unwinds like Ctrl-C, so that every process started is stopped.
+        with sigterm_as_interrupt():
+            report = run_chaos(options)
+    except KeyboardInterrupt as stop:
+        print("interrupted; cleaned up", file=sys.stderr)
+        return interrupted_exit_code(stop)
     print(chaos_report.summary(report), flush=True)
     return 0 if report["verdict"]["passed"] else 1
 
