@@ -17,7 +17,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from pathlib import Path
@@ -129,6 +129,14 @@ def _names(value: Any) -> list[str]:
     if isinstance(value, list) and all(isinstance(name, str) for name in value):
         return value
     return []  # anything else is no list of names, and names none (not the strings it holds)
+
+
+def the_authorization(values: Sequence[str]) -> str | None:
+    """The one ``Authorization`` value a request carries, if any. Two are refused, never one of them
+    taken: a proxy in front that reads the other one would see another caller than the API does."""
+    if len(values) > 1:
+        raise _unauthenticated(f"the request carries {len(values)} Authorization headers; send one")
+    return values[0] if values else None
 
 
 def _check_times(claims: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ from starlette.routing import Match
 from starlette.routing import Route as PlainRoute
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from scheduler.api.auth import Principal
+from scheduler.api.auth import Principal, the_authorization
 from scheduler.api.errors import ApiError, Code, clear_frames, invalid
 from scheduler.api.messages import MAX_PAGE, as_dict, max_request_bytes, too_large
 from scheduler.api.openapi import document
@@ -219,6 +219,8 @@ async def _read_body(request: Request, limit: int, turn: _LargeTurn) -> bytes:
 
 async def _receive(route: Route, request: Request, turn: _LargeTurn) -> _Received:
     counts = Counter(name for name, _ in request.query_params.multi_items())
+    if len(request.headers.getlist("idempotency-key")) > 1:
+        raise invalid("the Idempotency-Key header is given more than once", header="Idempotency-Key")
     return _Received(
         # Read for every route: a body sent to one that takes none (a DELETE's version) is refused.
         body=await _read_body(request, max_request_bytes(route.method), turn),
@@ -248,9 +250,12 @@ def _request_message(route: Route, received: _Received) -> Message:
         raise invalid(f"{route.verb} {route.path} takes no body{where}")
     if received.body.strip():
         try:
-            data = json.loads(received.body)
+            data = json.loads(received.body, object_pairs_hook=_object_of_unique_keys)
         except RecursionError:
             raise invalid("the request body is nested too deeply") from None
+        except _RepeatedKey:
+            # Which key is not said: it may be a payload's, and payloads never reach an error text.
+            raise invalid("an object in the request body has a key twice") from None
         except ValueError as exc:
             # Valid JSON that Python refuses to read: an integer of more than 4,300 digits.
             too_long = "digits" in str(exc) and not isinstance(exc, json.JSONDecodeError)
@@ -280,15 +285,29 @@ def _request_message(route: Route, received: _Received) -> Message:
     return parse_message(data, method.request)
 
 
+class _RepeatedKey(ValueError):
+    pass
+
+
+def _object_of_unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused when a key is in it twice: Python would keep the last value, and a
+    proxy or a firewall in front that keeps the first would judge another request than the API
+    serves (RFC 8259 leaves the meaning of such an object open)."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise _RepeatedKey
+    return found
+
+
 def _endpoint(
     api: SchedulerApi, executor: Executor, route: Route, large: LargeRequests
 ) -> Callable[[Request], Any]:
     async def endpoint(request: Request) -> Response:
         loop = asyncio.get_running_loop()
-        authorization = request.headers.get("authorization")
         turn = _LargeTurn(large, route.method)
         principal: Principal | None = None
         try:
+            authorization = the_authorization(request.headers.getlist("authorization"))
             if _has_body(request):
                 # Before any of the body is read: uvicorn stops reading one the application has not
                 # asked for once it holds 64 KiB of it, so a caller who may not call the method

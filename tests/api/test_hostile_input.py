@@ -13,9 +13,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import grpc
 import httpx
+from google.protobuf import json_format
 
 from scheduler.api.messages import MAX_PAGE_BYTES, encode_cursor
+from scheduler.api.service import METHODS
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.schedule import service
 from scheduler.schedule.spec import MAX_CRON_LENGTH, MAX_PAYLOAD_DEPTH
@@ -370,3 +373,42 @@ def test_a_client_that_stalls_in_a_large_body_holds_no_other_batch_back(
         assert time.monotonic() - started < 45, "it waited out the stalled body's 20 s, no more"
         answer = stalled.recv(4096).decode(errors="replace")
     assert answer.startswith("HTTP/1.1 400") and "did not arrive within 20 s" in answer, answer[:300]
+
+
+def test_a_request_that_says_one_thing_twice_is_refused_not_read_one_way(
+    http: HttpCaller, grpc_caller: GrpcCaller, api_stack: ApiStack
+) -> None:
+    """A proxy or firewall in front that reads the other copy would judge another request than the
+    API serves: a key twice in a JSON object, two tokens, two idempotency keys."""
+    bearer = token(subject="twice", roles=(USER,), apps=["alpha", "beta"])
+    auth = {"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"}
+    name = f"twice-{time.time_ns()}"
+    bodies = (
+        f'{{"app": "beta", "handler": "builtin:noop", "name": "{name}", "app": "alpha"}}',
+        f'{{"app": "alpha", "handler": "builtin:noop", "name": "{name}", "payload": {{"to": 1, "to": 2}}}}',
+    )
+    for body in bodies:
+        answer = http.client.post("/v1/schedules", content=body, headers=auth)
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "INVALID_ARGUMENT" and "a key twice" in error["message"]
+    two_tokens = [("Authorization", f"Bearer {bearer}"), ("Authorization", "Bearer garbage")]
+    for headers in (two_tokens, two_tokens[::-1]):
+        answer = http.client.post("/v1/schedules", json=CREATE | {"name": name}, headers=headers)
+        assert answer.status_code == 401 and "send one" in answer.json()["error"]["message"], answer.text
+    keys = [*auth.items(), ("Idempotency-Key", "k1"), ("Idempotency-Key", "k2")]
+    answer = http.client.post("/v1/schedules", json=CREATE | {"name": name}, headers=keys)
+    assert answer.status_code == 400 and "more than once" in answer.json()["error"]["message"], answer.text
+    message = grpc_caller.stub.ListSchedules
+    try:
+        message(
+            json_format.ParseDict({}, METHODS["ListSchedules"].request()),
+            metadata=[("authorization", f"Bearer {bearer}"), ("authorization", "Bearer garbage")],
+            timeout=30,
+        )
+        raise AssertionError("two tokens over gRPC were taken")
+    except grpc.RpcError as error:
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED, error
+    with api_stack.connect() as conn:
+        made = conn.execute("select count(*) as n from schedules where name = %s", (name,)).fetchone()
+    assert made == {"n": 0}
