@@ -27,7 +27,9 @@ waits on the reconciler's run locks. A relay that dies between (3) and the commi
 to the next relay, which publishes them again; the copies are harmless (the worker and the
 reconciler fence by attempt) and the reconciler counts a second execution. While Kafka or
 PostgreSQL is down the relay backs off and retries; rows wait in the outbox, which is the point of
-having one.
+having one. A relay in doubt about Kafka (not reached yet, or its last batch taken by nobody)
+asks the cluster before it locks any row, so that one cut off from Kafka leaves the rows to the
+relays that are not.
 """
 
 from __future__ import annotations
@@ -191,6 +193,9 @@ class Relay(Service):
         # in hand. Read by the metrics endpoint's thread.
         self._oldest_seen = (0.0, time.monotonic())
         self._in_batch = False
+        # Until Kafka has answered this relay, and again after a batch it took nothing of: the
+        # next batch asks the cluster first, before it locks any row (see relay_once).
+        self._kafka_doubtful = True
         metrics.OUTBOX_OLDEST_AGE.set_function(self._oldest_age)
 
     @property
@@ -265,17 +270,32 @@ class Relay(Service):
     def relay_once(self) -> BatchReport:
         """Lock, publish and settle one batch in one transaction; raises when Kafka took none of it
         (after handing it back) or PostgreSQL failed (the rollback hands it back)."""
+        if self._kafka_doubtful:
+            # Asked before any row is locked: a relay that cannot reach Kafka (cut off from it,
+            # misconfigured) would otherwise lock the oldest rows batch after batch, for as long as
+            # each waits on Kafka, while a relay that can reach it skips them; and a step with
+            # nothing to publish would read as recovered. Only while in doubt: one metadata
+            # request after each batch Kafka took nothing of, none on the way of a healthy relay.
+            self._topics = self.admin.topics(min(TOPIC_CHECK_TIMEOUT_S, self.claim_seconds / 4))
+            self._kafka_doubtful = False
         conn = self.session.conn
         self._in_batch = True
         try:
             with conn.transaction():
                 outbox.bound_transaction(conn, self.claim_seconds)
                 batch = self._relay_locked(conn)
+        except TransportError:
+            self._kafka_doubtful = True
+            raise
         finally:
             self._in_batch = False
         # Counted once committed: a batch rolled back is published again, and counted then.
         self._count(batch)
-        self._raise_if_stuck(batch.acked, batch.failed)
+        try:
+            self._raise_if_stuck(batch.acked, batch.failed)
+        except DeliveryError:
+            self._kafka_doubtful = True
+            raise
         return batch.report
 
     def _relay_locked(self, conn: psycopg.Connection[Any]) -> _Settled:

@@ -418,3 +418,52 @@ def test_an_idle_relay_logs_a_broker_it_lost_while_idle(
             wait_for(warned, 30, "the idle relay's warning about its broker")
     finally:
         relay.close()
+
+
+def test_a_relay_that_cannot_reach_kafka_locks_no_row_and_never_reads_as_recovered(
+    settings: Settings,
+) -> None:
+    """Cut off from Kafka (or misconfigured) beside a relay that is not, it must not take the
+    oldest rows batch after batch and sit on them while it waits: the other relay would skip them."""
+    queue(settings, [b"a", b"b", b"c"])
+    wiring = Wiring(dataclasses.replace(settings, relay_claim_s=8.0))
+    unreachable = KafkaConnection("127.0.0.1:1")
+    relay = Relay(
+        wiring.settings,
+        wiring.database,
+        lambda: Producer(producer_config(unreachable, "relay-cut-off", {"message.timeout.ms": 4000})),
+        TopicAdmin(unreachable),
+        wiring.kafka_check(),
+        name="relay-cut-off",
+    )
+    failed: list[BaseException] = []
+
+    def step() -> None:
+        try:
+            relay.step()
+        except BaseException as exc:
+            failed.append(exc)
+
+    lockable: list[int] = []
+    try:
+        stepping = threading.Thread(target=step)
+        stepping.start()
+        with connect(settings.database_url, autocommit=True) as other:
+            while stepping.is_alive():  # as long as the relay's step takes (its topic check: 2 s)
+                with other.transaction(force_rollback=True):
+                    taken = other.execute("select id from outbox for update skip locked").fetchall()
+                lockable.append(len(taken))
+        stepping.join()
+        assert [type(exc).__name__ for exc in failed] == ["KafkaUnavailable"]
+        assert lockable and set(lockable) == {3}, "every row stayed free for another relay to take"
+        # Nothing to publish is no recovery: the step still fails while Kafka does not answer.
+        with connect(settings.database_url) as conn:
+            conn.execute("delete from outbox")
+            conn.commit()
+        failed.clear()
+        step()
+        assert [type(exc).__name__ for exc in failed] == ["KafkaUnavailable"]
+    finally:
+        relay.close()
+    held = rows(settings, "select publish_count from outbox")
+    assert held == []
