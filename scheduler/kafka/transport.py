@@ -650,6 +650,9 @@ class TopicAdmin:
         try:
             return self._admin.list_topics(topic, timeout=timeout_s)
         except KafkaException as exc:
+            # Why it did not answer (a refused connection, a failed SASL handshake) reaches the
+            # error callback only when the client is polled: list_topics does not serve it.
+            self._admin.poll(0)
             raise _from_exception(
                 KafkaUnavailable, "Kafka did not answer a metadata request: ", exc
             ) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -241,3 +242,23 @@ def test_topics_asked_in_short_requests_until_the_timeout(settings: Settings) ->
     with pytest.raises(KafkaUnavailable, match="did not answer"):
         TopicAdmin(KafkaConnection("127.0.0.1:1"), quiet=True).topics_interruptibly(2.5)
     assert time.monotonic() - started >= 2.5
+
+
+def test_a_failed_metadata_request_logs_why_kafka_did_not_answer(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The relay's first look at Kafka is a metadata request: a refused SASL handshake must be named,
+    not only "Broker transport failure" (list_topics does not serve the client's error callback)."""
+    sasl = KafkaConnection(
+        settings.kafka_bootstrap,  # a PLAINTEXT listener: the handshake fails
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_username="someone",
+        sasl_password="not-shown-anywhere",
+    )
+    with caplog.at_level(logging.WARNING, logger="scheduler.kafka.transport"):
+        with pytest.raises(KafkaUnavailable):
+            TopicAdmin(sasl).topics(5.0)
+    said = " ".join(record.getMessage() for record in caplog.records)
+    assert "SASL" in said, said
+    assert "not-shown-anywhere" not in said
