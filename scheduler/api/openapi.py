@@ -24,6 +24,7 @@ from scheduler.schedule.spec import (
     HANDLER_RE,
     MAX_CRON_LENGTH,
     MAX_DESCRIPTION_LENGTH,
+    MAX_HANDLER_LENGTH,
     MAX_KEY_LENGTH,
     MAX_NAME_LENGTH,
 )
@@ -92,6 +93,7 @@ LENGTHS = {
     "name": MAX_NAME_LENGTH,
     "description": MAX_DESCRIPTION_LENGTH,
     "cron_expression": MAX_CRON_LENGTH,
+    "handler": MAX_HANDLER_LENGTH,
     "schedule_key": MAX_KEY_LENGTH,
     "idempotency_key": idempotency.MAX_KEY_LENGTH,
 }
@@ -114,7 +116,11 @@ def _request_string(message: Descriptor, field: FieldDescriptor) -> dict[str, An
         # None: an enum with nullable lists null among its values, or validators refuse it.
         return {"type": "string", "enum": [*([] if field.has_presence else [""]), *choices, None]}
     if (message.name, field.name) in NEEDED:
-        return {"type": "string", "pattern": APP_PATTERN if field.name == "app" else HANDLER_PATTERN}
+        if field.name == "app":
+            return {"type": "string", "pattern": APP_PATTERN}
+        return {"type": "string", "pattern": HANDLER_PATTERN, "maxLength": MAX_HANDLER_LENGTH}
+    if field.name == "handler":  # an update's: given, it is a handler (an empty one is refused)
+        return {"type": "string", "pattern": HANDLER_PATTERN, "maxLength": MAX_HANDLER_LENGTH}
     if field.name == "app":
         return {"type": "string", "pattern": f"^$|{APP_PATTERN}"}
     if field.name in ("id", "schedule_id", "run_id"):

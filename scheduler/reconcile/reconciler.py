@@ -154,8 +154,9 @@ class Reconciler(Service):
         messages = consumer.consume(BATCH, POLL_S)
         if messages:
             self.apply(conn, messages)
-            consumer.commit(next_offsets(messages))
-            self._clock_checked.clear()  # what was checked is never read again
+            committed = next_offsets(messages)
+            consumer.commit(committed)
+            self._forget_checked(committed)
         metrics.LAST_BATCH.set(time.time())
         if time.monotonic() - self._last_lag >= LAG_EVERY_S:
             self.consumer.observe_lag(metrics.CONSUMER_LAG)
@@ -324,6 +325,16 @@ class Reconciler(Service):
             partition = (message.topic, message.partition)
             checked[partition] = max(checked.get(partition, -1), message.offset)
         return unchecked
+
+    def _forget_checked(self, committed: Sequence[Offset]) -> None:
+        """Forget the marks the commit passed: those are never read again. A mark at or past a
+        partition's committed offset stays (a batch whose commit failed reached further there than
+        the one read again, which more messages on other partitions cut shorter), and so do the
+        marks of partitions this commit did not cover."""
+        for offset in committed:
+            partition = (offset.topic, offset.partition)
+            if self._clock_checked.get(partition, offset.offset) < offset.offset:
+                del self._clock_checked[partition]
 
     def _check_clocks(self, stored: Sequence[OutcomeEvent], db_now: datetime) -> None:
         """Count the events stamped later than PostgreSQL's clock, and name their workers."""

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -403,7 +404,20 @@ def _changes_nothing(old: Row, columns: Mapping[str, Any]) -> bool:
 
 
 def _json_text(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return json.dumps(_as_stored(value), sort_keys=True, ensure_ascii=False)
+
+
+def _as_stored(value: Any) -> Any:
+    """A payload as PostgreSQL gives it back: a whole number past a double's exact integers, sent
+    as a float (1e16), is stored in full and read back as an integer. Smaller floats stay floats:
+    1.0 is stored as 1.0."""
+    if isinstance(value, float) and value.is_integer() and abs(value) >= 2**53:
+        return int(Decimal(repr(value)))  # its text as JSON carries it, as PostgreSQL reads it
+    if isinstance(value, dict):
+        return {key: _as_stored(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_stored(item) for item in value]
+    return value
 
 
 def current_schedule(

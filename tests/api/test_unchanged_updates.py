@@ -69,6 +69,17 @@ def test_an_update_to_what_is_stored_is_no_new_version_and_no_audit_entry(caller
     assert audited_updates(caller, schedule) == before + 1
 
 
+def test_a_payload_sent_back_as_read_is_no_change_though_its_numbers_were_written_out(
+    caller: Caller,
+) -> None:
+    """A whole number past a double's exact integers travels as a double (1e16) and is stored and
+    read back in full: sent back as read, it is the same payload."""
+    schedule = created(caller, payload={"id": 1e16, "tiny": 0.1})
+    read = caller.call("GetSchedule", {"id": schedule["id"]}, ROOT).body
+    again = updated(caller, schedule, payload=read["payload"], version=read["version"])
+    assert again["version"] == schedule["version"]
+
+
 def test_a_replay_by_a_token_of_every_app_must_name_its_app(caller: Caller) -> None:
     for bearer in (token(subject="root-unchanged", apps=["*"]), ROOT):
         unnamed = caller.call("ReplayDeadLetters", {"dry_run": True}, bearer)

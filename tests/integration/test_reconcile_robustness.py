@@ -805,12 +805,16 @@ def test_a_dead_letter_without_a_worker_is_passed_over_only_when_the_sweeper_wro
     letter = codec.decode(JobDeadLetter, queued["value"])
     assert letter.worker is None
     forged = replace(letter, event_id=uuid.uuid4(), run_id=not_swept.id, schedule_id=not_swept.schedule_id)
+    # A letter whose run is not there (the history's retention deleted it, or junk) leaves no run
+    # to its lease: passed over, as the sweeper's old letters a new consumer group reads again.
+    gone = replace(letter, event_id=uuid.uuid4(), run_id=uuid.uuid4())
     quarantined_before = counter(metrics.QUARANTINED, "no_worker")
     publish(
         settings,
         [
             OutgoingMessage(settings.dlq_topic, queued["value"], queued["key"]),
             OutgoingMessage(settings.dlq_topic, codec.encode(forged), not_swept.id.bytes),
+            OutgoingMessage(settings.dlq_topic, codec.encode(gone), b"gone"),
             result(after),
         ],
     )

@@ -25,7 +25,7 @@ from scheduler.kafka.transport import (
     producer_config,
 )
 from scheduler.reconcile import metrics
-from scheduler.reconcile.reconciler import Reconciler
+from scheduler.reconcile.reconciler import Reconciler, next_offsets
 from scheduler.runtime.service import Check
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
@@ -326,3 +326,27 @@ def test_events_of_a_batch_read_again_after_a_failed_commit_are_checked_against_
     recorded = outcomes(settings)
     assert recorded["succeeded"] == RUNS and recorded.get("duplicate", 0) > 0, recorded
     assert ahead_events() == before + RUNS
+
+
+def test_a_commit_forgets_only_the_checks_it_passed(settings: Settings) -> None:
+    """A batch read again after a failed commit seldom ends where it did on every partition: more
+    messages arrived on some. What was checked past the new commit on a partition stays checked."""
+    reconciler: Reconciler = Wiring(settings).reconciler_service()
+    topic = settings.results_topic
+
+    def batch(*ranges: tuple[int, range]) -> list[tuple[Received, Any]]:
+        # Positions only: what the messages hold does not decide what was checked.
+        return [(Received(topic, part, offset, b""), None) for part, offs in ranges for offset in offs]
+
+    def offsets(checked: Sequence[tuple[Received, Any]]) -> list[tuple[int, int]]:
+        return [(m.partition, m.offset) for m, _ in checked]
+
+    first = batch((0, range(5)), (1, range(5)))  # applied; its commit fails
+    assert len(reconciler._unchecked(first)) == 10
+    again = batch((0, range(10)), (1, range(2)))  # read again, cut elsewhere; committed
+    assert offsets(reconciler._unchecked(again)) == [(0, o) for o in range(5, 10)]
+    reconciler._forget_checked(next_offsets([m for m, _ in again]))
+    rest = batch((1, range(2, 10)), (0, range(10, 12)))
+    assert offsets(reconciler._unchecked(rest)) == [(1, o) for o in range(5, 10)] + [(0, 10), (0, 11)]
+    reconciler._forget_checked(next_offsets([m for m, _ in rest]))
+    assert reconciler._clock_checked == {}

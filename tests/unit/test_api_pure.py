@@ -141,6 +141,20 @@ def test_the_openapi_document_has_every_route_with_its_error_answers() -> None:
     assert "run_at" not in schedule["required"] and "state" in schedule["required"]
 
 
+def test_the_openapi_document_bounds_each_string_as_the_server_does() -> None:
+    """A client that checks its requests against the document is not refused for a length it allowed."""
+    schemas = document()["components"]["schemas"]
+    for body in ("CreateScheduleBody", "UpdateScheduleBody"):
+        fields = schemas[body]["properties"]
+        bounds = {
+            name: fields[name].get("maxLength")
+            for name in ("name", "description", "cron_expression", "handler")
+        }
+        assert bounds == {"name": 200, "description": 2000, "cron_expression": 200, "handler": 300}, body
+        assert "pattern" in fields["handler"], body
+    assert schemas["CreateScheduleBody"]["properties"]["schedule_key"]["maxLength"] == 200
+
+
 def test_a_principal_is_its_issuer_and_subject_apart_however_they_are_spelled() -> None:
     def key(issuer: str | None, subject: str) -> str:
         return Principal(subject=subject, issuer=issuer, roles=frozenset(), apps=None).key

@@ -246,13 +246,17 @@ select event_id from letters where not app_exists;
 -- Only the lease sweeper writes a dead letter without a worker, in the transaction that makes its
 -- run dead and records that death (worker 'sweeper', see sweep_expired_leases). The event ids of
 -- the letters whose run's attempt has no such record: not the sweeper's (junk, or a producer that
--- is not a worker of this scheduler), for the caller to quarantine.
+-- is not a worker of this scheduler), for the caller to quarantine. Only the sweeper's own record
+-- counts (applied: a stale row a forged letter or a worker named "sweeper" left is none). A letter
+-- whose run is not there is passed over, as before: no run is left to its lease, and the history's
+-- retention deletes the runs of the sweeper's old letters, which a new consumer group reads again.
 select l.event_id
   from unnest(%(event_ids)b::text[], %(run_ids)b::uuid[], %(attempts)b::int[])
        as l (event_id, run_id, attempt)
- where not exists (select 1 from attempts a
+ where exists (select 1 from runs r where r.id = l.run_id)
+   and not exists (select 1 from attempts a
                     where a.run_id = l.run_id and a.attempt = l.attempt and a.kind = 'dead'
-                      and a.worker = 'sweeper');
+                      and a.worker = 'sweeper' and a.outcome = 'applied');
 
 -- name: expired_leases_due
 -- Whether any started run's lease has passed, and the database time that answer holds for: the
