@@ -3,6 +3,7 @@ independent Kafka client, and running components as real processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -86,6 +87,20 @@ def header_bytes(
     """A message's headers by name, each value as bytes (``b""`` for a header without one)."""
     pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
     return {name: value.encode() if isinstance(value, str) else value or b"" for name, value in pairs}
+
+
+def json_log_lines(text: str) -> list[dict[str, Any]]:
+    """A component's stderr under ``SCHEDULER_LOG_FORMAT=json`` (the default off a terminal), each
+    line a JSON object, as docs/operations.md promises; a line of plain text fails the test."""
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        assert isinstance(record, dict), f"not a JSON log line: {line!r}\n{text[-3000:]}"
+        records.append(record)
+    return records
 
 
 class Component:

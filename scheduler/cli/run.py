@@ -8,6 +8,7 @@ process lifecycle (:mod:`scheduler.runtime.process`): JSON logs (human on a term
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import click
@@ -23,6 +24,11 @@ from scheduler.telemetry.logs import configure_logging
 from scheduler.telemetry.tracing import configure_tracing, shutdown_tracing
 from scheduler.wiring import Wiring
 from scheduler.worker.handlers import HandlerRegistry
+
+# What a component's start-up says before its services run (a warning, a note): logged, so that it
+# is a JSON line like the rest of the process's stderr. An error that stops the command is the
+# CLI's one line instead (`fail`).
+log = logging.getLogger("scheduler.run")
 
 # How long `run worker` waits for Kafka, then PostgreSQL, to say whether its app exists (libpq
 # counts whole seconds); without an answer the worker starts, and waits for its topic.
@@ -197,9 +203,9 @@ def worker(
     except InvalidSchedule as exc:
         fail(str(exc), code=2)
     settings = settings_or_exit()
-    _refuse_unknown_app(settings, app)
 
     def build(wiring: Wiring) -> list[Service]:
+        _refuse_unknown_app(settings, app)  # once logging is set up: it may log why it starts anyway
         try:
             return [wiring.worker(app, concurrency, grace, handlers)]
         except ValueError as exc:  # InvalidRegistration, or a malformed SCHEDULER_HTTP_ALLOWLIST
@@ -226,16 +232,15 @@ def _refuse_unknown_app(settings: Settings, app: str) -> None:
         with wiring.database.connect(connect_timeout=DATABASE_CHECK_TIMEOUT_S) as conn:
             exists = app_exists(conn, app)
     except psycopg.Error:
-        click.echo(
-            f"warning: Kafka has no topic {topic}: the worker waits for it (is {app!r} an app?)", err=True
-        )
+        log.warning("Kafka has no topic %s: the worker waits for it (is %r an app?)", topic, app)
         return
     if not exists:
         unknown_app(app)
-    click.echo(
-        f"note: app {app!r} has no topic {topic} yet: the worker waits for it (`scheduler init` "
-        "makes it, as the relay does before it publishes a job of the app)",
-        err=True,
+    log.info(
+        "app %r has no topic %s yet: the worker waits for it (`scheduler init` makes it, as the relay "
+        "does before it publishes a job of the app)",
+        app,
+        topic,
     )
 
 
@@ -287,11 +292,9 @@ def all_(
         fail(f"--metrics-port {base}: {len(children)} components need ports {base} to {last}", code=2)
     _refuse_taken_ports(settings, base, len(children))
     if not apps:
-        click.echo(
-            "warning: no apps yet, so no workers (create one with `scheduler apps create NAME`)", err=True
-        )
+        log.warning("no apps yet, so no workers (create one with `scheduler apps create NAME`)")
     if not settings.jwt.configured:
-        click.echo("warning: no API (set SCHEDULER_JWT_SECRET or SCHEDULER_JWT_JWKS to serve it)", err=True)
+        log.warning("no API (set SCHEDULER_JWT_SECRET or SCHEDULER_JWT_JWKS to serve it)")
     supervisor = Supervisor(children, metrics_port=base)
     raise SystemExit(supervisor.run())
 

@@ -11,7 +11,7 @@ import pytest
 
 from scheduler.config import Settings
 from tests.integration.test_schedules_cli import Cli
-from tests.support import Component, wait_for
+from tests.support import Component, json_log_lines, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -49,22 +49,28 @@ def test_a_worker_whose_app_exists_without_its_topic_starts_and_waits_for_it(
         conn.execute("insert into apps (name, partitions) values ('later', 1)")
     worker = Component("worker", settings_env, tmp_path, "--app", "later")
     wait_for(lambda: STARTED in worker.output(), 30, "the worker's start")
-    assert "note: app 'later' has no topic" in worker.output()
     assert worker.proc.poll() is None, worker.output()
     assert worker.stop() == 0, worker.output()[-3000:]
+    # Said as the rest of its log is: a JSON line (it was plain text before the first of them).
+    [note] = [r for r in json_log_lines(worker.output()) if "has no topic" in r["message"]]
+    assert note["level"] == "INFO" and note["component"] == "worker", note
+    assert note["message"].startswith(f"app 'later' has no topic {settings.jobs_topic('later')} yet"), note
 
 
 def test_a_worker_without_its_topic_or_a_database_to_ask_starts_and_waits(
-    settings_env: dict[str, str], tmp_path: Path
+    settings: Settings, settings_env: dict[str, str], tmp_path: Path
 ) -> None:
     """As a Kubernetes worker pod, which has no database, started beside the Job that makes its
     app and topic."""
     env = settings_env | {"SCHEDULER_DATABASE_URL": "postgresql://scheduler@127.0.0.1:1/none"}
     worker = Component("worker", env, tmp_path, "--app", "coming")
     wait_for(lambda: STARTED in worker.output(), 30, "the worker's start")
-    assert "warning: Kafka has no topic" in worker.output()
     assert worker.proc.poll() is None, worker.output()
     assert worker.stop() == 0, worker.output()[-3000:]
+    [warning] = [r for r in json_log_lines(worker.output()) if "has no topic" in r["message"]]
+    assert warning["level"] == "WARNING" and warning["component"] == "worker", warning
+    topic = settings.jobs_topic("coming")
+    assert warning["message"] == f"Kafka has no topic {topic}: the worker waits for it (is 'coming' an app?)"
 
 
 @pytest.mark.parametrize(
