@@ -171,12 +171,19 @@ def replay(
         if refused is not None:
             fail(f"run {refused.run_id} is {refused.state}, not dead: only dead runs are replayed", code=2)
         candidates = replayer.candidates(conn, where, limit)
-        if named and len(candidates) < min(len(named), limit):
+        replayed_before = replayer.left_out_as_replayed(conn, where)
+        if replayed_before:
+            which = "of the runs named" if named else "dead runs that match"
             click.echo(
-                f"note: {min(len(named), limit) - len(candidates)} of the runs named are left out: "
-                "replayed before (--force replays them again) or outside the other filters",
+                f"note: {replayed_before} {which} were replayed before (and died again) and are left "
+                "out; --force replays them again",
                 err=True,
             )
+        # Counted only when --limit did not cut the list: then every named run left out is one
+        # replayed before or one outside the other filters.
+        outside = len(named) - replayed_before - len(candidates) if named else 0
+        if outside > 0 and len(candidates) < limit:
+            click.echo(f"note: {outside} of the runs named are left out: outside the other filters", err=True)
         left_out = replayer.left_out_as_cancelled(conn, where)
         if left_out:
             click.echo(
@@ -200,11 +207,14 @@ def replay(
         started = time.monotonic()
         # Small chunks under --rate keep the pace even; without it, one transaction per 500 runs.
         chunk = max(1, min(500, int(rate / 4) if rate else 500))
+        err = Console(stderr=True)  # stdout keeps only the result line
         with Progress(
             *Progress.get_default_columns(),
             TextColumn("{task.completed} runs"),
             transient=True,
-            console=Console(stderr=True),  # stdout keeps only the result line
+            console=err,
+            # Drawn on a terminal only: into a file or a pipe it left an empty line and no bar.
+            disable=not err.is_terminal,
         ) as bar:
             task = bar.add_task("replaying", total=len(candidates))
 

@@ -125,6 +125,12 @@ class Replayer:
         with conn.transaction():
             return dlq.count_dead_of_cancelled(conn, where)
 
+    def left_out_as_replayed(self, conn: psycopg.Connection[Row], where: ReplayFilter) -> int:
+        """How many dead runs matching ``where`` a replay leaves out because a replay took them
+        before and they died again (it takes them only when ``where.force``)."""
+        with conn.transaction():
+            return dlq.count_dead_replayed_before(conn, where)
+
     def lost(
         self, conn: psycopg.Connection[Row], before: datetime, app: str | None, limit: int
     ) -> list[ResendableRun]:

@@ -90,6 +90,13 @@ def count_dead_of_cancelled(conn: psycopg.Connection[Row], where: DeadRunFilter)
     return int(row["left_out"]) if row else 0
 
 
+def count_dead_replayed_before(conn: psycopg.Connection[Row], where: DeadRunFilter) -> int:
+    """How many dead runs matching ``where`` :func:`dead_runs_for_replay` leaves out because a replay
+    took them before (none when ``where.force``)."""
+    row = conn.execute(query("count_dead_replayed_before"), where.params()).fetchone()
+    return int(row["left_out"]) if row else 0
+
+
 def lost_runs_for_redispatch(
     conn: psycopg.Connection[Row], *, before: datetime, app: str | None, limit: int
 ) -> list[ResendableRun]:

@@ -50,7 +50,7 @@ def test_replaying_dead_runs(pipeline: Settings, settings_env: dict[str, str]) -
     assert snapshot(pipeline) == before, "a dry run changes nothing"
 
     first = cli(settings_env, "dlq", "replay", "--limit", "100")
-    assert first.stdout.startswith("replayed 100 runs in "), first.stdout  # the bar went to stderr
+    assert first.stdout.startswith("replayed 100 runs in "), first.stdout  # stdout: the result line only
     wait_for(lambda: len(runs(pipeline, "state = 'succeeded'")) == 100, 60, "the 100 replays to run")
     replayed = {r["id"] for r in runs(pipeline, "state = 'succeeded'")}
     assert {r["attempt"] for r in runs(pipeline, "state = 'succeeded'")} == {2}

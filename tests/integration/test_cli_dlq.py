@@ -42,6 +42,27 @@ def test_a_replay_with_json_prints_its_summary_as_json_only(cli: Cli) -> None:
 
     text = cli("dlq", "replay", "--app", APP, "--force")
     assert text.returncode == 0 and text.stdout.startswith("replayed 0 runs in "), text
+    assert text.stderr == "", text.stderr  # no progress bar off a terminal, nor a line where it was
+
+
+def test_a_replay_says_how_many_runs_it_left_out_as_replayed_before(cli: Cli, settings: Settings) -> None:
+    """Runs replayed once that died again are left out of a replay unless --force: a replay of
+    nothing says why, in one line on stderr, rather than only "replayed 0 runs"."""
+    first = cli("dlq", "replay", "--app", APP)
+    assert first.returncode == 0 and first.stdout.startswith("replayed 3 runs in "), first
+    assert first.stderr == "", first.stderr
+    with connect(settings.database_url) as conn:  # as the reconciler leaves a run that failed again
+        conn.execute("update runs set state = 'dead', finished_at = now(), error = 'PlannedFailure: no'")
+    said = (
+        "note: 3 dead runs that match were replayed before (and died again) and are left out; "
+        "--force replays them again\n"
+    )
+    for args in ((), ("--dry-run", "--json")):
+        again = cli("dlq", "replay", "--app", APP, *args)
+        assert again.returncode == 0 and again.stderr == said, again
+    assert cli("dlq", "replay", "--app", APP, "--error-class", "Other").stderr == ""  # none match
+    forced = cli("dlq", "replay", "--app", APP, "--force")
+    assert forced.stdout.startswith("replayed 3 runs in ") and forced.stderr == "", forced
 
 
 def test_a_replay_naming_an_undecodable_letter_says_it_cannot_be_replayed(

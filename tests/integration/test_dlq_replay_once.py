@@ -95,7 +95,7 @@ def test_a_replay_may_name_the_dead_runs_it_takes(
 ) -> None:
     """`dlq replay --run ID` takes only the runs named; one that is unknown or not dead is refused
     with one line before anything changes."""
-    first, second, other = (row["id"] for row in conn.execute("select id from runs limit 3").fetchall())
+    first, second, third, other = (r["id"] for r in conn.execute("select id from runs limit 4").fetchall())
     conn.execute("update runs set state = 'succeeded' where id = %s", (other,))
     conn.commit()
 
@@ -129,14 +129,25 @@ def test_a_replay_may_name_the_dead_runs_it_takes(
         {"state": "succeeded", "n": 1},
     ]
     conn.commit()
-    # Replayed already: named again without --force, it is left out and the command says so.
+    # Replayed already: named again without --force, it is left out and the command says why.
     die_again(conn)
+    said = (
+        "note: 1 of the runs named were replayed before (and died again) and are left out; "
+        "--force replays them again\n"
+    )
     dry_again = replay("--run", first, "--dry-run")
-    assert dry_again.returncode == 0 and "--force" in dry_again.stderr, dry_again
+    assert dry_again.returncode == 0 and dry_again.stderr == said, dry_again
     again = replay("--run", first)
     assert again.returncode == 0 and again.stdout.startswith("replayed 0 runs"), again
-    assert "note: 1 of the runs named are left out" in again.stderr, again.stderr
-    assert replay("--run", first, "--force").stdout.startswith("replayed 1 runs")
+    assert again.stderr == said, again.stderr
+    # One outside the other filters (another schedule's) is told apart from one replayed before.
+    row = conn.execute("select schedule_id from runs where id = %s", (first,)).fetchone()
+    assert row is not None
+    outside = replay("--run", first, "--run", third, "--schedule", row["schedule_id"])
+    assert outside.returncode == 0 and outside.stdout.startswith("replayed 0 runs"), outside
+    assert outside.stderr == said + "note: 1 of the runs named are left out: outside the other filters\n"
+    forced = replay("--run", first, "--force")
+    assert forced.stdout.startswith("replayed 1 runs") and forced.stderr == "", forced
 
 
 def test_a_replay_leaves_out_the_runs_of_cancelled_schedules_unless_it_names_them(

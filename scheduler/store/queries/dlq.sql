@@ -82,6 +82,25 @@ select count(*)::bigint as left_out
                                         where a.entity = 'run' and a.entity_id = r.id::text
                                           and a.action = 'replay'));
 
+-- name: count_dead_replayed_before
+-- The dead runs dead_runs_for_replay leaves out, unless forced, because a replay took them before
+-- (and they died again), for the operator to hear of them and of --force. Those of cancelled
+-- schedules it leaves out anyway are count_dead_of_cancelled's, which counts none of these.
+select count(*)::bigint as left_out
+  from runs r
+  join schedules s on s.id = r.schedule_id
+ where r.state = 'dead'
+   and not %(force)s::bool
+   and (%(run_ids)s::uuid[] is null or r.id = any(%(run_ids)s::uuid[]))
+   and (s.state <> 'cancelled' or %(schedule_id)s::uuid is not null or %(run_ids)s::uuid[] is not null)
+   and (%(app)s::text is null or r.app = %(app)s::text)
+   and (%(schedule_id)s::uuid is null or r.schedule_id = %(schedule_id)s::uuid)
+   and (%(error_class)s::text is null or split_part(r.error, ':', 1) = %(error_class)s::text)
+   and (%(since)s::timestamptz is null or r.finished_at >= %(since)s::timestamptz)
+   and (%(until)s::timestamptz is null or r.finished_at < %(until)s::timestamptz)
+   and exists (select 1 from audit_log a
+                where a.entity = 'run' and a.entity_id = r.id::text and a.action = 'replay');
+
 -- name: lost_runs_for_redispatch
 -- Runs whose job message left the outbox before the cut-off (Kafka acknowledged it) and that no
 -- worker ever started: after the topics were lost, their job messages went with them. The relay
