@@ -129,6 +129,19 @@ def test_migrations_status_tells_a_pending_schema_from_a_current_one(empty_datab
     assert "schema up to date" in after.stdout and "9999" in after.stdout
 
 
+def test_migrations_status_tells_an_unreachable_database_from_a_pending_migration() -> None:
+    """Exit 1 is its answer "pending" (a script runs `scheduler init` on it); a database it could not
+    ask is exit 2, one line that names it without its password."""
+    for args in (("status",), ("status", "--json")):
+        done = _migrations_cli("postgresql://sched:hunter2@127.0.0.1:1/scheduler", *args)
+        assert done.returncode == 2, done
+        assert done.stdout == "", done.stdout
+        assert done.stderr.startswith(
+            "error: cannot read the schema version from PostgreSQL at postgresql://sched@127.0.0.1:1/"
+        ), done.stderr
+        assert done.stderr.count("\n") == 1 and "hunter2" not in done.stderr, done.stderr
+
+
 def test_migrations_wait_returns_once_another_process_migrates(empty_database_url: str) -> None:
     waiting = subprocess.Popen(
         [SCHEDULER, "migrations", "wait", "--timeout", "60"],
