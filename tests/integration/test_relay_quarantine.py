@@ -6,6 +6,7 @@ any of them are published in the same round, once each."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -333,6 +334,14 @@ def test_when_kafka_takes_nothing_the_rows_are_handed_back_at_once_and_the_relay
     assert oldest_age() > 0
 
 
+def step_noting_failure(relay: Relay, failed: list[BaseException]) -> None:
+    """One step of ``relay``, in a thread of its own as a rule: what it raised goes to ``failed``."""
+    try:
+        relay.step()
+    except BaseException as exc:
+        failed.append(exc)
+
+
 def oldest_age() -> float:
     value = metrics.REGISTRY.get_sample_value("scheduler_outbox_oldest_age_seconds")
     assert value is not None
@@ -348,12 +357,7 @@ def test_while_a_batch_waits_on_a_kafka_that_does_not_answer_the_oldest_age_grow
     queue(settings, [b"a"])
     relay = relay_to_unreachable_kafka(settings, claim_s=20.0, message_timeout_ms=6000)
     failed: list[BaseException] = []
-
-    def step() -> None:
-        try:
-            relay.step()
-        except BaseException as exc:
-            failed.append(exc)
+    step = functools.partial(step_noting_failure, relay, failed)
 
     try:
         relay._observe_outbox()  # the look before the batch (the relay's own after each step)
@@ -437,12 +441,7 @@ def test_a_relay_that_cannot_reach_kafka_locks_no_row_and_never_reads_as_recover
         name="relay-cut-off",
     )
     failed: list[BaseException] = []
-
-    def step() -> None:
-        try:
-            relay.step()
-        except BaseException as exc:
-            failed.append(exc)
+    step = functools.partial(step_noting_failure, relay, failed)
 
     lockable: list[int] = []
     try:
