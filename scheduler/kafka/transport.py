@@ -165,6 +165,15 @@ class _ClientErrors:
             log.warning("Kafka client %s: %s (%s)", self.client_id, err.str(), name)
 
 
+_ERRORS_BY_CLIENT: dict[str, _ClientErrors] = {}
+
+
+def _client_errors(client_id: str) -> _ClientErrors:
+    """One log of errors per client name: a worker's consumer and producer share theirs, and the
+    same broker's error reached each, so the same line was logged twice."""
+    return _ERRORS_BY_CLIENT.setdefault(client_id, _ClientErrors(client_id))
+
+
 def _base_config(connection: KafkaConnection, client_id: str) -> dict[str, Any]:
     return connection.librdkafka() | {
         "client.id": client_id,
@@ -172,7 +181,7 @@ def _base_config(connection: KafkaConnection, client_id: str) -> dict[str, Any]:
         # Only librdkafka's critical lines reach stderr unformatted; its errors (a refused
         # connection, a failed SASL handshake) come through error_cb as our own warnings.
         "log_level": 2,
-        "error_cb": _ClientErrors(client_id),
+        "error_cb": _client_errors(client_id),
     }
 
 

@@ -262,3 +262,14 @@ def test_a_failed_metadata_request_logs_why_kafka_did_not_answer(
     said = " ".join(record.getMessage() for record in caplog.records)
     assert "SASL" in said, said
     assert "not-shown-anywhere" not in said
+
+
+def test_clients_of_one_name_share_one_log_of_errors() -> None:
+    """A worker's consumer and producer share a name, and a broker they both cannot reach reached
+    each: one log of errors per name says it once a minute, not once per client."""
+    connection = KafkaConnection("127.0.0.1:1")
+    name = f"same-name-{uuid.uuid4().hex[:8]}"
+    producing = producer_config(connection, name)["error_cb"]
+    consuming = consumer_config(connection, "group", name)["error_cb"]
+    assert producing is consuming
+    assert producer_config(connection, f"{name}-other")["error_cb"] is not producing
