@@ -22,7 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
-from scheduler.api.auth import MAX_TOKEN_BYTES, the_authorization
+from scheduler.api.auth import MAX_TOKEN_BYTES
 from scheduler.api.errors import ApiError, clear_frames, invalid
 from scheduler.api.messages import MAX_BATCH_REQUEST_BYTES, max_request_bytes, too_large
 from scheduler.api.service import LARGE_REQUEST_BYTES, METHODS, LargeRequests, SchedulerApi
@@ -89,8 +89,8 @@ def _unary(
     limit = max_request_bytes(name)
 
     async def answer(context: grpc.aio.ServicerContext[Any, Any]) -> Message:
-        authorization = the_authorization(
-            [str(value) for key, value in context.invocation_metadata() or () if key == "authorization"]
+        authorization = api.authorization_of(
+            name, [str(value) for key, value in context.invocation_metadata() or () if key == "authorization"]
         )
         loop = asyncio.get_running_loop()
         principal = await loop.run_in_executor(executor, api.admit, name, authorization)

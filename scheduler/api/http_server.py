@@ -30,7 +30,7 @@ from starlette.routing import Match
 from starlette.routing import Route as PlainRoute
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from scheduler.api.auth import Principal, the_authorization
+from scheduler.api.auth import Principal
 from scheduler.api.errors import ApiError, Code, clear_frames, invalid
 from scheduler.api.messages import MAX_PAGE, as_dict, max_request_bytes, too_large
 from scheduler.api.openapi import document
@@ -157,6 +157,8 @@ class _Received:
     path: dict[str, str]
     query: dict[str, str]
     idempotency_key: str | None
+    idempotency_keys: int
+    """How many Idempotency-Key headers came: two are refused, once the caller is authenticated."""
     unexpected_query: tuple[str, ...] = ()
     """Query parameters the route does not take, or given more than once: refused, never dropped
     (a misspelt ``limt`` would otherwise answer a full page, a filter left out everything)."""
@@ -219,14 +221,13 @@ async def _read_body(request: Request, limit: int, turn: _LargeTurn) -> bytes:
 
 async def _receive(route: Route, request: Request, turn: _LargeTurn) -> _Received:
     counts = Counter(name for name, _ in request.query_params.multi_items())
-    if len(request.headers.getlist("idempotency-key")) > 1:
-        raise invalid("the Idempotency-Key header is given more than once", header="Idempotency-Key")
     return _Received(
         # Read for every route: a body sent to one that takes none (a DELETE's version) is refused.
         body=await _read_body(request, max_request_bytes(route.method), turn),
         path={name: request.path_params[name] for name in route.path_fields},
         query={name: request.query_params[name] for name in route.query if name in request.query_params},
         idempotency_key=request.headers.get("idempotency-key"),
+        idempotency_keys=len(request.headers.getlist("idempotency-key")),
         unexpected_query=tuple(name for name, n in counts.items() if name not in route.query or n > 1),
     )
 
@@ -245,6 +246,8 @@ def _request_message(route: Route, received: _Received) -> Message:
     if received.idempotency_key is not None and "idempotency_key" not in fields:
         # Refused, not ignored: a client that sends one expects a retry to be answered, not done again.
         raise invalid(f"{route.verb} {route.path} takes no Idempotency-Key header", header="Idempotency-Key")
+    if received.idempotency_keys > 1:
+        raise invalid("the Idempotency-Key header is given more than once", header="Idempotency-Key")
     if received.body.strip() and not route.body:
         where = f"; {', '.join(route.query)} go in the query" if route.query else ""
         raise invalid(f"{route.verb} {route.path} takes no body{where}")
@@ -307,7 +310,7 @@ def _endpoint(
         turn = _LargeTurn(large, route.method)
         principal: Principal | None = None
         try:
-            authorization = the_authorization(request.headers.getlist("authorization"))
+            authorization = api.authorization_of(route.method, request.headers.getlist("authorization"))
             if _has_body(request):
                 # Before any of the body is read: uvicorn stops reading one the application has not
                 # asked for once it holds 64 KiB of it, so a caller who may not call the method

@@ -29,7 +29,7 @@ from google.protobuf.message import Message
 
 from scheduler.api import idempotency
 from scheduler.api import messages as m
-from scheduler.api.auth import Access, Authenticator, Principal
+from scheduler.api.auth import Access, Authenticator, Principal, the_authorization
 from scheduler.api.errors import ApiError, Code, invalid, not_found
 from scheduler.api.limits import RateLimiter
 from scheduler.api.metrics import REQUEST_SECONDS, REQUESTS
@@ -258,6 +258,15 @@ class SchedulerApi:
             REQUEST_SECONDS.labels(method.name).observe(time.perf_counter() - started)
             if size > LARGE_REQUEST_BYTES:
                 _give_back_memory()
+
+    def authorization_of(self, method_name: str, values: Sequence[str]) -> str | None:
+        """The one ``Authorization`` value a request carries; two are refused (UNAUTHENTICATED),
+        and counted as the call's outcome, as :meth:`admit` counts its refusals."""
+        try:
+            return the_authorization(values)
+        except ApiError as error:
+            REQUESTS.labels(method_name, error.code.value).inc()
+            raise
 
     def admit(self, method_name: str, authorization: str | None) -> Principal:
         """The caller, or raise what :meth:`call` would answer one who may not call

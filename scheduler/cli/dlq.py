@@ -176,7 +176,7 @@ def replay(
             which = "of the runs named" if named else "dead runs that match"
             click.echo(
                 f"note: {replayed_before} {which} were replayed before (and died again) and are left "
-                "out; --force replays them again",
+                "out; --force takes them too, within --limit",
                 err=True,
             )
         # Counted only when --limit did not cut the list: then every named run left out is one

@@ -646,10 +646,13 @@ wait for it, and how long a broker has to answer."""
 class TopicAdmin:
     """Topics, and the metadata round trip that tells whether the cluster answers."""
 
-    def __init__(self, connection: KafkaConnection | str, *, quiet: bool = False) -> None:
+    def __init__(
+        self, connection: KafkaConnection | str, *, quiet: bool = False, client_id: str = "scheduler-admin"
+    ) -> None:
         # A bare bootstrap string is a PLAINTEXT cluster (the local stack, tests).
         connection = KafkaConnection(connection) if isinstance(connection, str) else connection
-        config = _base_config(connection, "scheduler-admin")
+        config = _base_config(connection, client_id)
+        self._quiet = quiet
         if quiet:
             # A cluster that is not up yet is an expected answer to some callers, not a log line.
             config |= {"log_level": 0, "socket.connection.setup.timeout.ms": 2000}
@@ -660,8 +663,10 @@ class TopicAdmin:
             return self._admin.list_topics(topic, timeout=timeout_s)
         except KafkaException as exc:
             # Why it did not answer (a refused connection, a failed SASL handshake) reaches the
-            # error callback only when the client is polled: list_topics does not serve it.
-            self._admin.poll(0)
+            # error callback only when the client is polled: list_topics does not serve it. A
+            # quiet admin's caller expects no answer yet, and says nothing of it.
+            if not self._quiet:
+                self._admin.poll(0)
             raise _from_exception(
                 KafkaUnavailable, "Kafka did not answer a metadata request: ", exc
             ) from None

@@ -276,7 +276,11 @@ class Relay(Service):
             # each waits on Kafka, while a relay that can reach it skips them; and a step with
             # nothing to publish would read as recovered. Only while in doubt: one metadata
             # request after each batch Kafka took nothing of, none on the way of a healthy relay.
-            self._topics = self.admin.topics(min(TOPIC_CHECK_TIMEOUT_S, self.claim_seconds / 4))
+            try:
+                self._topics = self.admin.topics(min(TOPIC_CHECK_TIMEOUT_S, self.claim_seconds / 4))
+            except TransportError:
+                metrics.FAILURES.inc()  # a batch Kafka took nothing of, as the alert on it counts
+                raise
             self._kafka_doubtful = False
         conn = self.session.conn
         self._in_batch = True

@@ -413,6 +413,8 @@ def _as_stored(value: Any) -> Any:
     1.0 is stored as 1.0."""
     if isinstance(value, float) and value.is_integer() and abs(value) >= 2**53:
         return int(Decimal(repr(value)))  # its text as JSON carries it, as PostgreSQL reads it
+    if isinstance(value, float) and value == 0:
+        return 0.0  # -0.0 is stored as 0.0
     if isinstance(value, dict):
         return {key: _as_stored(item) for key, item in value.items()}
     if isinstance(value, list):

@@ -399,6 +399,11 @@ def test_a_request_that_says_one_thing_twice_is_refused_not_read_one_way(
     keys = [*auth.items(), ("Idempotency-Key", "k1"), ("Idempotency-Key", "k2")]
     answer = http.client.post("/v1/schedules", json=CREATE | {"name": name}, headers=keys)
     assert answer.status_code == 400 and "more than once" in answer.json()["error"]["message"], answer.text
+    # Only once the caller is known: without a token the answer is about the token.
+    anonymous = http.client.get(
+        "/v1/schedules", headers=[("Idempotency-Key", "k1"), ("Idempotency-Key", "k2")]
+    )
+    assert anonymous.status_code == 401, anonymous.text
     message = grpc_caller.stub.ListSchedules
     try:
         message(

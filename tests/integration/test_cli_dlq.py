@@ -55,7 +55,7 @@ def test_a_replay_says_how_many_runs_it_left_out_as_replayed_before(cli: Cli, se
         conn.execute("update runs set state = 'dead', finished_at = now(), error = 'PlannedFailure: no'")
     said = (
         "note: 3 dead runs that match were replayed before (and died again) and are left out; "
-        "--force replays them again\n"
+        "--force takes them too, within --limit\n"
     )
     for args in ((), ("--dry-run", "--json")):
         again = cli("dlq", "replay", "--app", APP, *args)

@@ -133,7 +133,7 @@ def test_a_replay_may_name_the_dead_runs_it_takes(
     die_again(conn)
     said = (
         "note: 1 of the runs named were replayed before (and died again) and are left out; "
-        "--force replays them again\n"
+        "--force takes them too, within --limit\n"
     )
     dry_again = replay("--run", first, "--dry-run")
     assert dry_again.returncode == 0 and dry_again.stderr == said, dry_again

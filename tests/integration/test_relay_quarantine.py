@@ -444,6 +444,7 @@ def test_a_relay_that_cannot_reach_kafka_locks_no_row_and_never_reads_as_recover
     step = functools.partial(step_noting_failure, relay, failed)
 
     lockable: list[int] = []
+    failures_before = metrics.FAILURES._value.get()
     try:
         stepping = threading.Thread(target=step)
         stepping.start()
@@ -455,6 +456,9 @@ def test_a_relay_that_cannot_reach_kafka_locks_no_row_and_never_reads_as_recover
         stepping.join()
         assert [type(exc).__name__ for exc in failed] == ["KafkaUnavailable"]
         assert lockable and set(lockable) == {3}, "every row stayed free for another relay to take"
+        # Still a batch Kafka took nothing of, each time: what SchedulerRelayPublishFailing watches.
+        step()
+        assert metrics.FAILURES._value.get() == failures_before + 2
         # Nothing to publish is no recovery: the step still fails while Kafka does not answer.
         with connect(settings.database_url) as conn:
             conn.execute("delete from outbox")
