@@ -145,7 +145,7 @@ class Wiring:
             self.settings,
             self.database,
             lambda: self.producer(name, {"message.timeout.ms": timeout_ms}),
-            TopicAdmin(self.settings.kafka),
+            TopicAdmin(self.settings.kafka, logs_why=True),
             self.kafka_check(),
             name=name,
         )

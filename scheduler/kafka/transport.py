@@ -647,12 +647,20 @@ class TopicAdmin:
     """Topics, and the metadata round trip that tells whether the cluster answers."""
 
     def __init__(
-        self, connection: KafkaConnection | str, *, quiet: bool = False, client_id: str = "scheduler-admin"
+        self,
+        connection: KafkaConnection | str,
+        *,
+        quiet: bool = False,
+        client_id: str = "scheduler-admin",
+        logs_why: bool = False,
     ) -> None:
+        """``logs_why``: a metadata request Kafka did not answer logs librdkafka's reason (a failed
+        SASL handshake, a refused connection), for a component's log; a command of the CLI says
+        in its own one line that Kafka did not answer."""
         # A bare bootstrap string is a PLAINTEXT cluster (the local stack, tests).
         connection = KafkaConnection(connection) if isinstance(connection, str) else connection
         config = _base_config(connection, client_id)
-        self._quiet = quiet
+        self._logs_why = logs_why and not quiet
         if quiet:
             # A cluster that is not up yet is an expected answer to some callers, not a log line.
             config |= {"log_level": 0, "socket.connection.setup.timeout.ms": 2000}
@@ -663,9 +671,8 @@ class TopicAdmin:
             return self._admin.list_topics(topic, timeout=timeout_s)
         except KafkaException as exc:
             # Why it did not answer (a refused connection, a failed SASL handshake) reaches the
-            # error callback only when the client is polled: list_topics does not serve it. A
-            # quiet admin's caller expects no answer yet, and says nothing of it.
-            if not self._quiet:
+            # error callback only when the client is polled: list_topics does not serve it.
+            if self._logs_why:
                 self._admin.poll(0)
             raise _from_exception(
                 KafkaUnavailable, "Kafka did not answer a metadata request: ", exc

@@ -259,7 +259,7 @@ def test_a_failed_metadata_request_logs_why_kafka_did_not_answer(
     caplog.set_level(logging.WARNING, logger="scheduler.kafka.transport")
     with pytest.raises(KafkaUnavailable):
         # A name of its own: errors are logged once a minute per client name and kind.
-        TopicAdmin(sasl, client_id=f"sasl-{uuid.uuid4().hex[:8]}").topics(5.0)
+        TopicAdmin(sasl, client_id=f"sasl-{uuid.uuid4().hex[:8]}", logs_why=True).topics(5.0)
     said = " ".join(record.getMessage() for record in caplog.records)
     assert "SASL" in said, said
     assert "not-shown-anywhere" not in said
@@ -283,5 +283,7 @@ def test_a_quiet_admin_says_nothing_of_a_cluster_that_does_not_answer(
     caplog.set_level(logging.WARNING, logger="scheduler.kafka.transport")
     with pytest.raises(KafkaUnavailable):
         # Long enough for librdkafka's first connection attempt and its error; a name of its own.
-        TopicAdmin("127.0.0.1:1", quiet=True, client_id=f"quiet-{uuid.uuid4().hex[:8]}").ping(3.0)
+        TopicAdmin("127.0.0.1:1", quiet=True, client_id=f"quiet-{uuid.uuid4().hex[:8]}", logs_why=True).ping(
+            3.0
+        )
     assert [r.getMessage() for r in caplog.records if r.name == "scheduler.kafka.transport"] == []
