@@ -283,21 +283,18 @@ class Relay(Service):
                 raise
             self._kafka_doubtful = False
         conn = self.session.conn
-        self._in_batch = True
         try:
-            with conn.transaction():
-                outbox.bound_transaction(conn, self.claim_seconds)
-                batch = self._relay_locked(conn)
-        except TransportError:
-            self._kafka_doubtful = True
-            raise
-        finally:
-            self._in_batch = False
-        # Counted once committed: a batch rolled back is published again, and counted then.
-        self._count(batch)
-        try:
+            self._in_batch = True
+            try:
+                with conn.transaction():
+                    outbox.bound_transaction(conn, self.claim_seconds)
+                    batch = self._relay_locked(conn)
+            finally:
+                self._in_batch = False
+            # Counted once committed: a batch rolled back is published again, and counted then.
+            self._count(batch)
             self._raise_if_stuck(batch.acked, batch.failed)
-        except DeliveryError:
+        except TransportError:  # a DeliveryError too: Kafka took nothing, or the producer broke
             self._kafka_doubtful = True
             raise
         return batch.report
