@@ -29,7 +29,6 @@ from rich.console import Group
 from rich.live import Live
 from rich.text import Text
 
-from scheduler.api.auth import Role, issue_token
 from scheduler.cli.common import DataTable, FiniteFloatRange, actor, database, wiring_or_exit
 from scheduler.cli.init import initialise
 from scheduler.runtime.supervisor import Supervisor, pipeline_children
@@ -106,6 +105,8 @@ def _demo_api(api_port: int, grpc_port: int, secret: str | None) -> tuple[int, i
     os.environ["SCHEDULER_API_PORT"], os.environ["SCHEDULER_GRPC_PORT"] = str(api_port), str(grpc_port)
     if secret is None:
         return api_port, grpc_port, "(signed by your JWKS's issuer: the demo cannot make one)"
+    from scheduler.api.auth import Role, issue_token  # JWT and gRPC only for a demo, not every command
+
     return api_port, grpc_port, issue_token(secret, "demo-user", [Role.ADMIN], [APP])
 
 

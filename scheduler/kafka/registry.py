@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import json
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from confluent_kafka.schema_registry.error import SchemaRegistryError
 from fastavro.schema import parse_schema
 
 from scheduler.kafka.avro import AvroSchema, ParsedSchema, SchemaCatalog, default_catalog
+
+if TYPE_CHECKING:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
 
 _NOT_FOUND = 404
 
@@ -38,15 +40,25 @@ def subject_for(topic: str) -> str:
 
 class SchemaRegistry:
     def __init__(self, url: str, *, timeout_s: float = 10.0) -> None:
+        # Imported only here: the registry's client brings an HTTP and OAuth stack that takes a
+        # quarter of a second to import, which every command of the CLI paid without a registry.
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
         self.url = url
+        self._refused = SchemaRegistryError
         # Few retries: the ingestor retries the whole batch with its own backoff anyway.
-        self._client = SchemaRegistryClient({"url": url, "timeout": timeout_s, "max.retries": 1})
+        self._client: SchemaRegistryClient = SchemaRegistryClient(
+            {"url": url, "timeout": timeout_s, "max.retries": 1}
+        )
 
     def register(self, schema: AvroSchema, subject: str) -> int:
         """The registry's id of ``schema`` under ``subject``, registering it if it is new there."""
+        from confluent_kafka.schema_registry import Schema
+
         try:
             return int(self._client.register_schema(subject, Schema(schema.definition, "AVRO")))
-        except SchemaRegistryError as exc:
+        except self._refused as exc:
             raise RegistryUnavailable(f"schema registry {self.url} refused {schema.name}: {exc}") from exc
         except Exception as exc:  # the HTTP client's errors: connection refused, timeout, bad JSON
             raise RegistryUnavailable(f"schema registry {self.url} is unreachable: {exc}") from exc
@@ -58,7 +70,7 @@ class SchemaRegistry:
         """
         try:
             registered = self._client.get_schema(schema_id)
-        except SchemaRegistryError as exc:
+        except self._refused as exc:
             if exc.http_status_code == _NOT_FOUND:
                 raise LookupError(f"schema id {schema_id} is not registered") from exc
             raise RegistryUnavailable(f"schema registry {self.url} failed for id {schema_id}: {exc}") from exc
