@@ -32,7 +32,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from scheduler.api.auth import Principal
 from scheduler.api.errors import ApiError, Code, clear_frames, invalid
-from scheduler.api.messages import MAX_PAGE, as_dict, max_request_bytes, too_large
+from scheduler.api.messages import MAX_PAGE, as_dict, check_times, max_request_bytes, too_large
 from scheduler.api.openapi import document
 from scheduler.api.routes import ROUTES, Route
 from scheduler.api.service import (
@@ -116,6 +116,7 @@ def error_response(error: ApiError) -> JSONResponse:
 
 def parse_message(data: dict[str, Any], message_type: type[Message]) -> Message:
     """``data`` by protobuf's JSON mapping; one line naming the field (never its value) otherwise."""
+    check_times(data, message_type.DESCRIPTOR)
     message = message_type()
     try:
         json_format.ParseDict(data, message)

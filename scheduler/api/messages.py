@@ -11,6 +11,7 @@ import base64
 import binascii
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -39,6 +40,16 @@ MAX_STRING_LENGTH = 4096
 # The same limits on both transports: HTTP counts the body, gRPC the serialized message.
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 MAX_BATCH_REQUEST_BYTES = 32 * 1024 * 1024
+# A time as RFC 3339 writes one (upper-case T and Z, as protobuf's JSON mapping reads them), its
+# offset one that exists. protobuf's own parser reads "+25:00", "-00:60", "+ 2:00" and
+# "2027-1-1T9:00:00Z" as some instant or other rather than refuse them.
+TIME_RE = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?"
+    r"(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+)
+TIME_FORM = (
+    "an RFC 3339 time such as 2027-01-01T09:00:00Z or 2027-01-01T09:00:00+02:00 (offsets -23:59 to +23:59)"
+)
 
 
 def max_request_bytes(method: str) -> int:
@@ -164,6 +175,38 @@ def check_strings(message: Message, path: str = "") -> None:
         elif field.message_type is not None and field.message_type.full_name.startswith("scheduler."):
             for index, item in enumerate(value if field.is_repeated else [value]):
                 check_strings(item, f"{name}[{index}]." if field.is_repeated else f"{name}.")
+
+
+def check_times(data: Any, descriptor: Any, path: str = "") -> None:
+    """Refuse a Timestamp field of ``data`` (at any depth of the API's messages) that is not
+    :data:`TIME_FORM`, naming it as the client wrote it (``schedules[2].run_at``). Values of another
+    type are left to protobuf's parser, which refuses them."""
+    if not isinstance(data, dict):
+        return
+    for name, value in data.items():
+        field = descriptor.fields_by_name.get(name) or descriptor.fields_by_camelcase_name.get(name)
+        if field is None or field.message_type is None or value is None:
+            continue
+        where = f"{path}{name}"
+        if field.message_type.full_name == "google.protobuf.Timestamp":
+            if isinstance(value, str) and not is_time(value):
+                raise invalid(f"{where} must be {TIME_FORM}", field=where)
+        elif field.message_type.full_name.startswith("scheduler."):
+            if not field.is_repeated:
+                check_times(value, field.message_type, f"{where}.")
+            elif isinstance(value, list):
+                for index, item in enumerate(value):
+                    check_times(item, field.message_type, f"{where}[{index}].")
+
+
+def is_time(text: str) -> bool:
+    if not TIME_RE.fullmatch(text):
+        return False
+    try:
+        datetime.fromisoformat(text[:19])  # a month 13, a day 31 in April, an hour 24
+    except ValueError:
+        return False
+    return True
 
 
 def uuid_of(text: str, what: str) -> UUID:

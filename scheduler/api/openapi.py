@@ -13,7 +13,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from scheduler import __version__
 from scheduler.api import idempotency
 from scheduler.api.errors import HTTP_STATUS
-from scheduler.api.messages import MAX_PAGE, MAX_STRING_LENGTH
+from scheduler.api.messages import MAX_PAGE, MAX_STRING_LENGTH, TIME_RE
 from scheduler.api.routes import ROUTES, Route
 from scheduler.api.service import AUDIT_ENTITIES, METHODS
 from scheduler.domain.run_state import RunState
@@ -41,6 +41,8 @@ WELL_KNOWN: dict[str, dict[str, Any]] = {
     "google.protobuf.Value": {"description": "Any JSON value"},
 }
 APP_PATTERN = f"^{APP_NAME_RE.pattern}$"
+# The form of a time the server reads (date-time alone allows a lower-case t and z, which it does not).
+TIME_PATTERN = f"^{TIME_RE.pattern}$"
 HANDLER_PATTERN = f"^(?:{HANDLER_RE.pattern})$"
 UUID_PATTERN = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 # protobuf's pure-Python and upb descriptors declare no common type.
@@ -133,6 +135,8 @@ def _field_schema(field: FieldDescriptor, components: dict[str, Any], response: 
         name = field.message_type.full_name
         if name in WELL_KNOWN:
             schema = dict(WELL_KNOWN[name])
+            if name == "google.protobuf.Timestamp" and not response:
+                schema["pattern"] = TIME_PATTERN
         else:
             schema = {"$ref": f"#/components/schemas/{_component(field.message_type, components, response)}"}
     elif field.type == FieldDescriptor.TYPE_STRING and not response:

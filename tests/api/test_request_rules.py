@@ -1,0 +1,88 @@
+"""How the API reads what a client may get wrong in a well-formed request: times whose offset does
+not exist, keys a person cannot read back, empty strings in an update, an app that is not there.
+Each is refused with one line naming the field as the client sent it, the same on both transports
+where both carry it, and nothing is stored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.api.client import HttpCaller, token
+from tests.api.conftest import ApiStack
+
+pytestmark = pytest.mark.e2e
+
+ROOT = token(subject="rules")  # an admin of every app
+CRON = {"app": "alpha", "handler": "builtin:noop", "cron_expression": "0 6 * * *"}
+ONE_SHOT = {"app": "alpha", "handler": "builtin:noop"}
+
+
+def _stored(api_stack: ApiStack, name: str) -> int:
+    with api_stack.connect() as conn:
+        row = conn.execute("select count(*) as n from schedules where name = %s", (name,)).fetchone()
+    assert row is not None and isinstance(row["n"], int)
+    return row["n"]
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        "2027-01-01T09:00:00+25:00",
+        "2027-01-01T09:00:00-24:00",
+        "2027-01-01T09:00:00+02:60",
+        "2027-01-01T09:00:00-00:60",
+        "2027-01-01T09:00:00+ 2:00",
+        "2027-01-01T09:00:00+2:00",
+        "2027-01-01T09:00:00+0200",
+        "2027-1-1T9:00:00Z",
+        "2027-01-01 09:00:00Z",
+        "2027-01-01t09:00:00z",
+        "2027-13-01T09:00:00Z",
+        "2027-04-31T09:00:00Z",
+        "2027-01-01T09:00:00",
+    ],
+)
+def test_a_time_with_an_offset_that_does_not_exist_or_in_another_form_is_refused_naming_its_field(
+    api_stack: ApiStack, http: HttpCaller, moment: str
+) -> None:
+    name = f"odd-time-{moment}"
+    requests: list[tuple[str, dict[str, Any], str]] = [
+        ("CreateSchedule", ONE_SHOT | {"name": name, "run_at": moment}, "run_at"),
+        ("CreateSchedule", CRON | {"name": name, "start_at": moment}, "start_at"),
+        ("CreateSchedule", CRON | {"name": name, "end_at": moment}, "end_at"),
+        ("CreateSchedules", {"schedules": [CRON | {"name": name}, ONE_SHOT | {"run_at": moment}]},
+         "schedules[1].run_at"),
+        ("ListDeadLetters", {"since": moment}, "since"),
+        ("ListAuditEntries", {"since": moment}, "since"),
+    ]  # fmt: skip
+    for method, request, field in requests:
+        outcome = http.call(method, request, ROOT)
+        assert (outcome.http_status, outcome.code) == (400, "INVALID_ARGUMENT"), (method, outcome)
+        assert outcome.body["details"] == {"field": field}, outcome
+        assert outcome.body["message"].startswith(f"{field} must be an RFC 3339 time"), outcome
+    created = http.call("CreateSchedule", CRON | {"name": f"{name}-ok"}, ROOT)
+    assert created.ok, created
+    patched = http.call("UpdateSchedule", {"id": created.body["id"], "start_at": moment}, ROOT)
+    assert (patched.code, patched.body["details"]) == ("INVALID_ARGUMENT", {"field": "start_at"}), patched
+    assert _stored(api_stack, name) == 0
+
+
+def test_every_offset_that_exists_is_read_as_the_instant_it_names(http: HttpCaller) -> None:
+    for moment, instant in (
+        ("2027-01-01T09:00:00+23:59", "2026-12-31T09:01:00Z"),
+        ("2027-01-01T09:00:00-23:59", "2027-01-02T08:59:00Z"),
+        ("2027-01-01T09:00:00+05:30", "2027-01-01T03:30:00Z"),
+        ("2027-01-01T09:00:00-00:00", "2027-01-01T09:00:00Z"),
+        ("2027-01-01T09:00:00.5Z", "2027-01-01T09:00:00.500Z"),
+    ):
+        created = http.call("CreateSchedule", ONE_SHOT | {"run_at": moment}, ROOT)
+        assert created.ok and created.body["run_at"] == instant, (moment, created)
+
+
+def test_the_document_gives_the_form_of_a_time(http: HttpCaller) -> None:
+    spec = http.client.get("/openapi.json").json()
+    run_at = spec["components"]["schemas"]["CreateScheduleBody"]["properties"]["run_at"]
+    assert run_at["format"] == "date-time" and "2[0-3]" in run_at["pattern"], run_at
+    assert "pattern" not in spec["components"]["schemas"]["Schedule"]["properties"]["run_at"]
