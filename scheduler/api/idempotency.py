@@ -9,6 +9,7 @@ response; the same key with another request is refused. A request that fails lea
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -24,6 +25,24 @@ Row = dict[str, Any]
 M = TypeVar("M", bound=Message)
 TTL_S = 24 * 3600.0
 MAX_KEY_LENGTH = 200
+# Printable ASCII, a space only between other characters: what an HTTP header carries as it was
+# sent (a header's blanks at either end are dropped on the way, and other bytes are read as
+# Latin-1), so that a key reads the same in the Idempotency-Key header, a body and a gRPC message.
+KEY_RE = re.compile(r"[!-~](?:[ -~]*[!-~])?")
+KEY_RULE = (
+    f"1 to {MAX_KEY_LENGTH} printable ASCII characters, with spaces only between them "
+    "(no tab, line break, control or non-ASCII character)"
+)
+
+
+def check_key(key: str) -> None:
+    """Refuse an idempotency key that is not :data:`KEY_RULE` (an empty one is none)."""
+    if len(key) > MAX_KEY_LENGTH or not KEY_RE.fullmatch(key):
+        raise ApiError(
+            Code.INVALID_ARGUMENT,
+            f"idempotency_key (or the Idempotency-Key header) must be {KEY_RULE}",
+            {"field": "idempotency_key"},
+        )
 
 
 def request_hash(method: str, request: Message, scope: Sequence[str] | None = None) -> str:
@@ -52,12 +71,7 @@ def once(
     key: str = getattr(request, "idempotency_key")  # noqa: B009
     if not key:
         return work()
-    if len(key) > MAX_KEY_LENGTH:
-        raise ApiError(
-            Code.INVALID_ARGUMENT,
-            f"idempotency key must be 1 to {MAX_KEY_LENGTH} characters",
-            {"field": "idempotency_key"},
-        )
+    check_key(key)
     digest = request_hash(method, request, scope)
     with conn.transaction():
         if store.claim_idempotency_key(conn, principal, method, key, digest, TTL_S):

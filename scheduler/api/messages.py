@@ -28,6 +28,7 @@ from scheduler.schedule.spec import (
     PayloadTooLarge,
     ScheduleSpec,
     encoded_payload,
+    validate_schedule_key,
 )
 from scheduler.v1 import scheduler_pb2 as pb
 
@@ -428,6 +429,16 @@ def spec_of_create(request: pb.CreateScheduleRequest) -> ScheduleSpec:
     if request.overlap_policy:
         values["overlap_policy"] = request.overlap_policy
     return ScheduleSpec(**values)
+
+
+def schedule_key_of(request: pb.CreateScheduleRequest) -> str | None:
+    """The key a create gives (None: the schedule's id), checked here to name its field."""
+    if not request.schedule_key:
+        return None
+    try:
+        return validate_schedule_key(request.schedule_key)
+    except InvalidSchedule as exc:
+        raise ApiError(Code.INVALID_SCHEDULE, str(exc), {"field": "schedule_key"}) from None
 
 
 SPEC_CHANGES = (

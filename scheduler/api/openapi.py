@@ -27,6 +27,7 @@ from scheduler.schedule.spec import (
     MAX_HANDLER_LENGTH,
     MAX_KEY_LENGTH,
     MAX_NAME_LENGTH,
+    SCHEDULE_KEY_RE,
 )
 
 INT32 = {"type": "integer", "format": "int32", "minimum": -(2**31), "maximum": 2**31 - 1}
@@ -101,6 +102,13 @@ LENGTHS = {
 }
 
 
+# The keys' rules as patterns; an empty key is none (a schedule's id, no idempotency).
+KEY_PATTERNS = {
+    "schedule_key": f"^$|^(?:{SCHEDULE_KEY_RE.pattern})$",
+    "idempotency_key": f"^$|^(?:{idempotency.KEY_RE.pattern})$",
+}
+
+
 # The fields a create cannot leave out (nor give as null): every other request field may be left
 # out, and an empty string is one left out.
 NEEDED = {
@@ -127,7 +135,10 @@ def _request_string(message: Descriptor, field: FieldDescriptor) -> dict[str, An
         return {"type": "string", "pattern": f"^$|{APP_PATTERN}"}
     if field.name in ("id", "schedule_id", "run_id"):
         return {"type": "string", "pattern": f"^$|{UUID_PATTERN}"}
-    return {"type": "string", "maxLength": LENGTHS.get(field.name, MAX_STRING_LENGTH)}
+    schema: dict[str, Any] = {"type": "string", "maxLength": LENGTHS.get(field.name, MAX_STRING_LENGTH)}
+    if field.name in KEY_PATTERNS:
+        schema["pattern"] = KEY_PATTERNS[field.name]
+    return schema
 
 
 def _field_schema(field: FieldDescriptor, components: dict[str, Any], response: bool) -> dict[str, Any]:
@@ -215,9 +226,13 @@ def _operation(route: Route, components: dict[str, Any]) -> dict[str, Any]:
                 "name": "Idempotency-Key",
                 "in": "header",
                 "required": False,
-                "schema": {"type": "string", "maxLength": idempotency.MAX_KEY_LENGTH},
+                "schema": {
+                    "type": "string",
+                    "maxLength": idempotency.MAX_KEY_LENGTH,
+                    "pattern": KEY_PATTERNS["idempotency_key"],
+                },
                 "description": "The same key with the same request returns the first response for 24 h "
-                "(an empty key is none)",
+                f"(an empty key is none): {idempotency.KEY_RULE}",
             }
         )
     response = _component(method.response.DESCRIPTOR, components, True)

@@ -336,7 +336,7 @@ class SchedulerApi:
             raise not_found(f"app {spec.app!r}")
         enabled = request.enabled if request.HasField("enabled") else True
         row = service.create_schedule(
-            conn, spec, principal.actor, schedule_key=request.schedule_key or None, enabled=enabled
+            conn, spec, principal.actor, schedule_key=m.schedule_key_of(request), enabled=enabled
         )
         return m.schedule_message(row)
 
@@ -351,6 +351,7 @@ class SchedulerApi:
                 raise invalid(f"schedules[{index}]: give the batch's idempotency_key, not its items'")
             try:
                 spec = m.spec_of_create(item)
+                schedule_key = m.schedule_key_of(item)
             except ApiError as exc:
                 raise ApiError(
                     exc.code, f"schedules[{index}]: {exc.message}", exc.details | {"index": index}
@@ -358,7 +359,7 @@ class SchedulerApi:
             if not principal.sees(spec.app):
                 raise ApiError(Code.NOT_FOUND, f"schedules[{index}]: no app {spec.app!r}", {"index": index})
             enabled = item.enabled if item.HasField("enabled") else True
-            batch.append(NewSchedule(spec, item.schedule_key or None, enabled))
+            batch.append(NewSchedule(spec, schedule_key, enabled))
         rows = service.create_schedules(conn, batch, principal.actor)
         return pb.CreateSchedulesResponse(schedules=[m.schedule_message(row) for row in rows])
 

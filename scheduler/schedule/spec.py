@@ -95,12 +95,23 @@ SYNTAX_CHECK_ID = uuid.UUID(int=0)
 
 
 MAX_KEY_LENGTH = 200
+# A key is how people and commands name a schedule (`scheduler schedules get APP/KEY`), so it must
+# read back as it was written: no control character, tab, line break or invisible character, and no
+# blank at either end (which a form, a terminal or a shell would silently lose). Written so that
+# Python and ECMA-262 (the OpenAPI document's patterns) read it the same: \s is whitespace in both,
+# once U+FEFF, which only ECMA-262 counts, is named.
+VISIBLE_CHARACTER = r"[^\s\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u206f\ufeff]"
+SCHEDULE_KEY_RE = re.compile(rf"{VISIBLE_CHARACTER}(?:(?:{VISIBLE_CHARACTER}| )*{VISIBLE_CHARACTER})?")
+SCHEDULE_KEY_RULE = (
+    f"1 to {MAX_KEY_LENGTH} characters: letters, digits, punctuation and symbols, with spaces only "
+    "between them (no tab, line break, control or invisible character)"
+)
 
 
 def validate_schedule_key(key: str) -> str:
-    """A schedule key as Kafka commands name it: 1 to 200 characters PostgreSQL can store."""
-    if not 1 <= len(key) <= MAX_KEY_LENGTH:
-        raise InvalidSchedule(f"schedule key must be 1 to {MAX_KEY_LENGTH} characters, got {len(key)}")
+    """A schedule key as the CLI, the API and Kafka commands name it (:data:`SCHEDULE_KEY_RE`)."""
+    if not 1 <= len(key) <= MAX_KEY_LENGTH or not SCHEDULE_KEY_RE.fullmatch(key):
+        raise InvalidSchedule(f"schedule key {quoted(key)} must be {SCHEDULE_KEY_RULE}")
     return check_text(key, "schedule key")
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.api.client import HttpCaller, token
+from tests.api.client import GrpcCaller, HttpCaller, token
 from tests.api.conftest import ApiStack
 
 pytestmark = pytest.mark.e2e
@@ -86,3 +86,70 @@ def test_the_document_gives_the_form_of_a_time(http: HttpCaller) -> None:
     run_at = spec["components"]["schemas"]["CreateScheduleBody"]["properties"]["run_at"]
     assert run_at["format"] == "date-time" and "2[0-3]" in run_at["pattern"], run_at
     assert "pattern" not in spec["components"]["schemas"]["Schedule"]["properties"]["run_at"]
+
+
+BAD_KEYS = [" leading", "trailing ", "tab\there", "new\nline", "carriage\rreturn", "del\x7f",
+            "nbsp\xa0inside", "zero\u200bwidth", "line\u2028separator", "x" * 201]  # fmt: skip
+
+
+@pytest.mark.parametrize("key", BAD_KEYS, ids=repr)
+def test_a_schedule_key_a_person_cannot_read_back_is_refused_on_both_transports(
+    api_stack: ApiStack, caller: HttpCaller | GrpcCaller, key: str
+) -> None:
+    name = f"bad-key-{caller.name}-{BAD_KEYS.index(key)}"
+    outcome = caller.call("CreateSchedule", CRON | {"name": name, "schedule_key": key}, ROOT)
+    assert outcome.code == "INVALID_SCHEDULE" and outcome.http_status in (None, 422), outcome
+    assert outcome.body["details"] == {"field": "schedule_key"}, outcome
+    assert "schedule key" in outcome.body["message"] and "no tab, line break" in outcome.body["message"]
+    batch = caller.call("CreateSchedules", {"schedules": [CRON | {"name": name, "schedule_key": key}]}, ROOT)
+    assert batch.code == "INVALID_SCHEDULE", batch
+    assert batch.body["details"] in (
+        {"field": "schedule_key", "index": 0},
+        {"field": "schedule_key", "index": "0"},
+    )
+    assert batch.body["message"].startswith("schedules[0]: schedule key"), batch
+    assert _stored(api_stack, name) == 0
+
+
+def test_a_schedule_key_in_any_script_with_inner_spaces_is_kept_as_written(
+    caller: HttpCaller | GrpcCaller,
+) -> None:
+    key = f"rapport été 日本 {caller.name}"
+    created = caller.call("CreateSchedule", CRON | {"schedule_key": key}, ROOT)
+    assert created.ok and created.body["schedule_key"] == key, created
+
+
+@pytest.mark.parametrize("key", [*BAD_KEYS, "café"], ids=repr)
+def test_an_idempotency_key_outside_printable_ascii_is_refused_in_the_body_and_over_grpc(
+    api_stack: ApiStack, caller: HttpCaller | GrpcCaller, key: str
+) -> None:
+    name = f"bad-idem-{caller.name}-{len(key)}-{key.isascii()}"
+    outcome = caller.call("CreateSchedule", CRON | {"name": name, "idempotency_key": key}, ROOT)
+    assert outcome.code == "INVALID_ARGUMENT" and outcome.http_status in (None, 400), outcome
+    assert outcome.body["details"] == {"field": "idempotency_key"}, outcome
+    assert "printable ASCII" in outcome.body["message"], outcome
+    assert _stored(api_stack, name) == 0
+
+
+def test_the_idempotency_key_header_follows_the_same_rule(api_stack: ApiStack, http: HttpCaller) -> None:
+    for index, raw in enumerate((b"tab\there", b"caf\xc3\xa9", b"latin\xe9")):
+        name = f"bad-idem-header-{index}"
+        headers = [(b"Authorization", f"Bearer {ROOT}".encode()), (b"Idempotency-Key", raw)]
+        answer = http.client.post("/v1/schedules", json=CRON | {"name": name}, headers=headers)
+        error = answer.json()["error"]
+        assert (answer.status_code, error["code"]) == (400, "INVALID_ARGUMENT"), (raw, error)
+        assert "printable ASCII" in error["message"] and error["details"] == {"field": "idempotency_key"}
+        assert _stored(api_stack, name) == 0
+    request = CRON | {"name": "spaced-idem"}
+    first = http.call("CreateSchedule", request, ROOT, headers={"Idempotency-Key": "order 42/retry #1"})
+    again = http.call("CreateSchedule", request | {"idempotency_key": "order 42/retry #1"}, ROOT)
+    assert first.ok and again.ok and again.body["id"] == first.body["id"], (first, again)
+
+
+def test_the_document_gives_the_keys_rules(http: HttpCaller) -> None:
+    spec = http.client.get("/openapi.json").json()
+    body = spec["components"]["schemas"]["CreateScheduleBody"]["properties"]
+    assert body["schedule_key"]["pattern"].startswith("^$|") and body["schedule_key"]["maxLength"] == 200
+    assert body["idempotency_key"]["pattern"] == "^$|^(?:[!-~](?:[ -~]*[!-~])?)$"
+    [header] = [p for p in spec["paths"]["/v1/schedules"]["post"]["parameters"] if p["in"] == "header"]
+    assert header["schema"]["pattern"] == body["idempotency_key"]["pattern"]
