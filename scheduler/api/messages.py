@@ -453,8 +453,21 @@ def changes_spec(request: pb.UpdateScheduleRequest) -> bool:
     )
 
 
+# An update's strings that a schedule cannot be without: given empty, they are refused rather than
+# read as "keep it" (a client that clears a form's field would see its change dropped) or stored.
+# An empty description clears it, and an empty timezone is UTC, as on create.
+NOT_EMPTY_IN_UPDATE = ("name", "handler", "cron_expression", "misfire_policy", "overlap_policy")
+
+
 def spec_of_update(stored: ScheduleSpec, request: pb.UpdateScheduleRequest) -> ScheduleSpec:
     """``stored`` with the fields the update gives; a cron expression or run_at changes the kind."""
+    for field in NOT_EMPTY_IN_UPDATE:
+        if request.HasField(field) and not getattr(request, field):
+            raise ApiError(
+                Code.INVALID_SCHEDULE,
+                f"{field} cannot be empty; leave it out to keep the schedule's",
+                {"field": field},
+            )
     values: dict[str, Any] = {}
     plain = {"name": "name", "description": "description", "timezone": "tz", "handler": "handler",
              "misfire_policy": "misfire_policy", "overlap_policy": "overlap_policy"}  # fmt: skip

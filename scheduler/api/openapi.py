@@ -13,7 +13,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from scheduler import __version__
 from scheduler.api import idempotency
 from scheduler.api.errors import HTTP_STATUS
-from scheduler.api.messages import MAX_PAGE, MAX_STRING_LENGTH, TIME_RE
+from scheduler.api.messages import MAX_PAGE, MAX_STRING_LENGTH, NOT_EMPTY_IN_UPDATE, TIME_RE
 from scheduler.api.routes import ROUTES, Route
 from scheduler.api.service import AUDIT_ENTITIES, METHODS
 from scheduler.domain.run_state import RunState
@@ -138,6 +138,8 @@ def _request_string(message: Descriptor, field: FieldDescriptor) -> dict[str, An
     schema: dict[str, Any] = {"type": "string", "maxLength": LENGTHS.get(field.name, MAX_STRING_LENGTH)}
     if field.name in KEY_PATTERNS:
         schema["pattern"] = KEY_PATTERNS[field.name]
+    if message.name == "UpdateScheduleRequest" and field.name in NOT_EMPTY_IN_UPDATE:
+        schema["minLength"] = 1
     return schema
 
 

@@ -153,3 +153,25 @@ def test_the_document_gives_the_keys_rules(http: HttpCaller) -> None:
     assert body["idempotency_key"]["pattern"] == "^$|^(?:[!-~](?:[ -~]*[!-~])?)$"
     [header] = [p for p in spec["paths"]["/v1/schedules"]["post"]["parameters"] if p["in"] == "header"]
     assert header["schema"]["pattern"] == body["idempotency_key"]["pattern"]
+
+
+def test_an_empty_string_in_an_update_clears_a_description_is_utc_as_a_zone_and_is_refused_elsewhere(
+    caller: HttpCaller | GrpcCaller,
+) -> None:
+    created = caller.call(
+        "CreateSchedule",
+        CRON | {"name": f"kept-{caller.name}", "description": "d", "timezone": "Asia/Tokyo"},
+        ROOT,
+    )
+    assert created.ok, created
+    schedule = created.body["id"]
+    for field in ("name", "handler", "cron_expression", "misfire_policy", "overlap_policy"):
+        outcome = caller.call("UpdateSchedule", {"id": schedule, field: ""}, ROOT)
+        assert outcome.code == "INVALID_SCHEDULE" and outcome.http_status in (None, 422), (field, outcome)
+        assert outcome.body["details"] == {"field": field}, outcome
+        assert outcome.body["message"] == f"{field} cannot be empty; leave it out to keep the schedule's"
+    unchanged = caller.call("GetSchedule", {"id": schedule}, ROOT).body
+    assert (unchanged["version"], unchanged["name"]) == (created.body["version"], f"kept-{caller.name}")
+    cleared = caller.call("UpdateSchedule", {"id": schedule, "description": "", "timezone": ""}, ROOT)
+    assert cleared.ok and (cleared.body["description"], cleared.body["timezone"]) == ("", "UTC"), cleared
+    assert cleared.body["name"] == f"kept-{caller.name}"
