@@ -105,6 +105,24 @@ def _unauthenticated(reason: str) -> ApiError:
     return ApiError(Code.UNAUTHENTICATED, reason)
 
 
+# What a token that does not verify is told, in words rather than PyJWT's class names; the first
+# that the error is an instance of (InvalidSignatureError is a DecodeError).
+_INVALID_TOKEN_REASONS: tuple[tuple[type[jwt.InvalidTokenError], str], ...] = (
+    (jwt.InvalidSignatureError, "the token's signature does not verify"),
+    (jwt.DecodeError, "the token is not a well-formed JWT (three base64url parts, a JSON header and claims)"),
+    (jwt.InvalidAlgorithmError, "the token's algorithm is not accepted"),
+    (jwt.InvalidIssuedAtError, "the token's 'iat' claim is not a time"),
+    (jwt.exceptions.InvalidSubjectError, "the token's 'sub' claim must be a non-empty string"),
+    (jwt.exceptions.InvalidJTIError, "the token's 'jti' claim must be a string"),
+)
+
+
+def _why_invalid(exc: jwt.InvalidTokenError) -> str:
+    return next(
+        (text for kind, text in _INVALID_TOKEN_REASONS if isinstance(exc, kind)), "the token is not valid"
+    )
+
+
 # A claim the token does not have, told apart from one it has with the value null.
 _ABSENT: Any = object()
 
@@ -180,7 +198,9 @@ class _JwksFile:
         except (OSError, ValueError, jwt.PyJWKSetError) as exc:
             if self._keys:
                 return  # keep the keys that worked; the file may be mid-rotation
-            raise _unauthenticated(f"the configured keys cannot be read ({type(exc).__name__})") from None
+            # What is wrong with the file is the operator's to read, in the server's log.
+            log.warning("the JWKS file %s cannot be read: %s", self.path, exc)
+            raise _unauthenticated("the configured keys cannot be read") from None
         self._mtime = mtime
         self._keys = {key.key_id: key for key in keys}
 
@@ -271,8 +291,7 @@ class Authenticator:
         except jwt.PyJWKClientError:
             raise _unauthenticated("the token's signing key cannot be found") from None
         except jwt.InvalidTokenError as exc:
-            # Signature, format, algorithm: PyJWT's messages name the check, never the token.
-            raise _unauthenticated(f"the token is not valid ({type(exc).__name__})") from None
+            raise _unauthenticated(_why_invalid(exc)) from None
         _check_times(claims)
         if not isinstance(claims.get("sub"), str) or not claims["sub"]:
             raise _unauthenticated("the token's 'sub' claim must be a non-empty string")

@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from google.protobuf import json_format
+from google.protobuf import json_format, message_factory
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from starlette.convertors import Convertor, register_url_convertor
@@ -43,8 +43,6 @@ from scheduler.api.service import (
     SchedulerApi,
 )
 
-_PARSE_FIELD_RE = re.compile(r"Failed to parse (\w+) field")
-_NO_FIELD_RE = re.compile(r'has no field named "([^"]{0,80})')
 _INTEGER_RE = re.compile(r"-?[0-9]{1,12}")
 # How long any body may take to arrive from the moment it is first read (a large one: from its turn,
 # LARGE_BODY_READ_S): a sender that stalls holds what it sent, and a call, for no longer.
@@ -115,25 +113,57 @@ def error_response(error: ApiError) -> JSONResponse:
 
 
 def parse_message(data: dict[str, Any], message_type: type[Message]) -> Message:
-    """``data`` by protobuf's JSON mapping; one line naming the field (never its value) otherwise."""
+    """``data`` by protobuf's JSON mapping; one line naming the field as the client wrote it
+    (``retry_config.max_attempts``, ``schedules[2].run_at``), never its value, otherwise."""
     check_times(data, message_type.DESCRIPTOR)
     message = message_type()
     try:
         json_format.ParseDict(data, message)
-    except json_format.ParseError as exc:
-        text = str(exc)
-        unknown = _NO_FIELD_RE.search(text)
+    except (json_format.ParseError, ValueError, TypeError, RecursionError):
+        found = _refused_field(data, message_type)
+        if found is None:
+            raise invalid("the request does not match the API's JSON form") from None
+        where, unknown = found
         if unknown:
-            raise invalid(f"unknown field {unknown.group(1)!r}", field=unknown.group(1)) from None
-        names = _PARSE_FIELD_RE.findall(text)
-        if names:
-            raise invalid(
-                f"field {names[-1]!r} has a value of the wrong type or form", field=names[-1]
-            ) from None
-        raise invalid("the request does not match the API's JSON form") from None
-    except (ValueError, TypeError, RecursionError):
-        raise invalid("the request does not match the API's JSON form") from None
+            raise invalid(f"unknown field {where[:120]!r}", field=where[:120]) from None
+        raise invalid(f"field {where!r} has a value of the wrong type or form", field=where) from None
     return message
+
+
+def _refused_field(data: Any, message_type: type[Message], path: str = "") -> tuple[str, bool] | None:
+    """Where protobuf's parser refuses ``data``: the path of the first field it refuses, as the
+    client wrote it, and whether it is unknown; None if ``data`` itself is not an object. Each
+    field is parsed alone, so this costs a second parse, and only for a request refused."""
+    if not isinstance(data, dict):
+        return None
+    descriptor = message_type.DESCRIPTOR
+    for name, value in data.items():
+        where = f"{path}{name}"
+        field = descriptor.fields_by_name.get(name) or descriptor.fields_by_camelcase_name.get(name)
+        if field is None:
+            return where, True
+        try:
+            json_format.ParseDict({name: value}, message_type())
+            continue
+        except (json_format.ParseError, ValueError, TypeError, RecursionError):
+            pass
+        # Into the API's own messages only: a payload's keys are its values, never said.
+        if field.message_type is None or not field.message_type.full_name.startswith("scheduler."):
+            return where, False
+        # protobuf's pure-Python and upb descriptors declare no common type.
+        item_descriptor: Any = field.message_type
+        item_type = message_factory.GetMessageClass(item_descriptor)
+        if not field.is_repeated:
+            return _refused_field(value, item_type, f"{where}.") or (where, False)
+        if not isinstance(value, list):
+            return where, False
+        for index, item in enumerate(value):
+            try:
+                json_format.ParseDict(item, item_type())
+            except (json_format.ParseError, ValueError, TypeError, RecursionError):
+                return _refused_field(item, item_type, f"{where}[{index}].") or (f"{where}[{index}]", False)
+        return where, False
+    return None
 
 
 def _query_value(field: Any, text: str) -> Any:

@@ -23,7 +23,10 @@ from google.protobuf.message import DecodeError, Message
 from scheduler.api.errors import ApiError, Code, invalid
 from scheduler.domain.schedule import ScheduleKind, ScheduleState
 from scheduler.schedule.spec import (
+    MAX_ATTEMPTS,
+    MAX_DELAY_MS,
     MAX_PAYLOAD_BYTES,
+    MAX_TIMEOUT_MS,
     InvalidSchedule,
     PayloadTooLarge,
     ScheduleSpec,
@@ -389,6 +392,42 @@ def _retry(spec: dict[str, Any], retry: pb.RetryConfig) -> None:
         spec["backoff_max_ms"] = _ms(retry.max_backoff_seconds, "retry_config.max_backoff_seconds")
 
 
+def _shown(ms: int) -> str:
+    return f"{ms / 1000:g}"
+
+
+def check_limits(spec: ScheduleSpec, request: pb.CreateScheduleRequest | pb.UpdateScheduleRequest) -> None:
+    """The spec's attempts and durations within the schedule's limits, said in the API's fields and
+    units (seconds), as validation would refuse them in its own (milliseconds, for every entry
+    point). A backoff the request leaves out is the stored or default one, and said so."""
+    retry = request.retry_config
+
+    def named(field: str, given: bool) -> str:
+        return field if given else f"{field} (as stored or by default)"
+
+    base_given, max_given = retry.HasField("backoff_seconds"), retry.HasField("max_backoff_seconds")
+    limits: list[tuple[bool, str, str, str]] = [
+        (1 <= spec.max_attempts <= MAX_ATTEMPTS, "retry_config.max_attempts", f"1 to {MAX_ATTEMPTS}",
+         str(spec.max_attempts)),
+        (0 <= spec.backoff_base_ms <= MAX_DELAY_MS, "retry_config.backoff_seconds",
+         f"0 to {_shown(MAX_DELAY_MS)}", _shown(spec.backoff_base_ms)),
+        (0 <= spec.backoff_max_ms <= MAX_DELAY_MS, "retry_config.max_backoff_seconds",
+         f"0 to {_shown(MAX_DELAY_MS)}", _shown(spec.backoff_max_ms)),
+        (1 <= spec.timeout_ms <= MAX_TIMEOUT_MS, "timeout_seconds", f"0.001 to {_shown(MAX_TIMEOUT_MS)}",
+         _shown(spec.timeout_ms)),
+        (0 <= spec.jitter_ms <= MAX_DELAY_MS, "jitter_seconds", f"0 to {_shown(MAX_DELAY_MS)}",
+         _shown(spec.jitter_ms)),
+    ]  # fmt: skip
+    for within, field, bounds, got in limits:
+        if not within:
+            raise ApiError(Code.INVALID_SCHEDULE, f"{field} must be {bounds}, got {got}", {"field": field})
+    if spec.backoff_base_ms > spec.backoff_max_ms:
+        field = "retry_config.backoff_seconds" if base_given else "retry_config.max_backoff_seconds"
+        base = f"{named('retry_config.backoff_seconds', base_given)} ({_shown(spec.backoff_base_ms)})"
+        most = f"{named('retry_config.max_backoff_seconds', max_given)} ({_shown(spec.backoff_max_ms)})"
+        raise ApiError(Code.INVALID_SCHEDULE, f"{base} must not be over {most}", {"field": field})
+
+
 def spec_of_create(request: pb.CreateScheduleRequest) -> ScheduleSpec:
     """The spec a create asks for: cron when it has an expression, delayed when it has run_at,
     immediate otherwise."""
@@ -428,7 +467,9 @@ def spec_of_create(request: pb.CreateScheduleRequest) -> ScheduleSpec:
         values["misfire_policy"] = request.misfire_policy
     if request.overlap_policy:
         values["overlap_policy"] = request.overlap_policy
-    return ScheduleSpec(**values)
+    spec = ScheduleSpec(**values)
+    check_limits(spec, request)
+    return spec
 
 
 def schedule_key_of(request: pb.CreateScheduleRequest) -> str | None:
@@ -497,4 +538,6 @@ def spec_of_update(stored: ScheduleSpec, request: pb.UpdateScheduleRequest) -> S
         values["timeout_ms"] = _ms(request.timeout_seconds, "timeout_seconds")
     if request.HasField("jitter_seconds"):
         values["jitter_ms"] = _ms(request.jitter_seconds, "jitter_seconds")
-    return dataclasses.replace(stored, **values)
+    spec = dataclasses.replace(stored, **values)
+    check_limits(spec, request)
+    return spec

@@ -491,9 +491,10 @@ def _check_computes(conn: psycopg.Connection[Row], row: Row, action: str) -> Non
     try:
         fires_of(schedule_from_row(row), schedules.db_now(conn))
     except Exception as exc:
+        # The reason in words, never an exception's class: the API answers this text to clients.
         raise InvalidTransition(
             f"cannot {action} schedule {row['id']}: its fires still cannot be computed "
-            f"({type(exc).__name__}: {exc}); fix it with `scheduler schedules update`"
+            f"({str(exc) or 'no reason given'}); fix it with `scheduler schedules update`"
         ) from None
 
 

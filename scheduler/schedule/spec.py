@@ -53,6 +53,8 @@ MAX_HANDLER_LENGTH = 300
 # Retry waits and fire jitter are stored as integer milliseconds; a day is far beyond any sensible
 # setting and well inside the column's range.
 MAX_DELAY_MS = 86_400_000
+MAX_TIMEOUT_MS = 86_400_000
+MAX_ATTEMPTS = 100
 # What an app may declare: handlers as schedules name them, or modules (HANDLER_RE, MODULE_RE).
 MAX_DECLARED_HANDLERS = 100
 KINDS = tuple(str(k) for k in ScheduleKind)
@@ -328,9 +330,9 @@ def validate_encoded(spec: ScheduleSpec) -> str:
     payload = encoded_payload(spec.payload)
     if problem := payload_problem(spec.handler, spec.payload):
         raise InvalidSchedule(problem)  # every fire would fail with it
-    if not 1 <= spec.max_attempts <= 100:
-        raise InvalidSchedule(f"max_attempts must be 1 to 100, got {spec.max_attempts}")
-    if not 1 <= spec.timeout_ms <= 86_400_000:
+    if not 1 <= spec.max_attempts <= MAX_ATTEMPTS:
+        raise InvalidSchedule(f"max_attempts must be 1 to {MAX_ATTEMPTS}, got {spec.max_attempts}")
+    if not 1 <= spec.timeout_ms <= MAX_TIMEOUT_MS:
         raise InvalidSchedule(f"timeout must be 1 ms to 24 h, got {spec.timeout_ms} ms")
     if not 0 <= spec.backoff_base_ms <= spec.backoff_max_ms <= MAX_DELAY_MS:
         raise InvalidSchedule(

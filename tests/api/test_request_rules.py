@@ -175,3 +175,66 @@ def test_an_empty_string_in_an_update_clears_a_description_is_utc_as_a_zone_and_
     cleared = caller.call("UpdateSchedule", {"id": schedule, "description": "", "timezone": ""}, ROOT)
     assert cleared.ok and (cleared.body["description"], cleared.body["timezone"]) == ("", "UTC"), cleared
     assert cleared.body["name"] == f"kept-{caller.name}"
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "message"),
+    [
+        ({"retry_config": {"max_attempts": 0}}, "retry_config.max_attempts",
+         "retry_config.max_attempts must be 1 to 100, got 0"),
+        ({"retry_config": {"backoff_seconds": -1}}, "retry_config.backoff_seconds",
+         "retry_config.backoff_seconds must be 0 to 86400, got -1"),
+        ({"retry_config": {"backoff_seconds": 10, "max_backoff_seconds": 1}}, "retry_config.backoff_seconds",
+         "retry_config.backoff_seconds (10) must not be over retry_config.max_backoff_seconds (1)"),
+        ({"retry_config": {"backoff_seconds": 900}}, "retry_config.backoff_seconds",
+         "retry_config.backoff_seconds (900) must not be over retry_config.max_backoff_seconds "
+         "(as stored or by default) (300)"),
+        ({"timeout_seconds": 0}, "timeout_seconds", "timeout_seconds must be 0.001 to 86400, got 0"),
+        ({"timeout_seconds": 90000}, "timeout_seconds", "timeout_seconds must be 0.001 to 86400, got 90000"),
+        ({"jitter_seconds": -1.5}, "jitter_seconds", "jitter_seconds must be 0 to 86400, got -1.5"),
+    ],
+)  # fmt: skip
+def test_a_limit_is_said_in_the_field_and_the_seconds_the_client_sent(
+    caller: HttpCaller | GrpcCaller, fields: dict[str, Any], field: str, message: str
+) -> None:
+    outcome = caller.call("CreateSchedule", CRON | fields, ROOT)
+    assert (outcome.code, outcome.body["message"]) == ("INVALID_SCHEDULE", message), outcome
+    assert outcome.body["details"] == {"field": field}, outcome
+    created = caller.call("CreateSchedule", CRON, ROOT)
+    assert created.ok, created
+    patched = caller.call("UpdateSchedule", {"id": created.body["id"]} | fields, ROOT)
+    assert (patched.code, patched.body["message"], patched.body["details"]) == (
+        "INVALID_SCHEDULE", message, {"field": field}
+    ), patched  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("method", "body", "field"),
+    [
+        ("CreateSchedule", {"retry_config": {"max_attempts": "three"}}, "retry_config.max_attempts"),
+        ("CreateSchedule", {"retry_config": {"max_attempts": 1.5}}, "retry_config.max_attempts"),
+        ("CreateSchedule", {"retry_config": {"backoff_seconds": "abc"}}, "retry_config.backoff_seconds"),
+        ("CreateSchedule", {"retry_config": {"tries": 3}}, "retry_config.tries"),
+        ("CreateSchedules", {"schedules": [CRON, CRON | {"retry_config": {"max_attempts": "x"}}]},
+         "schedules[1].retry_config.max_attempts"),
+        ("CreateSchedules", {"schedules": [CRON | {"tries": 3}]}, "schedules[0].tries"),
+    ],
+)  # fmt: skip
+def test_a_value_of_the_wrong_type_is_named_by_its_whole_path(
+    http: HttpCaller, method: str, body: dict[str, Any], field: str
+) -> None:
+    request = body if method == "CreateSchedules" else CRON | body
+    outcome = http.call(method, request, ROOT)
+    assert (outcome.code, outcome.body["details"]) == ("INVALID_ARGUMENT", {"field": field}), outcome
+    assert repr(field) in outcome.body["message"], outcome
+
+
+def test_a_token_that_does_not_verify_is_told_why_in_words(caller: HttpCaller | GrpcCaller) -> None:
+    for bearer, reason in (
+        ("garbage", "the token is not a well-formed JWT"),
+        ("a.b.c", "the token is not a well-formed JWT"),
+        (token(secret="another-secret-of-at-least-32-bytes!"), "the token's signature does not verify"),
+    ):
+        outcome = caller.call("ListSchedules", {}, bearer)
+        assert outcome.code == "UNAUTHENTICATED" and outcome.body["message"].startswith(reason), outcome
+        assert "Error" not in outcome.body["message"], outcome
