@@ -49,6 +49,7 @@ from scheduler.schedule.service import (
 )
 from scheduler.schedule.spec import InvalidSchedule, PayloadTooLarge, stored_spec
 from scheduler.store import api as store
+from scheduler.store import ingest as ingest_store
 from scheduler.store import runs as run_store
 from scheduler.store import schedules as schedule_store
 from scheduler.store.schedules import VersionConflict
@@ -191,6 +192,9 @@ def _domain_error(exc: Exception) -> ApiError | None:
         return exc
     if isinstance(exc, ScheduleNotFound):
         return ApiError(Code.NOT_FOUND, str(exc))
+    if isinstance(exc, UnknownApp):
+        # As another app's: a token scoped to apps cannot tell one that does not exist from it.
+        return ApiError(Code.NOT_FOUND, str(exc), {"field": "app"})
     if isinstance(exc, VersionConflict):
         return ApiError(Code.VERSION_CONFLICT, str(exc))
     if isinstance(exc, InvalidTransition):
@@ -333,7 +337,7 @@ class SchedulerApi:
     ) -> pb.Schedule:
         spec = m.spec_of_create(request)
         if not principal.sees(spec.app):
-            raise not_found(f"app {spec.app!r}")
+            raise ApiError(Code.NOT_FOUND, f"no app {spec.app!r}", {"field": "app"})
         enabled = request.enabled if request.HasField("enabled") else True
         row = service.create_schedule(
             conn, spec, principal.actor, schedule_key=m.schedule_key_of(request), enabled=enabled
@@ -357,9 +361,18 @@ class SchedulerApi:
                     exc.code, f"schedules[{index}]: {exc.message}", exc.details | {"index": index}
                 ) from None
             if not principal.sees(spec.app):
-                raise ApiError(Code.NOT_FOUND, f"schedules[{index}]: no app {spec.app!r}", {"index": index})
+                raise ApiError(
+                    Code.NOT_FOUND,
+                    f"schedules[{index}]: no app {spec.app!r}",
+                    {"field": "app", "index": index},
+                )
             enabled = item.enabled if item.HasField("enabled") else True
             batch.append(NewSchedule(spec, schedule_key, enabled))
+        known = ingest_store.known_apps(conn, {item.spec.app for item in batch})
+        unknown = next((i for i, item in enumerate(batch) if item.spec.app not in known), None)
+        if unknown is not None:
+            message = f"schedules[{unknown}]: {service.unknown_app(batch[unknown].spec.app)}"
+            raise ApiError(Code.NOT_FOUND, message, {"field": "app", "index": unknown})
         rows = service.create_schedules(conn, batch, principal.actor)
         return pb.CreateSchedulesResponse(schedules=[m.schedule_message(row) for row in rows])
 

@@ -133,14 +133,14 @@ def set_app_handlers(
     with conn.transaction():
         old = schedules.get_app(conn, name)
         if old is None:
-            raise _unknown_app(name)
+            raise unknown_app(name)
         new = schedules.set_app_handlers(conn, name, declared)
         schedules.audit(conn, actor, "handlers", "app", name, old, new)
     assert new is not None
     return new
 
 
-def _unknown_app(name: str) -> UnknownApp:
+def unknown_app(name: str) -> UnknownApp:
     return UnknownApp(f"unknown app {name!r}: create it first with `scheduler apps create {name}`")
 
 
@@ -152,7 +152,7 @@ def _app_of(conn: psycopg.Connection[Row], spec: ScheduleSpec) -> Row:
     """The spec's app, which must exist and admit the spec's handler."""
     app = schedules.get_app(conn, spec.app)
     if app is None:
-        raise _unknown_app(spec.app)
+        raise unknown_app(spec.app)
     check_declared_handler(spec.handler, spec.app, app["handlers"])
     return app
 
@@ -288,7 +288,7 @@ def create_schedules(conn: psycopg.Connection[Row], batch: Sequence[NewSchedule]
             spec = item.spec
             try:
                 if spec.app not in declared:
-                    raise _unknown_app(spec.app)
+                    raise unknown_app(spec.app)
                 check_declared_handler(spec.handler, spec.app, declared[spec.app])
                 next_fire_at = first_fire(spec, schedule_id, now)
                 payload = encoded_payload(spec.payload)

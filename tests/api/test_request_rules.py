@@ -238,3 +238,26 @@ def test_a_token_that_does_not_verify_is_told_why_in_words(caller: HttpCaller | 
         outcome = caller.call("ListSchedules", {}, bearer)
         assert outcome.code == "UNAUTHENTICATED" and outcome.body["message"].startswith(reason), outcome
         assert "Error" not in outcome.body["message"], outcome
+
+
+def test_a_create_into_an_app_that_does_not_exist_is_not_found_as_one_out_of_scope(
+    api_stack: ApiStack, caller: HttpCaller | GrpcCaller
+) -> None:
+    """Whoever asks, and whether one schedule or a batch: NOT_FOUND, as another app's is to a token
+    scoped to apps, which so cannot tell an app that exists from one that does not."""
+    scoped = token(subject="scoped-rules", roles=("SCHEDULER_USER",), apps=["alpha", "ghost"])
+    name = f"nowhere-{caller.name}"
+    for bearer, app, says in (
+        (ROOT, "ghost", "unknown app 'ghost': create it first with `scheduler apps create ghost`"),
+        (scoped, "ghost", "unknown app 'ghost': create it first with `scheduler apps create ghost`"),
+        (scoped, "beta", "no app 'beta'"),
+        (scoped, "nowhere", "no app 'nowhere'"),
+    ):
+        single = caller.call("CreateSchedule", ONE_SHOT | {"app": app, "name": name}, bearer)
+        assert (single.code, single.body["message"]) == ("NOT_FOUND", says), single
+        assert single.http_status in (None, 404) and single.body["details"] == {"field": "app"}, single
+        items = [ONE_SHOT | {"name": name}, ONE_SHOT | {"app": app, "name": name}]
+        batch = caller.call("CreateSchedules", {"schedules": items}, bearer)
+        assert (batch.code, batch.body["message"]) == ("NOT_FOUND", f"schedules[1]: {says}"), batch
+        assert batch.body["details"] in ({"field": "app", "index": 1}, {"field": "app", "index": "1"}), batch
+    assert _stored(api_stack, name) == 0
