@@ -453,7 +453,10 @@ class SchedulerApi:
         self, conn: Conn, principal: Principal, request: pb.TriggerScheduleRequest
     ) -> pb.TriggerScheduleResponse:
         row = self._schedule(conn, principal, request.id)
-        run_id = service.trigger(conn, self.settings, row["id"], principal.actor, self.dispatcher)
+        version = request.version if request.HasField("version") else None
+        run_id = service.trigger(
+            conn, self.settings, row["id"], principal.actor, self.dispatcher, expected_version=version
+        )
         return pb.TriggerScheduleResponse(schedule_id=str(row["id"]), run_id=str(run_id))
 
     # --- runs -------------------------------------------------------------------------------------

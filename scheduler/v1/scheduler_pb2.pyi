@@ -221,12 +221,14 @@ class ListSchedulesResponse(_message.Message):
     def __init__(self, schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., next_cursor: _Optional[str] = ..., has_more: _Optional[bool] = ...) -> None: ...
 
 class TriggerScheduleRequest(_message.Message):
-    __slots__ = ("id", "idempotency_key")
+    __slots__ = ("id", "idempotency_key", "version")
     ID_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     id: str
     idempotency_key: str
-    def __init__(self, id: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    version: int
+    def __init__(self, id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class TriggerScheduleResponse(_message.Message):
     __slots__ = ("schedule_id", "run_id")

@@ -261,3 +261,23 @@ def test_a_create_into_an_app_that_does_not_exist_is_not_found_as_one_out_of_sco
         assert (batch.code, batch.body["message"]) == ("NOT_FOUND", f"schedules[1]: {says}"), batch
         assert batch.body["details"] in ({"field": "app", "index": 1}, {"field": "app", "index": "1"}), batch
     assert _stored(api_stack, name) == 0
+
+
+def test_a_trigger_takes_the_version_read_as_every_other_change_does(
+    api_stack: ApiStack, caller: HttpCaller | GrpcCaller
+) -> None:
+    created = caller.call("CreateSchedule", CRON | {"name": f"versioned-trigger-{caller.name}"}, ROOT)
+    assert created.ok, created
+    schedule, version = created.body["id"], created.body["version"]
+    renamed = caller.call("UpdateSchedule", {"id": schedule, "description": "changed"}, ROOT)
+    assert renamed.ok and renamed.body["version"] == version + 1, renamed
+    stale = caller.call("TriggerSchedule", {"id": schedule, "version": version}, ROOT)
+    assert stale.code == "VERSION_CONFLICT" and stale.http_status in (None, 409), stale
+    assert f"is at version {version + 1}, not {version}" in stale.body["message"], stale
+    with api_stack.connect() as conn:
+        runs = conn.execute("select count(*) as n from runs where schedule_id = %s", (schedule,)).fetchone()
+    assert runs is not None and runs["n"] == 0, "a refused trigger made a run"
+    fired = caller.call("TriggerSchedule", {"id": schedule, "version": version + 1}, ROOT)
+    assert fired.ok and fired.body["schedule_id"] == schedule, fired
+    assert caller.call("GetSchedule", {"id": schedule}, ROOT).body["version"] == version + 1
+    assert caller.call("TriggerSchedule", {"id": schedule}, ROOT).ok  # without one, as before
