@@ -25,6 +25,7 @@ from scheduler.schedule.spec import (
     parse_payload,
     validate_app_name,
     validate_encoded,
+    validate_schedule_key,
 )
 from scheduler.store.ingest import Rejection, Source
 
@@ -146,6 +147,10 @@ def _check_identity(command: ScheduleCommand) -> None:
             check_text(text, what)
     # The spec's own texts (name, handler, cron, tz, payload) are checked by validate, as for the CLI.
     validate_app_name(command.app)
+    if command.operation == "create":
+        # The rule the CLI and the API hold a new key to (no blanks at its ends, no tab, line break
+        # or invisible character). Only for a create: other commands name a schedule that exists.
+        validate_schedule_key(command.schedule_key)
     if command.expected_version is not None and command.expected_version < 1:
         raise InvalidSchedule(f"expected_version must be 1 or more, got {command.expected_version}")
 

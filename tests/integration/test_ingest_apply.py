@@ -566,3 +566,17 @@ def test_a_time_beyond_year_9999_is_an_invalid_command_with_its_id(
     assert (recorded.rejection.schedule_key, recorded.rejection.app) == ("far", APP)
     assert recorded.rejection.operation == "create"
     assert recorded.rejection.reason == f"spec.{field} must be between the years 1 and 9999"
+
+
+def test_a_create_command_is_held_to_the_key_rule_of_the_cli_and_the_api(
+    conn: psycopg.Connection[Row], settings: Settings, topic: Topic
+) -> None:
+    # A key a CLI user could not type back (a tab, a trailing blank, a line break) is refused as it
+    # is over the API; the batch goes on, and a key in another script is a key like any other.
+    bad = ["tab\tkey", "trailing ", " leading", "two\nlines", "zero\u200bwidth"]
+    messages = [topic.message(command(f"bad-{i}", key)) for i, key in enumerate(bad)]
+    result = ingest(conn, settings, [*messages, topic.message(command("good", "clé du jour"))])
+    assert result.applied == 1
+    assert codes(result) == [("invalid", f"bad-{i}") for i in range(len(bad))]
+    assert all("schedule key" in r.rejection.reason for r in result.rejected)
+    assert by_key(conn, "clé du jour")["name"] == "clé du jour"
