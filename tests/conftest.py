@@ -35,6 +35,34 @@ class StackInfo:
         return self.database_url.rsplit("/", 1)[0] + f"/{database}"
 
 
+_STACK_STARTED = pytest.StashKey[LocalStack]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Run by several processes (``-n N``, as ``make test`` does), the suite brings the stack up here,
+    in the process that hands the tests out, before any worker starts: each worker's ``stack``
+    fixture would otherwise race the others to start the same PostgreSQL and Kafka. The workers
+    find them in the environment they inherit. A suite run in one process starts the stack only
+    when a test needs it (the fixture), so a run of unit tests alone never does."""
+    distributed = not hasattr(config, "workerinput") and (config.getoption("numprocesses", None) or 0) > 0
+    if not distributed or (
+        os.environ.get("SCHEDULER_DATABASE_URL") and os.environ.get("SCHEDULER_KAFKA_BOOTSTRAP")
+    ):
+        return
+    local = LocalStack(load_settings())
+    started_here = not all(part.running for part in local.status())
+    local.up()
+    os.environ.update(local.env())
+    if started_here and not os.environ.get("SCHEDULER_KEEP_STACK"):
+        config.stash[_STACK_STARTED] = local
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    local = config.stash.get(_STACK_STARTED, None)
+    if local is not None:
+        local.down()
+
+
 @pytest.fixture(scope="session")
 def stack() -> Iterator[StackInfo]:
     database_url = os.environ.get("SCHEDULER_DATABASE_URL")
