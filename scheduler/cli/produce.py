@@ -102,8 +102,9 @@ def _produce_lines(
 ) -> KeyboardInterrupt | None:
     """Send each line's command; what stopped the reading (Ctrl-C, or SIGTERM)."""
     try:
-        tally.expect(_bytes_left(stream))
+        tally.expect(_InputSize.of(stream))
         for number, line, size in _lines(stream):
+            tally.read(size)
             if line is None:
                 tally.blank(size)
                 continue
@@ -133,17 +134,32 @@ def _produce_lines(
     return None
 
 
-def _bytes_left(stream: IO[bytes]) -> int | None:
-    """The bytes ``stream`` holds from where it stands, for the progress bar's total; None unless it
-    is a regular file. Its size, not a count of its lines: counting would read it twice, and a
-    pipe, a FIFO or a terminal (``--file /dev/stdin``, ``<(cat …)``) can be read only once."""
-    try:
-        status = os.fstat(stream.fileno())
-    except (OSError, ValueError):  # no file descriptor behind it
-        return None
-    if not stat.S_ISREG(status.st_mode):
-        return None
-    return max(status.st_size - stream.tell(), 0)
+class _InputSize:
+    """The bytes a regular file holds from where the reading began: the progress bar's total. Its
+    size, not a count of its lines: counting would read it twice, and a pipe, a FIFO or a terminal
+    (``--file /dev/stdin``, ``<(cat …)``) can be read only once. A file that grows while it is read
+    (a log still written) is looked at again when the reading reaches the size last seen."""
+
+    def __init__(self, fd: int, start: int) -> None:
+        self._fd = fd
+        self._start = start
+
+    @classmethod
+    def of(cls, stream: IO[bytes]) -> _InputSize | None:
+        """None unless ``stream`` is a regular file: no size to show a share of."""
+        try:
+            fd = stream.fileno()
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            return cls(fd, stream.tell())
+        except (OSError, ValueError):  # no file descriptor behind it
+            return None
+
+    def now(self) -> int:
+        try:
+            return max(os.fstat(self._fd).st_size - self._start, 0)
+        except OSError:
+            return 0
 
 
 class _LinesColumn(ProgressColumn):
@@ -203,9 +219,23 @@ class _Tally:
         self.produced = 0
         self.failed = 0
         self._blank_bytes = 0
+        self._size: _InputSize | None = None
+        self._total: int | None = None
+        self._read = 0
 
-    def expect(self, total_bytes: int | None) -> None:
-        self.progress.update(self.task, total=total_bytes)
+    def expect(self, size: _InputSize | None) -> None:
+        self._size = size
+        self._total = None if size is None else size.now()
+        self.progress.update(self.task, total=self._total)
+
+    def read(self, size: int) -> None:
+        """A line read. Read up to the total, the file is looked at again: grown as it was read, its
+        total is its size now (at least what was read), so that the bar is full (and its clock
+        stopped) only when all of it is done."""
+        self._read += size
+        if self._size is not None and self._total is not None and self._read >= self._total:
+            self._total = max(self._size.now(), self._read)
+            self.progress.update(self.task, total=self._total)
 
     def blank(self, size: int) -> None:
         # Shown with the next line done, at the end of the input, or by the mebibyte: a file of
@@ -215,6 +245,10 @@ class _Tally:
             self._advance(0)
 
     def input_ended(self) -> None:
+        # All of it read: the total is what was read (a file cut short as it was read, too).
+        if self._total is not None:
+            self._total = self._read
+            self.progress.update(self.task, total=self._total)
         self._advance(0)
 
     def bad_line(self, number: int, size: int, reason: str) -> None:
@@ -258,7 +292,8 @@ def produce(path: Path | None, as_json: bool) -> None:
         _RateColumn(),
         console=err,
     )
-    tally = _Tally(progress, progress.add_task("producing", total=None, lines=0), err)
+    # Started once the topic check is done: its elapsed time, as the summary's, is of the producing.
+    tally = _Tally(progress, progress.add_task("producing", total=None, start=False, lines=0), err)
     topic = wiring.settings.schedules_topic
     started = time.monotonic()
     interrupted: KeyboardInterrupt | None = None
@@ -267,7 +302,8 @@ def produce(path: Path | None, as_json: bool) -> None:
     with sigterm_as_interrupt():
         try:
             client = _checked_client(wiring)
-            started = time.monotonic()  # the rate is of the producing, not of the check
+            started = time.monotonic()  # the seconds and the rate are of the producing, not of the check
+            progress.start_task(tally.task)
             stream = path.open("rb") if path is not None else sys.stdin.buffer
             with progress:
                 interrupted = _produce_lines(stream, client, CommandIds(), tally)
