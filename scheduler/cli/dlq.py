@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import click
+import psycopg
 from rich.console import Console
 from rich.progress import Progress, TextColumn
 
@@ -171,26 +172,16 @@ def replay(
         if refused is not None:
             fail(f"run {refused.run_id} is {refused.state}, not dead: only dead runs are replayed", code=2)
         candidates = replayer.candidates(conn, where, limit)
-        replayed_before = replayer.left_out_as_replayed(conn, where)
-        if replayed_before:
-            which = "of the runs named" if named else "dead runs that match"
-            click.echo(
-                f"note: {replayed_before} {which} were replayed before (and died again) and are left "
-                "out; --force takes them too, within --limit",
-                err=True,
-            )
-        # Counted only when --limit did not cut the list: then every named run left out is one
-        # replayed before or one outside the other filters.
-        outside = len(named) - replayed_before - len(candidates) if named else 0
-        if outside > 0 and len(candidates) < limit:
-            click.echo(f"note: {outside} of the runs named are left out: outside the other filters", err=True)
-        left_out = replayer.left_out_as_cancelled(conn, where)
-        if left_out:
-            click.echo(
-                f"note: {left_out} dead runs of cancelled schedules match and are left out; name the "
-                "schedule (--schedule) or the runs (--run) to replay them",
-                err=True,
-            )
+        left_out = _left_out(replayer, conn, where, named, len(candidates), limit)
+        if not candidates and left_out and not dry_run:
+            # Runs matched and every one was left out: a replay of nothing is not a success to a
+            # script (nor to whoever named the one run they wanted). Only a selection that matches
+            # no dead run at all replays 0 and exits 0.
+            for reason in left_out[:-1]:
+                click.echo(f"note: {reason}", err=True)
+            fail(f"nothing replayed: {left_out[-1]}")
+        for reason in left_out:
+            click.echo(f"note: {reason}", err=True)
         if dry_run:
             if as_json:
                 echo_json([{k: getattr(dead.run, k) for k in DRY_RUN_FIELDS} for dead in candidates])
@@ -233,6 +224,42 @@ def replay(
         )
     else:
         click.echo(f"replayed {replayed} runs in {elapsed:.1f} s ({replayed / elapsed:.0f}/s)")
+
+
+def _left_out(
+    replayer: Replayer,
+    conn: psycopg.Connection[dict[str, Any]],
+    where: ReplayFilter,
+    named: tuple[UUID, ...] | None,
+    taken: int,
+    limit: int,
+) -> list[str]:
+    """Why runs that match are left out of the ``taken`` a replay takes, one line each, the one
+    --force answers last."""
+    reasons = []
+    replayed_before = replayer.left_out_as_replayed(conn, where)
+    # Counted only when --limit did not cut the list: then every named run left out is one
+    # replayed before or one outside the other filters.
+    outside = len(named) - replayed_before - taken if named else 0
+    if outside > 0 and taken < limit:
+        reasons.append(f"{outside} of the runs named are left out: outside the other filters")
+    cancelled = replayer.left_out_as_cancelled(conn, where)
+    if cancelled:
+        reasons.append(
+            f"{cancelled} dead runs of cancelled schedules match and are left out; name the schedule "
+            "(--schedule) or the runs (--run) to replay them"
+        )
+    if replayed_before and named is not None and len(named) == 1:
+        reasons.append(
+            f"run {named[0]} was replayed before (and died again) and is left out; --force takes it too"
+        )
+    elif replayed_before:
+        which = "of the runs named" if named else "dead runs that match"
+        reasons.append(
+            f"{replayed_before} {which} were replayed before (and died again) and are left out; --force "
+            "takes them too, within --limit"
+        )
+    return reasons
 
 
 DRY_RUN_FIELDS = ("id", "schedule_id", "app", "scheduled_for", "attempt", "error", "finished_at")

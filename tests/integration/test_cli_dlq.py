@@ -46,21 +46,41 @@ def test_a_replay_with_json_prints_its_summary_as_json_only(cli: Cli) -> None:
 
 
 def test_a_replay_says_how_many_runs_it_left_out_as_replayed_before(cli: Cli, settings: Settings) -> None:
-    """Runs replayed once that died again are left out of a replay unless --force: a replay of
-    nothing says why, in one line on stderr, rather than only "replayed 0 runs"."""
+    """Runs replayed once that died again are left out of a replay unless --force. A replay that
+    took none of them exited 0 with "replayed 0 runs": now 1, with why in one line on stderr; one
+    that took others exits 0 with a note."""
     first = cli("dlq", "replay", "--app", APP)
     assert first.returncode == 0 and first.stdout.startswith("replayed 3 runs in "), first
     assert first.stderr == "", first.stderr
     with connect(settings.database_url) as conn:  # as the reconciler leaves a run that failed again
         conn.execute("update runs set state = 'dead', finished_at = now(), error = 'PlannedFailure: no'")
-    said = (
-        "note: 3 dead runs that match were replayed before (and died again) and are left out; "
+        row = conn.execute("select schedule_id from runs limit 1").fetchone()
+    assert row is not None
+    schedule = row["schedule_id"]
+    why = (
+        "3 dead runs that match were replayed before (and died again) and are left out; "
         "--force takes them too, within --limit\n"
     )
-    for args in ((), ("--dry-run", "--json")):
+    for args in ((), ("--json",)):
         again = cli("dlq", "replay", "--app", APP, *args)
-        assert again.returncode == 0 and again.stderr == said, again
-    assert cli("dlq", "replay", "--app", APP, "--error-class", "Other").stderr == ""  # none match
+        assert (again.returncode, again.stdout, again.stderr) == (1, "", f"error: nothing replayed: {why}")
+    dry = cli("dlq", "replay", "--app", APP, "--dry-run", "--json")  # lists none, and says why
+    assert (dry.returncode, json.loads(dry.stdout), dry.stderr) == (0, [], f"note: {why}"), dry
+    one = cli("dlq", "replay", "--schedule", str(schedule))
+    assert (one.returncode, one.stdout) == (1, ""), one
+    assert one.stderr == (
+        "error: nothing replayed: 1 dead runs that match were replayed before (and died again) and are "
+        "left out; --force takes them too, within --limit\n"
+    )
+    nothing = cli("dlq", "replay", "--app", APP, "--error-class", "Other")  # none match: not an error
+    assert (nothing.returncode, nothing.stderr) == (0, ""), nothing
+    assert nothing.stdout.startswith("replayed 0 runs in "), nothing
+
+    with connect(settings.database_url) as conn:
+        make_dead_runs(conn, APP, 1, "PlannedFailure: no")  # and one never replayed
+    some = cli("dlq", "replay", "--app", APP)
+    assert some.returncode == 0 and some.stdout.startswith("replayed 1 runs in "), some
+    assert some.stderr == f"note: {why}", some.stderr
     forced = cli("dlq", "replay", "--app", APP, "--force")
     assert forced.stdout.startswith("replayed 3 runs in ") and forced.stderr == "", forced
 

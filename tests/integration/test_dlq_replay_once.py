@@ -129,23 +129,37 @@ def test_a_replay_may_name_the_dead_runs_it_takes(
         {"state": "succeeded", "n": 1},
     ]
     conn.commit()
-    # Replayed already: named again without --force, it is left out and the command says why.
+    # Replayed already: named again without --force, it is left out and the command says why. The
+    # one run named and nothing replayed exited 0 ("replayed 0 runs"): now 1, with why in one line.
     die_again(conn)
-    said = (
-        "note: 1 of the runs named were replayed before (and died again) and are left out; "
-        "--force takes them too, within --limit\n"
-    )
+    why = f"run {first} was replayed before (and died again) and is left out; --force takes it too\n"
     dry_again = replay("--run", first, "--dry-run")
-    assert dry_again.returncode == 0 and dry_again.stderr == said, dry_again
+    assert dry_again.returncode == 0 and dry_again.stderr == f"note: {why}", dry_again
     again = replay("--run", first)
-    assert again.returncode == 0 and again.stdout.startswith("replayed 0 runs"), again
-    assert again.stderr == said, again.stderr
+    assert (again.returncode, again.stdout, again.stderr) == (1, "", f"error: nothing replayed: {why}")
     # One outside the other filters (another schedule's) is told apart from one replayed before.
     row = conn.execute("select schedule_id from runs where id = %s", (first,)).fetchone()
     assert row is not None
     outside = replay("--run", first, "--run", third, "--schedule", row["schedule_id"])
-    assert outside.returncode == 0 and outside.stdout.startswith("replayed 0 runs"), outside
-    assert outside.stderr == said + "note: 1 of the runs named are left out: outside the other filters\n"
+    assert (outside.returncode, outside.stdout) == (1, ""), outside
+    assert outside.stderr == (
+        "note: 1 of the runs named are left out: outside the other filters\n"
+        "error: nothing replayed: 1 of the runs named were replayed before (and died again) and are left "
+        "out; --force takes them too, within --limit\n"
+    )
+    alone_outside = replay("--run", third, "--schedule", row["schedule_id"])
+    assert (alone_outside.returncode, alone_outside.stderr) == (
+        1,
+        "error: nothing replayed: 1 of the runs named are left out: outside the other filters\n",
+    ), alone_outside
+    # Some replayed: exit 0, and the note says which were left out.
+    some = replay("--run", first, "--run", third)
+    assert some.returncode == 0 and some.stdout.startswith("replayed 1 runs"), some
+    assert some.stderr == (
+        "note: 1 of the runs named were replayed before (and died again) and are left out; --force takes "
+        "them too, within --limit\n"
+    )
+    assert replays(conn) == Counter({str(first): 1, str(second): 1, str(third): 1})
     forced = replay("--run", first, "--force")
     assert forced.stdout.startswith("replayed 1 runs") and forced.stderr == "", forced
 
