@@ -9,7 +9,9 @@ process lifecycle (:mod:`scheduler.runtime.process`): JSON logs (human on a term
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
+from typing import Any
 
 import click
 import psycopg
@@ -266,8 +268,7 @@ def all_(
 ) -> None:
     """Every component as its own process, restarted if it dies; Ctrl-C or SIGTERM stops them all."""
     from scheduler.cli.common import database, known_app
-    from scheduler.runtime.supervisor import Supervisor, pipeline_children
-    from scheduler.store import schedules
+    from scheduler.runtime.supervisor import Supervisor, pipeline_children, worker_children
 
     settings = settings_or_exit()
     try:
@@ -279,24 +280,130 @@ def all_(
         HandlerRegistry(settings.http_allowlist, [*settings.handlers, *handlers])
     except ValueError as exc:  # InvalidRegistration, or a malformed SCHEDULER_HTTP_ALLOWLIST
         fail(str(exc), code=2)
-    with database(Wiring(settings)) as conn:
-        if apps:
-            for app in apps:
-                known_app(conn, app)
-        else:
-            apps = tuple(row["name"] for row in schedules.list_apps(conn))
+    wiring = Wiring(settings)
+    # PostgreSQL down is an outage to wait out, as every component waits it out: not a reason to stop.
+    silent = _database_silence(wiring)
+    if silent is None:
+        with database(wiring) as conn:
+            if apps:
+                for app in apps:
+                    known_app(conn, app)
+            else:
+                apps = _listed_apps(conn)
+    elif apps:
+        # Each worker asks Kafka for its app's topic, as `run worker` does without a database.
+        log.warning(
+            "%s; apps %s not checked: every component starts and waits for it", silent, ", ".join(apps)
+        )
+    else:
+        log.warning(
+            "%s; the components start and wait for it, the workers once it lists the apps (asking again "
+            "in %.0f s)",
+            silent,
+            DATABASE_RETRY_INITIAL_S,
+        )
     base = metrics_port if metrics_port is not None else settings.metrics_port
     children = pipeline_children(apps, workers, concurrency, handlers, api=settings.jwt.configured)
     if base is not None and base + len(children) - 1 > 65535:
         last = base + len(children) - 1
         fail(f"--metrics-port {base}: {len(children)} components need ports {base} to {last}", code=2)
     _refuse_taken_ports(settings, base, len(children))
-    if not apps:
-        log.warning("no apps yet, so no workers (create one with `scheduler apps create NAME`)")
+    if silent is None and not apps:
+        log.warning(NO_APPS)
     if not settings.jwt.configured:
         log.warning("no API (set SCHEDULER_JWT_SECRET or SCHEDULER_JWT_JWKS to serve it)")
-    supervisor = Supervisor(children, metrics_port=base)
-    raise SystemExit(supervisor.run())
+    if silent is None or apps:
+        raise SystemExit(Supervisor(children, metrics_port=base).run())
+
+    waiting = _AppsOnceListed(wiring)
+
+    def tick() -> None:
+        found = waiting.apps()
+        if found is None:
+            return
+        if found:
+            log.info("PostgreSQL answers: workers for %s", ", ".join(found))
+        else:
+            log.warning(NO_APPS)
+        supervisor.add(worker_children(found, workers, concurrency, handlers))
+
+    supervisor = Supervisor(children, metrics_port=base, tick=tick)
+    waiting.start()
+    try:
+        code = supervisor.run()
+    finally:
+        waiting.stop()
+    raise SystemExit(code)
+
+
+NO_APPS = "no apps yet, so no workers (create one with `scheduler apps create NAME`)"
+
+DATABASE_RETRY_INITIAL_S = 1.0
+DATABASE_RETRY_MAX_S = 30.0
+"""How often ``run all``, started while PostgreSQL does not answer, asks it again for the apps:
+after 1 s, then twice as long each time, at most every 30 s; a warning line each time."""
+
+
+def _listed_apps(conn: psycopg.Connection[dict[str, Any]]) -> tuple[str, ...]:
+    from scheduler.store import schedules
+
+    return tuple(row["name"] for row in schedules.list_apps(conn))
+
+
+def _database_silence(wiring: Wiring) -> str | None:
+    """Why PostgreSQL does not answer (within :data:`DATABASE_CHECK_TIMEOUT_S`), or None when it
+    does."""
+    try:
+        wiring.database.connect(connect_timeout=DATABASE_CHECK_TIMEOUT_S).close()
+    except psycopg.OperationalError as exc:
+        return _why(wiring, exc)
+    return None
+
+
+def _why(wiring: Wiring, error: psycopg.Error) -> str:
+    """The warning's words for PostgreSQL's failure to list the apps: its first line, no password."""
+    where = wiring.database.display
+    if isinstance(error, psycopg.errors.UndefinedTable):
+        return f"PostgreSQL at {where} has no scheduler schema yet (`scheduler init` makes it)"
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"PostgreSQL at {where} does not answer ({reason})"
+
+
+class _AppsOnceListed:
+    """``run all``'s wait for the apps, when PostgreSQL did not answer at start and no ``--app``
+    named them: PostgreSQL is asked in a thread of its own, so that the supervisor goes on watching
+    the components it started (and stops at once on a signal), with one warning line each time it
+    does not answer."""
+
+    def __init__(self, wiring: Wiring) -> None:
+        self._wiring = wiring
+        self._stop = threading.Event()
+        self._listed: tuple[str, ...] | None = None
+        self._thread = threading.Thread(target=self._ask, name="apps", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        # Not joined: a connection attempt under way ends within its timeout, or with the process.
+        self._stop.set()
+
+    def apps(self) -> tuple[str, ...] | None:
+        """The apps, once PostgreSQL has listed them; given once, None before and after."""
+        listed, self._listed = self._listed, None
+        return listed
+
+    def _ask(self) -> None:
+        delay = DATABASE_RETRY_INITIAL_S
+        while not self._stop.wait(delay):
+            try:
+                with self._wiring.database.connect(connect_timeout=DATABASE_CHECK_TIMEOUT_S) as conn:
+                    self._listed = _listed_apps(conn)
+                return
+            except psycopg.Error as exc:
+                delay = min(delay * 2, DATABASE_RETRY_MAX_S)
+                if not self._stop.is_set():
+                    log.warning("%s; no workers yet (asking again in %.0f s)", _why(self._wiring, exc), delay)
 
 
 def _refuse_taken_ports(settings: Settings, metrics_base: int | None, components: int) -> None:

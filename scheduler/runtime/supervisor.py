@@ -9,8 +9,10 @@ way. Ctrl-C or SIGTERM stops every child: SIGTERM first, SIGKILL for whatever ou
 period.
 
 When a base metrics port is given, the children get consecutive ports starting at it, in the
-order the table printed at start shows. Each worker child gets a static group membership identity
-(``SCHEDULER_GROUP_INSTANCE_ID``) that it keeps across its restarts.
+order the table printed at start shows; children added later (``run all``'s workers, when
+PostgreSQL could not list the apps at start) get the next ports, and lines of the table. Each
+worker child gets a static group membership identity (``SCHEDULER_GROUP_INSTANCE_ID``) that it
+keeps across its restarts.
 """
 
 from __future__ import annotations
@@ -65,6 +67,14 @@ def pipeline_children(
     running the builtins and ``handlers`` (besides what SCHEDULER_HANDLERS registers), and the API
     when ``api``."""
     children = [ChildSpec(name, (name,)) for name in (*PIPELINE, *(("api",) if api else ()))]
+    return children + worker_children(apps, workers, concurrency, handlers)
+
+
+def worker_children(
+    apps: Sequence[str], workers: int, concurrency: int, handlers: Sequence[str] = ()
+) -> list[ChildSpec]:
+    """The worker processes of :func:`pipeline_children`: ``workers`` for each app."""
+    children = []
     registered = tuple(arg for handler in handlers for arg in ("--handler", handler))
     for app in apps:
         for index in range(1, workers + 1):
@@ -152,10 +162,12 @@ class Supervisor:
         silent_s: float = SILENT_S,
         startup_silent_s: float = STARTUP_SILENT_S,
     ) -> None:
+        self._metrics_port = metrics_port
         self._children = [
             _Child(spec, None if metrics_port is None else metrics_port + index)
             for index, spec in enumerate(children)
         ]
+        self._width = max((len(spec.name) for spec in children), default=0)  # of the table's names
         self._env = None if env is None else dict(env)
         self._tick = tick
         self._grace_s = grace_s
@@ -263,14 +275,11 @@ class Supervisor:
         """Until Ctrl-C or SIGTERM; 0 when every child stopped cleanly at the end."""
         for signum in stop_signals():
             signal.signal(signum, self._stop_all)
-        width = max((len(c.spec.name) for c in self._children), default=0)
         for child in self._children:
             if self._stopping:
                 break  # a stop during start-up: the rest are not started at all
             self._start(child)
-            assert child.proc is not None
-            where = f"  health and metrics on port {child.port}" if child.port is not None else ""
-            self._echo(f"{child.spec.name:<{width}}  pid {child.proc.pid}{where}")
+            self._echo_started(child)
         try:
             while not self._stopping:
                 self._watch()
@@ -292,6 +301,24 @@ class Supervisor:
             assert child.proc is not None
             log.error("%s stopped with %s", child.spec.name, describe_exit(child.proc.returncode))
         return 1 if failed else 0
+
+    def add(self, children: Sequence[ChildSpec]) -> None:
+        """Start more children while running (from ``tick``: ``run all``'s workers, once PostgreSQL
+        has said which apps there are), on the ports after those of the children before them."""
+        for spec in children:
+            if self._stopping:
+                return
+            port = None if self._metrics_port is None else self._metrics_port + len(self._children)
+            child = _Child(spec, port)
+            self._start(child)
+            self._children.append(child)
+            self._echo_started(child)
+
+    def _echo_started(self, child: _Child) -> None:
+        """The child's line of the table printed at start."""
+        assert child.proc is not None
+        where = f"  health and metrics on port {child.port}" if child.port is not None else ""
+        self._echo(f"{child.spec.name:<{self._width}}  pid {child.proc.pid}{where}")
 
     def _watch(self) -> None:
         now = time.monotonic()

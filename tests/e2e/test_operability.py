@@ -328,6 +328,42 @@ def test_every_child_of_run_all_serves_its_own_health_and_metrics_and_follows_po
     assert not [pid for pid in pids.values() if alive(pid)]
 
 
+def test_run_all_started_while_postgresql_is_down_waits_for_it_and_then_runs_the_workers(
+    own_postgres: LocalPostgres, own_database_env: Environment, run_all: list[Supervised], tmp_path: Path
+) -> None:
+    """It exited 1 at start ("cannot reach PostgreSQL"), where every component waits an outage out.
+    Now the components start, not ready, and the workers (whose apps PostgreSQL lists) once it
+    answers: then everything is ready, no component restarted, and a job runs."""
+    env = own_database_env
+    cli(env.env, "init")
+    cli(env.env, "apps", "create", APP, "--partitions", "2")
+    own_postgres.down()
+    base = free_port_range(len(CHILDREN))
+    supervised = Supervised(env.env, tmp_path, "--metrics-port", str(base))
+    run_all.append(supervised)
+    pipeline = supervised.table(len(NEEDS_POSTGRES))
+    assert [(c.name, c.port) for c in pipeline] == [(name, base + i) for i, name in enumerate(NEEDS_POSTGRES)]
+    wait_for_statuses({c.name: c.port for c in pipeline}, "/ready", 503, 60, supervised.stderr)
+    wait_for(
+        lambda: any("no workers yet (asking again in" in m for m in supervised.messages()),
+        30,
+        "the supervisor to ask PostgreSQL again",
+    )
+    for child in pipeline:
+        assert status(child.port, "/live") == 200, f"{child.name} is alive while PostgreSQL is down"
+
+    own_postgres.up(own_postgres.preflight())
+    table = supervised.table(len(CHILDREN), timeout_s=60)  # asked again at most 30 s apart
+    assert [(c.name, c.port) for c in table] == [(name, base + i) for i, name in enumerate(CHILDREN)]
+    wait_for_statuses({c.name: c.port for c in table}, "/ready", 200, 60, supervised.stderr)
+    assert children_of(supervised.pid) == {c.pid for c in table}, "no component was restarted"
+    schedule = cli_json(env.env, "schedules", "create", "--app", APP, "--now", "--handler", "builtin:noop")
+    wait_for(lambda: run_states(env, schedule["id"]) == ["succeeded"], 60, "the run to succeed", 0.5)
+    assert "Traceback" not in supervised.stderr()
+    assert f"PostgreSQL answers: workers for {APP}" in supervised.messages()
+    assert supervised.stop() == 0, supervised.stderr()[-4000:]
+
+
 def test_run_all_restarts_a_killed_component_and_stops_every_child_on_sigterm(
     shared_database_env: Environment, run_all: list[Supervised], tmp_path: Path
 ) -> None:
