@@ -270,6 +270,13 @@ def all_(
     from scheduler.cli.common import database, known_app
     from scheduler.runtime.supervisor import Supervisor, pipeline_children, worker_children
 
+    for app in apps:
+        # Said here, as `run worker` says it, whether PostgreSQL answers or not: a name no app can
+        # have would only crash-loop its worker children while the supervisor waits for PostgreSQL.
+        try:
+            validate_app_name(app)
+        except InvalidSchedule as exc:
+            fail(str(exc), code=2)
     settings = settings_or_exit()
     try:
         configure_logging("supervisor")

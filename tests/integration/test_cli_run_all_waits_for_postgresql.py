@@ -95,3 +95,23 @@ def test_run_all_started_without_postgresql_waits_for_it_not_ready_and_stops_at_
     ), first
     assert again.startswith(where) and again.endswith("; no workers yet (asking again in 2 s)"), again
     assert "secret" not in text
+
+
+def test_run_all_without_postgresql_refuses_an_app_name_no_app_can_have(
+    settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Named apps go unchecked while PostgreSQL does not answer, but a name that is no app's name
+    needs no database to refuse: it crash-looped its worker ("worker-Bad App!", exit 2 each time)."""
+    env = settings_env | {"SCHEDULER_DATABASE_URL": CLOSED}
+    base = free_port_range(len(PIPELINE) + 1)
+    done = subprocess.run(
+        [SCHEDULER, "run", "all", "--app", "Bad App!", "--metrics-port", str(base)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (2, ""), done
+    assert done.stderr == (
+        "error: app name 'Bad App!' must match [a-z0-9][a-z0-9-]{0,47} (lowercase, digits, '-', at most 48)\n"
+    )
