@@ -103,7 +103,11 @@ MAX_KEY_LENGTH = 200
 # Python and ECMA-262 (the OpenAPI document's patterns) read it the same: \s is whitespace in both,
 # once U+FEFF, which only ECMA-262 counts, is named.
 VISIBLE_CHARACTER = r"[^\s\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u206f\ufeff]"
-SCHEDULE_KEY_RE = re.compile(rf"{VISIBLE_CHARACTER}(?:(?:{VISIBLE_CHARACTER}| )*{VISIBLE_CHARACTER})?")
+# Between visible characters, besides the space: the zero-width non-joiner and joiner, which some
+# scripts (Persian, the Indic ones) and emoji sequences (a family, a flag) need to be written at all.
+SCHEDULE_KEY_RE = re.compile(
+    rf"{VISIBLE_CHARACTER}(?:(?:{VISIBLE_CHARACTER}|[ \u200c\u200d])*{VISIBLE_CHARACTER})?"
+)
 SCHEDULE_KEY_RULE = (
     f"1 to {MAX_KEY_LENGTH} characters: letters, digits, punctuation and symbols, with spaces only "
     "between them (no tab, line break, control or invisible character)"
