@@ -173,10 +173,10 @@ def replay(
             fail(f"run {refused.run_id} is {refused.state}, not dead: only dead runs are replayed", code=2)
         candidates = replayer.candidates(conn, where, limit)
         left_out = _left_out(replayer, conn, where, named, len(candidates), limit)
-        if not candidates and left_out and not dry_run:
-            # Runs matched and every one was left out: a replay of nothing is not a success to a
-            # script (nor to whoever named the one run they wanted). Only a selection that matches
-            # no dead run at all replays 0 and exits 0.
+        if named and not candidates and left_out and not dry_run:
+            # The runs named were all left out: whoever named them did not get what they asked for.
+            # A filter (an app, a schedule) whose dead runs were all replayed before replays 0 and
+            # exits 0 with the note: a nightly replay must not fail until another run dies.
             for reason in left_out[:-1]:
                 click.echo(f"note: {reason}", err=True)
             fail(f"nothing replayed: {left_out[-1]}")
@@ -242,9 +242,14 @@ def _left_out(
     # replayed before or one outside the other filters.
     outside = len(named) - replayed_before - taken if named else 0
     if outside > 0 and taken < limit:
-        reasons.append(f"{outside} of the runs named are left out: outside the other filters")
+        reasons.append(f"{outside} of the runs named {_is(outside)} left out: outside the other filters")
     cancelled = replayer.left_out_as_cancelled(conn, where)
-    if cancelled:
+    if cancelled == 1:
+        reasons.append(
+            "1 dead run of a cancelled schedule matches and is left out; name the schedule (--schedule) "
+            "or the run (--run) to replay it"
+        )
+    elif cancelled:
         reasons.append(
             f"{cancelled} dead runs of cancelled schedules match and are left out; name the schedule "
             "(--schedule) or the runs (--run) to replay them"
@@ -254,12 +259,17 @@ def _left_out(
             f"run {named[0]} was replayed before (and died again) and is left out; --force takes it too"
         )
     elif replayed_before:
-        which = "of the runs named" if named else "dead runs that match"
+        one = replayed_before == 1
+        which = "of the runs named" if named else ("dead run that matches" if one else "dead runs that match")
         reasons.append(
-            f"{replayed_before} {which} were replayed before (and died again) and are left out; --force "
-            "takes them too, within --limit"
+            f"{replayed_before} {which} {'was' if one else 'were'} replayed before (and died again) and "
+            f"{_is(replayed_before)} left out; --force takes {'it' if one else 'them'} too, within --limit"
         )
     return reasons
+
+
+def _is(count: int) -> str:
+    return "is" if count == 1 else "are"
 
 
 DRY_RUN_FIELDS = ("id", "schedule_id", "app", "scheduled_for", "attempt", "error", "finished_at")

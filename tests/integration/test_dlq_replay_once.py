@@ -143,21 +143,21 @@ def test_a_replay_may_name_the_dead_runs_it_takes(
     outside = replay("--run", first, "--run", third, "--schedule", row["schedule_id"])
     assert (outside.returncode, outside.stdout) == (1, ""), outside
     assert outside.stderr == (
-        "note: 1 of the runs named are left out: outside the other filters\n"
-        "error: nothing replayed: 1 of the runs named were replayed before (and died again) and are left "
-        "out; --force takes them too, within --limit\n"
+        "note: 1 of the runs named is left out: outside the other filters\n"
+        "error: nothing replayed: 1 of the runs named was replayed before (and died again) and is left "
+        "out; --force takes it too, within --limit\n"
     )
     alone_outside = replay("--run", third, "--schedule", row["schedule_id"])
     assert (alone_outside.returncode, alone_outside.stderr) == (
         1,
-        "error: nothing replayed: 1 of the runs named are left out: outside the other filters\n",
+        "error: nothing replayed: 1 of the runs named is left out: outside the other filters\n",
     ), alone_outside
     # Some replayed: exit 0, and the note says which were left out.
     some = replay("--run", first, "--run", third)
     assert some.returncode == 0 and some.stdout.startswith("replayed 1 runs"), some
     assert some.stderr == (
-        "note: 1 of the runs named were replayed before (and died again) and are left out; --force takes "
-        "them too, within --limit\n"
+        "note: 1 of the runs named was replayed before (and died again) and is left out; --force takes "
+        "it too, within --limit\n"
     )
     assert replays(conn) == Counter({str(first): 1, str(second): 1, str(third): 1})
     forced = replay("--run", first, "--force")
@@ -184,7 +184,7 @@ def test_a_replay_leaves_out_the_runs_of_cancelled_schedules_unless_it_names_the
 
     everything, said = dry("--app", APP)
     assert len(everything) == DEAD - 1 and run_id not in everything
-    assert "note: 1 dead runs of cancelled schedules match and are left out" in said, said
+    assert "note: 1 dead run of a cancelled schedule matches and is left out" in said, said
     assert dry("--schedule", str(schedule_id)) == ({run_id}, "")
     assert dry("--run", run_id) == ({run_id}, "")
     replayed = subprocess.run(
