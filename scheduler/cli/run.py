@@ -332,15 +332,38 @@ def all_(
             log.info("PostgreSQL answers: workers for %s", ", ".join(found))
         else:
             log.warning(NO_APPS)
-        supervisor.add(worker_children(found, workers, concurrency, handlers))
+        added = worker_children(found, workers, concurrency, handlers)
+        refusal = _ports_refused(supervisor.next_port, len(added))
+        if refusal is not None:
+            # As a taken port refuses `run all` at start: a worker that cannot listen would only
+            # die and be restarted, again and again.
+            log.error("%s: stopping every component", refusal)
+            refused.set()
+            supervisor.stop()
+            return
+        supervisor.add(added)
 
+    refused = threading.Event()
     supervisor = Supervisor(children, metrics_port=base, tick=tick)
     waiting.start()
     try:
         code = supervisor.run()
     finally:
         waiting.stop()
-    raise SystemExit(code)
+    raise SystemExit(2 if refused.is_set() else code)
+
+
+def _ports_refused(first: int | None, count: int) -> str | None:
+    """Why ``count`` workers added from port ``first`` on could not listen, or None when they can."""
+    from scheduler.devstack.process import port_in_use
+
+    if first is None or not count:
+        return None
+    last = first + count - 1
+    if last > 65535:
+        return f"--metrics-port: the workers need ports {first} to {last}, past 65535"
+    taken = next((port for port in range(first, last + 1) if port_in_use(port)), None)
+    return None if taken is None else f"port {taken} is in use by another process (set --metrics-port)"
 
 
 NO_APPS = "no apps yet, so no workers (create one with `scheduler apps create NAME`)"
@@ -373,7 +396,9 @@ def _why(wiring: Wiring, error: psycopg.Error) -> str:
     if isinstance(error, psycopg.errors.UndefinedTable):
         return f"PostgreSQL at {where} has no scheduler schema yet (`scheduler init` makes it)"
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return f"PostgreSQL at {where} does not answer ({reason})"
+    # Down, or answering with a refusal (no such database, a wrong password): either is waited out,
+    # as every component waits it out, and the reason says which.
+    return f"PostgreSQL at {where} is unavailable ({reason})"
 
 
 class _AppsOnceListed:

@@ -302,6 +302,15 @@ class Supervisor:
             log.error("%s stopped with %s", child.spec.name, describe_exit(child.proc.returncode))
         return 1 if failed else 0
 
+    @property
+    def next_port(self) -> int | None:
+        """The metrics port :meth:`add` gives the first child it starts."""
+        return None if self._metrics_port is None else self._metrics_port + len(self._children)
+
+    def stop(self) -> None:
+        """Stop every child, as a signal does, and return from :meth:`run` (from ``tick``)."""
+        self._stop_all()
+
     def add(self, children: Sequence[ChildSpec]) -> None:
         """Start more children while running (from ``tick``: ``run all``'s workers, once PostgreSQL
         has said which apps there are), on the ports after those of the children before them."""

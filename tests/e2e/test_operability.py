@@ -364,6 +364,30 @@ def test_run_all_started_while_postgresql_is_down_waits_for_it_and_then_runs_the
     assert supervised.stop() == 0, supervised.stderr()[-4000:]
 
 
+def test_run_all_whose_late_workers_would_find_their_port_taken_stops_saying_so(
+    own_postgres: LocalPostgres, own_database_env: Environment, run_all: list[Supervised], tmp_path: Path
+) -> None:
+    """The workers added once PostgreSQL lists the apps get the ports after the pipeline's: one held
+    by another process is refused as at start (one line, exit 2), where the worker died and was
+    restarted for as long as the port stayed taken."""
+    env = own_database_env
+    cli(env.env, "init")
+    cli(env.env, "apps", "create", APP, "--partitions", "2")
+    own_postgres.down()
+    base = free_port_range(len(CHILDREN))
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", base + len(NEEDS_POSTGRES)))  # the worker's, checked only once it is added
+        holder.listen()
+        supervised = Supervised(env.env, tmp_path, "--metrics-port", str(base))
+        run_all.append(supervised)
+        supervised.table(len(NEEDS_POSTGRES))
+        own_postgres.up(own_postgres.preflight())
+        assert supervised.proc.wait(90) == 2, supervised.stderr()[-4000:]
+    taken = f"port {base + len(NEEDS_POSTGRES)} is in use by another process (set --metrics-port)"
+    assert f"{taken}: stopping every component" in supervised.messages()
+    assert not [m for m in supervised.messages() if " died: " in m], supervised.messages()
+
+
 def test_run_all_restarts_a_killed_component_and_stops_every_child_on_sigterm(
     shared_database_env: Environment, run_all: list[Supervised], tmp_path: Path
 ) -> None:

@@ -88,7 +88,7 @@ def test_run_all_started_without_postgresql_waits_for_it_not_ready_and_stops_at_
         proc.wait(10)
     text = err.read_text()
     assert "Traceback" not in text, text[-3000:]
-    where = "PostgreSQL at postgresql://scheduler@127.0.0.1:1/scheduler does not answer (connection failed: "
+    where = "PostgreSQL at postgresql://scheduler@127.0.0.1:1/scheduler is unavailable (connection failed: "
     first, again, *_ = [m for m in supervisor_warnings() if m.startswith("PostgreSQL")]
     assert first.startswith(where) and first.endswith(
         "; the components start and wait for it, the workers once it lists the apps (asking again in 1 s)"
