@@ -212,6 +212,10 @@ def test_naive_times_are_refused_rather_than_read_as_local_time() -> None:
     naive = dataclasses.replace(_examples()[3], not_before=datetime(2026, 1, 1))
     with pytest.raises(MessageEncodeError, match="naive datetime"):
         CODEC.encode(naive)
+    # Also inside a record inside a list: the attempt history a job carries.
+    attempt = dataclasses.replace(FAILED_1, finished_at=datetime(2026, 1, 1))
+    with pytest.raises(MessageEncodeError, match="naive datetime"):
+        CODEC.encode(dataclasses.replace(JOB, previous_attempts=(attempt,)))
 
 
 def test_plain_records_may_omit_defaulted_fields_but_not_misspell_them() -> None:
