@@ -74,6 +74,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, Span, SpanKind, use_span
+from prometheus_client import Histogram
 
 from scheduler.domain.ids import new_event_id
 from scheduler.domain.retry import RetryPolicy
@@ -269,17 +270,24 @@ class _Fetched:
 
 @dataclass(slots=True)
 class _Beats:
-    """When a job's handler last had a heartbeat sent (its thread and the loop may both ask)."""
+    """When a job's handler last had a heartbeat sent (its thread and the loop may both ask), and
+    whether its attempt is over: a handler left behind past its timeout does not go on renewing a
+    lease that is no longer its own."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     last: float = -math.inf
+    over: bool = False
 
     def due(self, now: float) -> bool:
         with self.lock:
-            if now - self.last < HANDLER_HEARTBEAT_EVERY_S:
+            if self.over or now - self.last < HANDLER_HEARTBEAT_EVERY_S:
                 return False
             self.last = now
             return True
+
+    def end(self) -> None:
+        with self.lock:
+            self.over = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,6 +404,8 @@ class Worker(Service):
         self._ping_sent: float | None = None  # monotonic; set by the main thread, cleared by the loop
         self._warned: dict[str, float] = {}
         self._tracing = tracing_exports()
+        # EXECUTION_DURATION's series of this app, by outcome.
+        self._durations: dict[str, Histogram] = {}
         metrics.CONCURRENCY.labels(app).set(concurrency)
 
     # --- main thread: the lifecycle ----------------------------------------------------------
@@ -968,15 +978,16 @@ class Worker(Service):
         for job in fetched:
             task = self._loop.create_task(self._execute(job))
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            # Whenever it ends, run or dropped (even before its first step), its count goes.
+            # Whenever it ends, run or dropped (even before its first step), its count goes and it
+            # leaves the set (one callback, not two: each is a handle the loop schedules and runs).
             task.add_done_callback(partial(self._settled, job))
             job.task = task
             self._unstarted.setdefault(job.key, {})[task] = job
 
-    def _settled(self, fetched: _Fetched, _task: object) -> None:
+    def _settled(self, fetched: _Fetched, task: asyncio.Task[None]) -> None:
         """Jobs thread: a job's task ended; whatever it held (a place among the held or waiting
         jobs, a slot) is given back, and a freed slot goes to the next waiting job."""
+        self._tasks.discard(task)
         stage, fetched.stage = fetched.stage, "done"
         self._forget_unstarted(fetched)
         with self._counts_lock:
@@ -1240,10 +1251,6 @@ class Worker(Service):
             # Only a job made by other means than a schedule (whose payload is at most 30 deep) can
             # be "[[[[..." 200,000 deep; it fails the same way every attempt.
             raise NonRetryableError("the payload is nested too deeply to decode") from None
-        # Cleared once the attempt is over: a handler left behind past its timeout does not go on
-        # renewing a lease that is no longer its own.
-        beating = threading.Event()
-        beating.set()
         beats = _Beats()
         context = JobContext(
             run_id=job.run_id,
@@ -1257,7 +1264,7 @@ class Worker(Service):
             # (after the instant it announced) takes nothing from the handler's time.
             deadline=datetime.now(UTC) + timedelta(seconds=timeout),
             payload=payload,
-            heartbeat=partial(self._heartbeat, delivery, job, started, beating, beats),
+            heartbeat=partial(self._heartbeat, delivery, job, started, beats),
         )
         thread: threading.Thread | None = None
         if HandlerRegistry.is_async(handler):
@@ -1278,7 +1285,7 @@ class Worker(Service):
             work.cancel()
             raise
         finally:
-            beating.clear()
+            beats.end()
         if work.done():
             return work.result()
         work.cancel()
@@ -1339,11 +1346,10 @@ class Worker(Service):
         delivery: Delivery,
         job: JobMessage,
         started: datetime,
-        beating: threading.Event,
         beats: _Beats,
     ) -> None:
         # Called from the handler's own thread or task; the report is produced from the loop.
-        if not beating.is_set() or not beats.due(time.monotonic()):
+        if not beats.due(time.monotonic()):
             return
         with contextlib.suppress(RuntimeError):  # a closed loop: the worker stopped
             self._loop.call_soon_threadsafe(self._report, delivery, job, started, "heartbeat")
@@ -1594,7 +1600,11 @@ class Worker(Service):
     ) -> None:
         """The metrics and the one log line of an attempt's outcome (inside the job's log context)."""
         duration = (datetime.now(UTC) - started).total_seconds()
-        metrics.EXECUTION_DURATION.labels(self.app, outcome).observe(duration)
+        durations = self._durations.get(outcome)
+        if durations is None:
+            # Looked up once per outcome, not per job (the series appears at its first outcome, as before).
+            durations = self._durations[outcome] = metrics.EXECUTION_DURATION.labels(self.app, outcome)
+        durations.observe(duration)
         if error_class is not None:
             metrics.EXECUTION_ERRORS.labels(self.app, metrics.ERROR_CLASS(error_class)).inc()
         if job_outcomes.isEnabledFor(logging.INFO):
