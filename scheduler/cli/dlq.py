@@ -187,7 +187,7 @@ def replay(
                 echo_json([{k: getattr(dead.run, k) for k in DRY_RUN_FIELDS} for dead in candidates])
                 return
             table = DataTable(
-                "run", "app", "attempt", "dead at", "error", title=f"would replay {len(candidates)} runs"
+                "run", "app", "attempt", "dead at", "error", title=f"would replay {_runs(len(candidates))}"
             )
             for dead in candidates:
                 run = dead.run
@@ -223,7 +223,7 @@ def replay(
             {"replayed": replayed, "seconds": round(elapsed, 3), "per_second": round(replayed / elapsed)}
         )
     else:
-        click.echo(f"replayed {replayed} runs in {elapsed:.1f} s ({replayed / elapsed:.0f}/s)")
+        click.echo(f"replayed {_runs(replayed)} in {elapsed:.1f} s ({replayed / elapsed:.0f}/s)")
 
 
 def _left_out(
@@ -270,6 +270,10 @@ def _left_out(
 
 def _is(count: int) -> str:
     return "is" if count == 1 else "are"
+
+
+def _runs(count: int) -> str:
+    return f"{count} run" if count == 1 else f"{count} runs"
 
 
 DRY_RUN_FIELDS = ("id", "schedule_id", "app", "scheduled_for", "attempt", "error", "finished_at")

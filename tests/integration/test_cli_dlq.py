@@ -82,8 +82,11 @@ def test_a_replay_says_how_many_runs_it_left_out_as_replayed_before(cli: Cli, se
 
     with connect(settings.database_url) as conn:
         make_dead_runs(conn, APP, 1, "PlannedFailure: no")  # and one never replayed
+    dry_one = cli("dlq", "replay", "--app", APP, "--dry-run")  # one run counted in the singular
+    assert dry_one.returncode == 0 and "would replay 1 run" in dry_one.stdout, dry_one
+    assert "1 runs" not in dry_one.stdout, dry_one.stdout
     some = cli("dlq", "replay", "--app", APP)
-    assert some.returncode == 0 and some.stdout.startswith("replayed 1 runs in "), some
+    assert some.returncode == 0 and some.stdout.startswith("replayed 1 run in "), some
     assert some.stderr == f"note: {why}", some.stderr
     forced = cli("dlq", "replay", "--app", APP, "--force")
     assert forced.stdout.startswith("replayed 3 runs in ") and forced.stderr == "", forced

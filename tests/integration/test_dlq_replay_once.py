@@ -154,14 +154,14 @@ def test_a_replay_may_name_the_dead_runs_it_takes(
     ), alone_outside
     # Some replayed: exit 0, and the note says which were left out.
     some = replay("--run", first, "--run", third)
-    assert some.returncode == 0 and some.stdout.startswith("replayed 1 runs"), some
+    assert some.returncode == 0 and some.stdout.startswith("replayed 1 run "), some
     assert some.stderr == (
         "note: 1 of the runs named was replayed before (and died again) and is left out; --force takes "
         "it too, within --limit\n"
     )
     assert replays(conn) == Counter({str(first): 1, str(second): 1, str(third): 1})
     forced = replay("--run", first, "--force")
-    assert forced.stdout.startswith("replayed 1 runs") and forced.stderr == "", forced
+    assert forced.stdout.startswith("replayed 1 run ") and forced.stderr == "", forced
 
 
 def test_a_replay_leaves_out_the_runs_of_cancelled_schedules_unless_it_names_them(
