@@ -135,6 +135,13 @@ class Pod:
         for port_name, port in self.host_ports.items():
             if PORT_SETTINGS[port_name] in env:
                 env[PORT_SETTINGS[port_name]] = str(port)
+        if "SCHEDULER_DATABASE_URL" not in env:
+            # A container the manifests give no database (a worker) falls back to PostgreSQL on its
+            # pod's loopback, where nothing listens in a cluster; here pods share the host's network,
+            # where the local stack's PostgreSQL has that default port, and a worker that found it
+            # took its database (initialised by `scheduler init`, without the test's app) for the
+            # app's and exited "unknown app". Port 1 answers as a cluster pod's loopback does.
+            env["SCHEDULER_PG_PORT"] = "1"
         pod_security, security = spec.get("securityContext", {}), container.get("securityContext", {})
         user = security.get("runAsUser", pod_security.get("runAsUser"))
         group = security.get("runAsGroup", pod_security.get("runAsGroup"))
