@@ -49,12 +49,19 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.get("SCHEDULER_DATABASE_URL") and os.environ.get("SCHEDULER_KAFKA_BOOTSTRAP")
     ):
         return
+    local, env, to_stop = _local_stack_up()
+    os.environ.update(env)
+    if to_stop:
+        config.stash[_STACK_STARTED] = local
+
+
+def _local_stack_up() -> tuple[LocalStack, dict[str, str], bool]:
+    """The project's own stack, brought up; its address, and whether the suite stops it at the end
+    (it started it, and SCHEDULER_KEEP_STACK does not keep it)."""
     local = LocalStack(load_settings())
     started_here = not all(part.running for part in local.status())
     local.up()
-    os.environ.update(local.env())
-    if started_here and not os.environ.get("SCHEDULER_KEEP_STACK"):
-        config.stash[_STACK_STARTED] = local
+    return local, local.env(), started_here and not os.environ.get("SCHEDULER_KEEP_STACK")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -67,13 +74,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def stack() -> Iterator[StackInfo]:
     database_url = os.environ.get("SCHEDULER_DATABASE_URL")
     bootstrap = os.environ.get("SCHEDULER_KAFKA_BOOTSTRAP")
-    local: LocalStack | None = None
-    started_here = False
+    to_stop: LocalStack | None = None
     if not (database_url and bootstrap):
-        local = LocalStack(load_settings())
-        started_here = not all(part.running for part in local.status())
-        local.up()
-        env = local.env()
+        local, env, stop_at_end = _local_stack_up()
+        to_stop = local if stop_at_end else None
         database_url, bootstrap = env["SCHEDULER_DATABASE_URL"], env["SCHEDULER_KAFKA_BOOTSTRAP"]
     info = StackInfo(database_url, bootstrap, f"sched_template_{uuid.uuid4().hex[:8]}")
     with psycopg.connect(database_url, autocommit=True) as admin:
@@ -85,8 +89,8 @@ def stack() -> Iterator[StackInfo]:
     finally:
         with psycopg.connect(database_url, autocommit=True) as admin:
             admin.execute(f'drop database if exists "{info.template_db}" with (force)')
-        if local is not None and started_here and not os.environ.get("SCHEDULER_KEEP_STACK"):
-            local.down()
+        if to_stop is not None:
+            to_stop.down()
 
 
 @contextmanager

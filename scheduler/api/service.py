@@ -49,7 +49,6 @@ from scheduler.schedule.service import (
 )
 from scheduler.schedule.spec import InvalidSchedule, PayloadTooLarge, stored_spec
 from scheduler.store import api as store
-from scheduler.store import ingest as ingest_store
 from scheduler.store import runs as run_store
 from scheduler.store import schedules as schedule_store
 from scheduler.store.schedules import VersionConflict
@@ -192,9 +191,12 @@ def _domain_error(exc: Exception) -> ApiError | None:
         return exc
     if isinstance(exc, ScheduleNotFound):
         return ApiError(Code.NOT_FOUND, str(exc))
-    if isinstance(exc, UnknownApp):
+    if isinstance(exc, UnknownApp):  # UnknownBatchApp too, with its index
         # As another app's: a token scoped to apps cannot tell one that does not exist from it.
-        return ApiError(Code.NOT_FOUND, str(exc), {"field": "app"})
+        index = getattr(exc, "index", None)
+        return ApiError(
+            Code.NOT_FOUND, str(exc), {"field": "app"} | ({} if index is None else {"index": index})
+        )
     if isinstance(exc, VersionConflict):
         return ApiError(Code.VERSION_CONFLICT, str(exc))
     if isinstance(exc, InvalidTransition):
@@ -368,11 +370,6 @@ class SchedulerApi:
                 )
             enabled = item.enabled if item.HasField("enabled") else True
             batch.append(NewSchedule(spec, schedule_key, enabled))
-        known = ingest_store.known_apps(conn, {item.spec.app for item in batch})
-        unknown = next((i for i, item in enumerate(batch) if item.spec.app not in known), None)
-        if unknown is not None:
-            message = f"schedules[{unknown}]: {service.unknown_app(batch[unknown].spec.app)}"
-            raise ApiError(Code.NOT_FOUND, message, {"field": "app", "index": unknown})
         rows = service.create_schedules(conn, batch, principal.actor)
         return pb.CreateSchedulesResponse(schedules=[m.schedule_message(row) for row in rows])
 

@@ -354,7 +354,8 @@ def all_(
 
 
 def _ports_refused(first: int | None, count: int) -> str | None:
-    """Why ``count`` workers added from port ``first`` on could not listen, or None when they can."""
+    """Why ``count`` components on the metrics ports from ``first`` on could not listen, or None when
+    they can: those ``run all`` starts (whose range is checked before) and the workers it adds."""
     from scheduler.devstack.process import port_in_use
 
     if first is None or not count:
@@ -461,11 +462,13 @@ def _refuse_taken_ports(settings: Settings, metrics_base: int | None, components
             # create_server adds "(while attempting to bind on address …)": the port 0 of this check.
             reason = (exc.strerror or str(exc)).split(" (while attempting", 1)[0]
             fail(f"{setting}={host!r}: cannot listen there: {reason}", code=2)
-    wanted: list[tuple[int, str]] = []
     if settings.jwt.configured:
-        wanted += [(settings.api_port, "SCHEDULER_API_PORT"), (settings.grpc_port, "SCHEDULER_GRPC_PORT")]
-    if metrics_base is not None:
-        wanted += [(metrics_base + i, "--metrics-port") for i in range(components)]
-    for port, setting in wanted:
-        if port and port_in_use(port):
-            fail(f"port {port} is in use by another process (set {setting})", code=2)
+        for port, setting in (
+            (settings.api_port, "SCHEDULER_API_PORT"),
+            (settings.grpc_port, "SCHEDULER_GRPC_PORT"),
+        ):
+            if port and port_in_use(port):
+                fail(f"port {port} is in use by another process (set {setting})", code=2)
+    refusal = _ports_refused(metrics_base, components)
+    if refusal is not None:
+        fail(refusal, code=2)

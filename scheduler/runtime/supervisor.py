@@ -317,8 +317,7 @@ class Supervisor:
         for spec in children:
             if self._stopping:
                 return
-            port = None if self._metrics_port is None else self._metrics_port + len(self._children)
-            child = _Child(spec, port)
+            child = _Child(spec, self.next_port)
             self._start(child)
             self._children.append(child)
             self._echo_started(child)

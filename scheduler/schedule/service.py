@@ -260,6 +260,10 @@ class InvalidBatchItem(InvalidSchedule):
         self.index = index
 
 
+class UnknownBatchApp(InvalidBatchItem, UnknownApp):
+    """One schedule of a batch names an app that was never created; nothing of the batch was."""
+
+
 def create_schedules(conn: psycopg.Connection[Row], batch: Sequence[NewSchedule], actor: str) -> list[Row]:
     """Create every schedule of ``batch`` in one transaction, or none: a bulk load in a few
     statements whatever its size (apps, the inserts of schedules, keys and audit rows, the rows
@@ -286,9 +290,9 @@ def create_schedules(conn: psycopg.Connection[Row], batch: Sequence[NewSchedule]
         new: list[NewKeyedSchedule] = []
         for index, (item, schedule_id) in enumerate(zip(batch, ids, strict=True)):
             spec = item.spec
+            if spec.app not in declared:
+                raise UnknownBatchApp(index, str(unknown_app(spec.app)))
             try:
-                if spec.app not in declared:
-                    raise unknown_app(spec.app)
                 check_declared_handler(spec.handler, spec.app, declared[spec.app])
                 next_fire_at = first_fire(spec, schedule_id, now)
                 payload = encoded_payload(spec.payload)
