@@ -2,6 +2,9 @@
 
 The CLI and the Avro ingestor both build a :class:`ScheduleSpec` and call :func:`validate`; each
 rule fails with one line that names the field, so every entry point reports bad input the same way.
+A number outside its limits (:func:`check_limits`) fails with a :class:`LimitExceeded` that also
+carries the field, its bounds and the value, in the spec's units: the API says it in its own field
+names and seconds from those, not from limits of its own.
 Whatever validation accepts can be stored and delivered: text PostgreSQL cannot hold (a NUL
 character, a lone surrogate) and JSON nested deeper than any reader of the payload copes with are
 refused here, with the reason, rather than failing later in a component.
@@ -68,6 +71,23 @@ class InvalidSchedule(ValueError):
 
 class PayloadTooLarge(InvalidSchedule):
     """The payload's encoded size is over the limit (the API answers 413 for it)."""
+
+
+class LimitExceeded(InvalidSchedule):
+    """A number of the spec outside its limits: ``field`` (the spec's) must be ``low`` to ``high``
+    and is ``value``, in the spec's units (durations in milliseconds). ``bounded_by`` names the
+    field whose value ``high`` is, when the bound is another field (a backoff's base is at most its
+    max). The message is the spec's own wording, which the CLI and Kafka commands show."""
+
+    def __init__(
+        self, message: str, field: str, low: int, high: int, value: int, bounded_by: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.field = field
+        self.low = low
+        self.high = high
+        self.value = value
+        self.bounded_by = bounded_by
 
 
 @dataclass(frozen=True)
@@ -334,15 +354,7 @@ def validate_encoded(spec: ScheduleSpec) -> str:
     payload = encoded_payload(spec.payload)
     if problem := payload_problem(spec.handler, spec.payload):
         raise InvalidSchedule(problem)  # every fire would fail with it
-    if not 1 <= spec.max_attempts <= MAX_ATTEMPTS:
-        raise InvalidSchedule(f"max_attempts must be 1 to {MAX_ATTEMPTS}, got {spec.max_attempts}")
-    if not 1 <= spec.timeout_ms <= MAX_TIMEOUT_MS:
-        raise InvalidSchedule(f"timeout must be 1 ms to 24 h, got {spec.timeout_ms} ms")
-    if not 0 <= spec.backoff_base_ms <= spec.backoff_max_ms <= MAX_DELAY_MS:
-        raise InvalidSchedule(
-            f"backoff must satisfy 0 <= base <= max <= 24 h, got base {spec.backoff_base_ms} ms "
-            f"and max {spec.backoff_max_ms} ms"
-        )
+    check_limits(spec)
     if spec.misfire_policy not in MISFIRE_POLICIES:
         raise InvalidSchedule(
             f"misfire policy {quoted(spec.misfire_policy)} must be one of {', '.join(MISFIRE_POLICIES)}"
@@ -351,9 +363,30 @@ def validate_encoded(spec: ScheduleSpec) -> str:
         raise InvalidSchedule(
             f"overlap policy {quoted(spec.overlap_policy)} must be one of {', '.join(OVERLAP_POLICIES)}"
         )
-    if not 0 <= spec.jitter_ms <= MAX_DELAY_MS:
-        raise InvalidSchedule(f"jitter must be 0 to 24 h, got {spec.jitter_ms} ms")
     return payload
+
+
+def check_limits(spec: ScheduleSpec) -> None:
+    """The spec's attempts and durations within their limits, else :class:`LimitExceeded` (part of
+    :func:`validate`; the API runs it first, where it knows which fields its request gave)."""
+    attempts, timeout, jitter = spec.max_attempts, spec.timeout_ms, spec.jitter_ms
+    if not 1 <= attempts <= MAX_ATTEMPTS:
+        said = f"max_attempts must be 1 to {MAX_ATTEMPTS}, got {attempts}"
+        raise LimitExceeded(said, "max_attempts", 1, MAX_ATTEMPTS, attempts)
+    if not 1 <= timeout <= MAX_TIMEOUT_MS:
+        said = f"timeout must be 1 ms to 24 h, got {timeout} ms"
+        raise LimitExceeded(said, "timeout_ms", 1, MAX_TIMEOUT_MS, timeout)
+    base, most = spec.backoff_base_ms, spec.backoff_max_ms
+    if not 0 <= base <= most <= MAX_DELAY_MS:
+        said = f"backoff must satisfy 0 <= base <= max <= 24 h, got base {base} ms and max {most} ms"
+        if not 0 <= base <= MAX_DELAY_MS:
+            raise LimitExceeded(said, "backoff_base_ms", 0, MAX_DELAY_MS, base)
+        if not 0 <= most <= MAX_DELAY_MS:
+            raise LimitExceeded(said, "backoff_max_ms", 0, MAX_DELAY_MS, most)
+        raise LimitExceeded(said, "backoff_base_ms", 0, most, base, bounded_by="backoff_max_ms")
+    if not 0 <= jitter <= MAX_DELAY_MS:
+        said = f"jitter must be 0 to 24 h, got {jitter} ms"
+        raise LimitExceeded(said, "jitter_ms", 0, MAX_DELAY_MS, jitter)
 
 
 def spec_columns(spec: ScheduleSpec) -> dict[str, Any]:
