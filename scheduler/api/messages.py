@@ -23,13 +23,12 @@ from google.protobuf.message import DecodeError, Message
 from scheduler.api.errors import ApiError, Code, invalid
 from scheduler.domain.schedule import ScheduleKind, ScheduleState
 from scheduler.schedule.spec import (
-    MAX_ATTEMPTS,
-    MAX_DELAY_MS,
     MAX_PAYLOAD_BYTES,
-    MAX_TIMEOUT_MS,
     InvalidSchedule,
+    LimitExceeded,
     PayloadTooLarge,
     ScheduleSpec,
+    check_limits,
     encoded_payload,
     validate_schedule_key,
 )
@@ -392,40 +391,61 @@ def _retry(spec: dict[str, Any], retry: pb.RetryConfig) -> None:
         spec["backoff_max_ms"] = _ms(retry.max_backoff_seconds, "retry_config.max_backoff_seconds")
 
 
-def _shown(ms: int) -> str:
-    return f"{ms / 1000:g}"
+SpecRequest = pb.CreateScheduleRequest | pb.UpdateScheduleRequest
+# The spec's limited numbers as a request names them, and whether the spec holds them in
+# milliseconds (the request gives seconds).
+LIMITED_FIELDS: dict[str, tuple[str, bool]] = {
+    "max_attempts": ("retry_config.max_attempts", False),
+    "backoff_base_ms": ("retry_config.backoff_seconds", True),
+    "backoff_max_ms": ("retry_config.max_backoff_seconds", True),
+    "timeout_ms": ("timeout_seconds", True),
+    "jitter_ms": ("jitter_seconds", True),
+}
 
 
-def check_limits(spec: ScheduleSpec, request: pb.CreateScheduleRequest | pb.UpdateScheduleRequest) -> None:
-    """The spec's attempts and durations within the schedule's limits, said in the API's fields and
-    units (seconds), as validation would refuse them in its own (milliseconds, for every entry
-    point). A backoff the request leaves out is the stored or default one, and said so."""
-    retry = request.retry_config
+def _gives(request: Message, path: str) -> bool:
+    """Whether ``request`` sets the field at ``path`` (``retry_config.backoff_seconds``)."""
+    *parents, name = path.split(".")
+    for parent in parents:
+        if not request.HasField(parent):
+            return False
+        request = getattr(request, parent)
+    return request.HasField(name)
 
-    def named(field: str, given: bool) -> str:
-        return field if given else f"{field} (as stored or by default)"
 
-    base_given, max_given = retry.HasField("backoff_seconds"), retry.HasField("max_backoff_seconds")
-    limits: list[tuple[bool, str, str, str]] = [
-        (1 <= spec.max_attempts <= MAX_ATTEMPTS, "retry_config.max_attempts", f"1 to {MAX_ATTEMPTS}",
-         str(spec.max_attempts)),
-        (0 <= spec.backoff_base_ms <= MAX_DELAY_MS, "retry_config.backoff_seconds",
-         f"0 to {_shown(MAX_DELAY_MS)}", _shown(spec.backoff_base_ms)),
-        (0 <= spec.backoff_max_ms <= MAX_DELAY_MS, "retry_config.max_backoff_seconds",
-         f"0 to {_shown(MAX_DELAY_MS)}", _shown(spec.backoff_max_ms)),
-        (1 <= spec.timeout_ms <= MAX_TIMEOUT_MS, "timeout_seconds", f"0.001 to {_shown(MAX_TIMEOUT_MS)}",
-         _shown(spec.timeout_ms)),
-        (0 <= spec.jitter_ms <= MAX_DELAY_MS, "jitter_seconds", f"0 to {_shown(MAX_DELAY_MS)}",
-         _shown(spec.jitter_ms)),
-    ]  # fmt: skip
-    for within, field, bounds, got in limits:
-        if not within:
-            raise ApiError(Code.INVALID_SCHEDULE, f"{field} must be {bounds}, got {got}", {"field": field})
-    if spec.backoff_base_ms > spec.backoff_max_ms:
-        field = "retry_config.backoff_seconds" if base_given else "retry_config.max_backoff_seconds"
-        base = f"{named('retry_config.backoff_seconds', base_given)} ({_shown(spec.backoff_base_ms)})"
-        most = f"{named('retry_config.max_backoff_seconds', max_given)} ({_shown(spec.backoff_max_ms)})"
-        raise ApiError(Code.INVALID_SCHEDULE, f"{base} must not be over {most}", {"field": field})
+def limit_refusal(exc: LimitExceeded, request: SpecRequest) -> ApiError:
+    """A limit the spec's validation refused, said in the request's fields and units (seconds)
+    rather than the spec's (milliseconds). A bound the request leaves out (a backoff's max, say) is
+    the stored or default one, and said so."""
+    field, in_ms = LIMITED_FIELDS[exc.field]
+
+    def shown(value: int) -> str:
+        return f"{value / 1000:g}" if in_ms else str(value)
+
+    if exc.bounded_by is None:
+        message = f"{field} must be {shown(exc.low)} to {shown(exc.high)}, got {shown(exc.value)}"
+        return ApiError(Code.INVALID_SCHEDULE, message, {"field": field})
+    bound, _ = LIMITED_FIELDS[exc.bounded_by]
+    given, bound_given = _gives(request, field), _gives(request, bound)
+
+    def named(path: str, in_request: bool) -> str:
+        return path if in_request else f"{path} (as stored or by default)"
+
+    message = (
+        f"{named(field, given)} ({shown(exc.value)}) must not be over {named(bound, bound_given)} "
+        f"({shown(exc.high)})"
+    )
+    return ApiError(Code.INVALID_SCHEDULE, message, {"field": field if given else bound})
+
+
+def _within_limits(spec: ScheduleSpec, request: SpecRequest) -> ScheduleSpec:
+    # The service validates the spec again, limits included; here the refusal can name the
+    # request's fields (and which of them it gave), and a batch's item with its index.
+    try:
+        check_limits(spec)
+    except LimitExceeded as exc:
+        raise limit_refusal(exc, request) from None
+    return spec
 
 
 def spec_of_create(request: pb.CreateScheduleRequest) -> ScheduleSpec:
@@ -467,9 +487,7 @@ def spec_of_create(request: pb.CreateScheduleRequest) -> ScheduleSpec:
         values["misfire_policy"] = request.misfire_policy
     if request.overlap_policy:
         values["overlap_policy"] = request.overlap_policy
-    spec = ScheduleSpec(**values)
-    check_limits(spec, request)
-    return spec
+    return _within_limits(ScheduleSpec(**values), request)
 
 
 def schedule_key_of(request: pb.CreateScheduleRequest) -> str | None:
@@ -538,6 +556,4 @@ def spec_of_update(stored: ScheduleSpec, request: pb.UpdateScheduleRequest) -> S
         values["timeout_ms"] = _ms(request.timeout_seconds, "timeout_seconds")
     if request.HasField("jitter_seconds"):
         values["jitter_ms"] = _ms(request.jitter_seconds, "jitter_seconds")
-    spec = dataclasses.replace(stored, **values)
-    check_limits(spec, request)
-    return spec
+    return _within_limits(dataclasses.replace(stored, **values), request)
