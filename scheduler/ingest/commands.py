@@ -19,6 +19,7 @@ from scheduler.kafka.avro import AvroCodec, MessageDecodeError
 from scheduler.kafka.messages import ScheduleCommand
 from scheduler.kafka.messages import ScheduleSpec as SpecMessage
 from scheduler.schedule.spec import (
+    MAX_TIMEOUT_MS,
     InvalidSchedule,
     ScheduleSpec,
     check_text,
@@ -109,8 +110,10 @@ _IDENTITY = ("command_id", "schedule_key", "app", "operation")
 def domain_spec(command: ScheduleCommand, spec: SpecMessage) -> ScheduleSpec:
     """The command's spec in the terms validation checks; raises :class:`InvalidSchedule`."""
     payload = parse_payload(spec.payload)
-    if not 1 <= spec.timeout_seconds <= 86_400:
-        raise InvalidSchedule(f"timeout_seconds must be 1 to 86400, got {spec.timeout_seconds}")
+    # The command gives whole seconds: its limit is said in them, from the spec's own.
+    most = MAX_TIMEOUT_MS // 1000
+    if not 1 <= spec.timeout_seconds <= most:
+        raise InvalidSchedule(f"timeout_seconds must be 1 to {most}, got {spec.timeout_seconds}")
     return ScheduleSpec(
         app=command.app,
         # A schedule made by a command is named by its key unless it says otherwise.
