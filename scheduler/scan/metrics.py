@@ -26,7 +26,8 @@ FIRE_LAG = Histogram(
 )
 SCAN_LAG = Gauge(
     "scheduler_scan_lag_seconds",
-    "Now minus the oldest due fire or retry not yet turned into a run (0 when nothing is due)",
+    "Now minus the oldest due fire or retry not yet turned into a run (0 when nothing is due), "
+    "as of the scanner's last look at the database aged to the scrape",
     registry=REGISTRY,
 )
 SCHEDULES_ERRORED = Counter(

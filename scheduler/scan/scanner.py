@@ -124,6 +124,11 @@ class Scanner(Service):
         self.session = Session(database, CHANNEL)
         self.random = random.Random()
         self._due_in: float | None = None
+        # The last ``_due_in`` and the monotonic time it was read: the scan lag a scrape sees is
+        # aged from it, so that it keeps growing while the database cannot be asked (an outage, a
+        # stuck step) instead of holding the last value read.
+        self._due_at: tuple[float, float] | None = None
+        metrics.SCAN_LAG.set_function(self.scan_lag_s)
         self._leased_nothing = False
         self._error_gauge_at = float("-inf")
 
@@ -148,11 +153,19 @@ class Scanner(Service):
             if refresh:
                 metrics.SCHEDULES_IN_ERROR.set(store.schedules_in_error(conn))
                 self._error_gauge_at = time.monotonic()
-        # Negative: the oldest due lease (a fire, or for overlap allow the fire less the look-ahead
-        # plus a slice) is that late, which is what the scan lag reports: how far the scanner is
-        # behind its own work.
-        metrics.SCAN_LAG.set(0.0 if self._due_in is None else max(0.0, -self._due_in))
+        self._due_at = None if self._due_in is None else (time.monotonic(), self._due_in)
         return report.schedules >= batch or report.retries >= batch
+
+    def scan_lag_s(self) -> float:
+        """How far the scanner is behind its own work, at the moment of asking: since when the
+        oldest due lease (a fire, or for overlap allow the fire less the look-ahead plus a slice)
+        has been due, by the last reading of the database aged by the time since; 0 when nothing
+        is due or nothing was scheduled at that reading."""
+        due_at = self._due_at
+        if due_at is None:
+            return 0.0
+        read_at, due_in = due_at
+        return max(0.0, time.monotonic() - read_at - due_in)
 
     def idle(self, stop: threading.Event) -> None:
         """Until the next due time by the database clock, a NOTIFY, or ``max_scan_sleep_s``."""

@@ -601,6 +601,27 @@ def test_due_work_another_transaction_holds_is_looked_at_again_after_a_pause(
         scanner.close()
 
 
+def test_the_scan_lag_keeps_growing_while_the_database_cannot_be_read(settings: Settings, app: str) -> None:
+    """A fire 30 s overdue that the scanner cannot lease: the lag its last step read is 30 s, and a
+    scrape after that (no step since, as while PostgreSQL is down) sees it older, not held."""
+    with connect(settings.database_url) as conn:
+        now = schedules.db_now(conn)
+    insert_fires(settings, now - timedelta(seconds=30), 1, every_ms=1.0)
+    scanner = Wiring(replace(settings, lookahead_s=1.0)).scanner()
+    try:
+        with connect(settings.database_url) as other:
+            other.execute("select 1 from schedules where app = 'scan' for update")
+            scanner.step()
+            first = metric("scheduler_scan_lag_seconds")
+            assert 30.0 <= first < 40.0
+            wait_for(lambda: metric("scheduler_scan_lag_seconds") >= first + 1.0, 10, "the lag to grow")
+            other.rollback()
+        scanner.step()
+        assert metric("scheduler_scan_lag_seconds") == 0.0, "leased: nothing due any more"
+    finally:
+        scanner.close()
+
+
 def test_jitter_still_holds_a_fire_leased_ahead_back_from_its_instant(settings: Settings, app: str) -> None:
     with connect(settings.database_url) as conn:
         now = schedules.db_now(conn)
