@@ -344,7 +344,9 @@ def all_(
         supervisor.add(added)
 
     refused = threading.Event()
-    supervisor = Supervisor(children, metrics_port=base, tick=tick)
+    # The workers' lines come later, in the table's columns: its names as wide as a worker's can be.
+    widest = worker_children([LONGEST_APP_NAME], workers, concurrency, handlers)[-1].name
+    supervisor = Supervisor(children, metrics_port=base, tick=tick, name_width=len(widest))
     waiting.start()
     try:
         code = supervisor.run()
@@ -366,6 +368,9 @@ def _ports_refused(first: int | None, count: int) -> str | None:
     taken = next((port for port in range(first, last + 1) if port_in_use(port)), None)
     return None if taken is None else f"port {taken} is in use by another process (set --metrics-port)"
 
+
+# The longest name an app may have (`[a-z0-9][a-z0-9-]{0,47}`).
+LONGEST_APP_NAME = "a" * 48
 
 NO_APPS = "no apps yet, so no workers (create one with `scheduler apps create NAME`)"
 

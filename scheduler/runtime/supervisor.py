@@ -10,7 +10,8 @@ period.
 
 When a base metrics port is given, the children get consecutive ports starting at it, in the
 order the table printed at start shows; children added later (``run all``'s workers, when
-PostgreSQL could not list the apps at start) get the next ports, and lines of the table. Each
+PostgreSQL could not list the apps at start) get the next ports, and lines of the table in its
+columns (their names fit the width the caller reserves for them). Each
 worker child gets a static group membership identity (``SCHEDULER_GROUP_INSTANCE_ID``) that it
 keeps across its restarts.
 """
@@ -50,6 +51,9 @@ STARTUP_SILENT_S = 300.0
 # Longer than this between two watches (each 0.1 s apart, after the caller's tick), and the
 # supervisor itself was paused.
 PAUSE_S = 1.0
+# The digits of the largest pid Linux gives (pid_max is at most 2^22): the table's pid column, so that
+# a child started or added later lines up with the others whatever its pid.
+PID_WIDTH = 7
 
 
 @dataclass(frozen=True)
@@ -161,13 +165,16 @@ class Supervisor:
         echo: Callable[[str], None] = lambda line: print(line, flush=True),
         silent_s: float = SILENT_S,
         startup_silent_s: float = STARTUP_SILENT_S,
+        name_width: int = 0,
     ) -> None:
+        """``name_width``: the least width of the table's name column, that of the longest name a
+        child :meth:`add` starts later may have, so that its line keeps the table's columns."""
         self._metrics_port = metrics_port
         self._children = [
             _Child(spec, None if metrics_port is None else metrics_port + index)
             for index, spec in enumerate(children)
         ]
-        self._width = max((len(spec.name) for spec in children), default=0)  # of the table's names
+        self._width = max([name_width, *(len(spec.name) for spec in children)])  # of the table's names
         self._env = None if env is None else dict(env)
         self._tick = tick
         self._grace_s = grace_s
@@ -323,10 +330,12 @@ class Supervisor:
             self._echo_started(child)
 
     def _echo_started(self, child: _Child) -> None:
-        """The child's line of the table printed at start."""
+        """The child's line of the table printed at start (or of a child added later, in its columns)."""
         assert child.proc is not None
-        where = f"  health and metrics on port {child.port}" if child.port is not None else ""
-        self._echo(f"{child.spec.name:<{self._width}}  pid {child.proc.pid}{where}")
+        pid = str(child.proc.pid)
+        if child.port is not None:
+            pid = f"{pid:<{PID_WIDTH}}  health and metrics on port {child.port}"
+        self._echo(f"{child.spec.name:<{self._width}}  pid {pid}")
 
     def _watch(self) -> None:
         now = time.monotonic()

@@ -76,8 +76,23 @@ def fake_argv(args, metrics_port=None):
 
 supervisor.component_argv = fake_argv
 children = [supervisor.ChildSpec(name, (name,)) for name in config["children"]]
+late = [supervisor.ChildSpec(name, (name,)) for name in config["late"]]
+
+
+def tick():
+    # As `run all` does once PostgreSQL lists the apps: more children, on the first tick.
+    if late:
+        sup.add(late)
+        late.clear()
+
+
 sup = supervisor.Supervisor(
-    children, metrics_port=config["metrics_port"], grace_s=config["grace_s"], **config["silence"]
+    children,
+    metrics_port=config["metrics_port"],
+    grace_s=config["grace_s"],
+    tick=tick,
+    name_width=config["name_width"],
+    **config["silence"],
 )
 sys.exit(sup.run())
 """
@@ -123,6 +138,8 @@ class SupervisorRun:
         grace_s: float = 5.0,
         unbuffered: bool = True,
         silence: dict[str, float] | None = None,
+        late: list[str] | None = None,
+        name_width: int = 0,
     ) -> None:
         self.markers = tmp / "markers"
         self.markers.mkdir()
@@ -136,13 +153,15 @@ class SupervisorRun:
             "markers": str(self.markers),
             "child": CHILD,
             "silence": silence or {},
+            "late": late or [],
+            "name_width": name_width,
         }
         self.stdout_path, self.stderr_path = tmp / "stdout.txt", tmp / "stderr.txt"
         env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
         argv = [sys.executable, *(["-u"] if unbuffered else []), str(script), json.dumps(config)]
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env)
-        self.expected = len(children)
+        self.expected = len(children) + len(late or [])
         self.grace_s = grace_s
 
     def stdout(self) -> str:
@@ -227,6 +246,8 @@ class Supervise(Protocol):
         grace_s: float = 5.0,
         unbuffered: bool = True,
         silence: dict[str, float] | None = None,
+        late: list[str] | None = None,
+        name_width: int = 0,
     ) -> SupervisorRun: ...
 
 
@@ -242,6 +263,8 @@ def supervise(tmp_path: Path) -> Iterator[Supervise]:
         grace_s: float = 5.0,
         unbuffered: bool = True,
         silence: dict[str, float] | None = None,
+        late: list[str] | None = None,
+        name_width: int = 0,
     ) -> SupervisorRun:
         directory = tmp_path / f"run{len(runs)}"
         directory.mkdir()
@@ -253,6 +276,8 @@ def supervise(tmp_path: Path) -> Iterator[Supervise]:
             grace_s=grace_s,
             unbuffered=unbuffered,
             silence=silence,
+            late=late,
+            name_width=name_width,
         )
         runs.append(run)
         return run
@@ -455,6 +480,24 @@ def test_the_table_aligns_the_names(supervise: Supervise) -> None:
     rows = run.table()
     lines = [line for line in run.stdout().splitlines() if TABLE_LINE.match(line)]
     assert lines[0].index(" pid ") == lines[1].index(" pid ")
+    run.wait_ready([row.pid for row in rows])
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.proc.wait(10) == 0
+
+
+def test_the_lines_of_children_added_later_keep_the_columns_of_the_table(supervise: Supervise) -> None:
+    """`run all` adds its workers once PostgreSQL lists the apps: their lines were as wide as their
+    own names (longer than the pipeline's), out of the table's columns. The caller reserves the
+    width of the longest name a later child may have, and a pid of any length keeps its column."""
+    late = ["worker-" + "a" * 48, "worker-b"]
+    run = supervise(["scanner", "reconciler"], metrics_port=19_300, late=late, name_width=len(late[0]))
+    rows = run.table()
+    assert [(row.name, row.port) for row in rows] == [
+        ("scanner", 19_300), ("reconciler", 19_301), (late[0], 19_302), ("worker-b", 19_303)
+    ]  # fmt: skip
+    lines = [line for line in run.stdout().splitlines() if TABLE_LINE.match(line)]
+    assert len({line.index(" pid ") for line in lines}) == 1, lines
+    assert len({line.index(" health and metrics") for line in lines}) == 1, lines
     run.wait_ready([row.pid for row in rows])
     run.proc.send_signal(signal.SIGTERM)
     assert run.proc.wait(10) == 0
