@@ -334,16 +334,16 @@ def all_(
             log.warning(NO_APPS)
         added = worker_children(found, workers, concurrency, handlers)
         refusal = _ports_refused(supervisor.next_port, len(added))
+        if supervisor.stopping:
+            return  # a signal came meanwhile: its stop, and its exit status
         if refusal is not None:
             # As a taken port refuses `run all` at start: a worker that cannot listen would only
             # die and be restarted, again and again.
             log.error("%s: stopping every component", refusal)
-            refused.set()
-            supervisor.stop()
+            supervisor.stop(2)
             return
         supervisor.add(added)
 
-    refused = threading.Event()
     # The workers' lines come later, in the table's columns: its names as wide as a worker's can be.
     widest = worker_children([LONGEST_APP_NAME], workers, concurrency, handlers)[-1].name
     supervisor = Supervisor(children, metrics_port=base, tick=tick, name_width=len(widest))
@@ -352,7 +352,7 @@ def all_(
         code = supervisor.run()
     finally:
         waiting.stop()
-    raise SystemExit(2 if refused.is_set() else code)
+    raise SystemExit(code)
 
 
 def _ports_refused(first: int | None, count: int) -> str | None:

@@ -184,6 +184,7 @@ class Supervisor:
         self._stopping = False
         self._watched_at: float | None = None
         self._received = 0  # the signal that stopped it, noted by the handler
+        self._code = 0  # what run returns when it stopped itself (stop), no signal before
 
     def _start(self, child: _Child) -> None:
         env = dict(os.environ if self._env is None else self._env)
@@ -307,6 +308,8 @@ class Supervisor:
         for child in failed:
             assert child.proc is not None
             log.error("%s stopped with %s", child.spec.name, describe_exit(child.proc.returncode))
+        if self._code and not self._received:
+            return self._code
         return 1 if failed else 0
 
     @property
@@ -314,8 +317,20 @@ class Supervisor:
         """The metrics port :meth:`add` gives the first child it starts."""
         return None if self._metrics_port is None else self._metrics_port + len(self._children)
 
-    def stop(self) -> None:
-        """Stop every child, as a signal does, and return from :meth:`run` (from ``tick``)."""
+    @property
+    def stopping(self) -> bool:
+        """Whether it is stopping: a signal came, or :meth:`stop` was called."""
+        return self._stopping
+
+    def stop(self, code: int = 0) -> None:
+        """Stop every child, as a signal does, and return ``code`` from :meth:`run` (from ``tick``:
+        the caller's own reason to stop). A signal that came first keeps its exit status: the
+        stop was the operator's, whatever ``tick`` was doing when it came."""
+        if self._stopping:
+            return
+        # The handler runs between two bytecodes: one that comes after the check above has noted
+        # itself (stopping was not yet set), and its exit status wins.
+        self._code = code
         self._stop_all()
 
     def add(self, children: Sequence[ChildSpec]) -> None:

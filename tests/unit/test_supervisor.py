@@ -58,7 +58,7 @@ while True:
 """
 
 SCRIPT = r"""
-import json, logging, sys
+import json, logging, pathlib, signal, sys
 
 import scheduler.runtime.supervisor as supervisor
 
@@ -79,11 +79,19 @@ children = [supervisor.ChildSpec(name, (name,)) for name in config["children"]]
 late = [supervisor.ChildSpec(name, (name,)) for name in config["late"]]
 
 
+stop = config["stop"]
+
+
 def tick():
     # As `run all` does once PostgreSQL lists the apps: more children, on the first tick.
     if late:
         sup.add(late)
         late.clear()
+    # As `run all` does for a reason of its own (a port taken), once every child has started.
+    if stop is not None and len(list(pathlib.Path(config["markers"]).glob("[0-9]*"))) == len(children):
+        if stop["signal_first"]:
+            signal.raise_signal(signal.SIGTERM)  # the operator's, during the tick's work
+        sup.stop(stop["code"])
 
 
 sup = supervisor.Supervisor(
@@ -140,6 +148,7 @@ class SupervisorRun:
         silence: dict[str, float] | None = None,
         late: list[str] | None = None,
         name_width: int = 0,
+        stop: dict[str, object] | None = None,
     ) -> None:
         self.markers = tmp / "markers"
         self.markers.mkdir()
@@ -155,6 +164,7 @@ class SupervisorRun:
             "silence": silence or {},
             "late": late or [],
             "name_width": name_width,
+            "stop": stop,
         }
         self.stdout_path, self.stderr_path = tmp / "stdout.txt", tmp / "stderr.txt"
         env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
@@ -248,6 +258,7 @@ class Supervise(Protocol):
         silence: dict[str, float] | None = None,
         late: list[str] | None = None,
         name_width: int = 0,
+        stop: dict[str, object] | None = None,
     ) -> SupervisorRun: ...
 
 
@@ -265,6 +276,7 @@ def supervise(tmp_path: Path) -> Iterator[Supervise]:
         silence: dict[str, float] | None = None,
         late: list[str] | None = None,
         name_width: int = 0,
+        stop: dict[str, object] | None = None,
     ) -> SupervisorRun:
         directory = tmp_path / f"run{len(runs)}"
         directory.mkdir()
@@ -278,6 +290,7 @@ def supervise(tmp_path: Path) -> Iterator[Supervise]:
             silence=silence,
             late=late,
             name_width=name_width,
+            stop=stop,
         )
         runs.append(run)
         return run
@@ -336,6 +349,18 @@ def test_a_signal_stops_every_child_and_exits_0(supervise: Supervise, signum: si
     assert f"received {signum.name}, stopping every component" in run.log()
     assert "died" not in run.log()  # a requested stop is not a death
     assert "restarted" not in run.log()
+
+
+def test_a_stop_of_its_own_exits_with_its_code_unless_a_signal_came_first(supervise: Supervise) -> None:
+    """`run all` stops itself with exit 2 when a worker it adds would find its port taken; a signal
+    that came while it was checking the port made it exit 2 as well, where a signal stops it with 0."""
+    own = supervise(["one", "two"], stop={"code": 2, "signal_first": False})
+    assert own.proc.wait(10) == 2, own.log()
+    assert "received" not in own.log()
+    signalled = supervise(["one", "two"], stop={"code": 2, "signal_first": True})
+    assert signalled.proc.wait(10) == 0, signalled.log()
+    assert "received SIGTERM, stopping every component" in signalled.log()
+    assert "died" not in own.log() + signalled.log()
 
 
 def test_a_child_that_exits_on_its_own_is_reported_with_its_status_and_restarted(

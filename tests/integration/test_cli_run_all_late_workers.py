@@ -1,0 +1,192 @@
+"""`scheduler run all` without `--app`, started while PostgreSQL does not answer, adds the workers
+once PostgreSQL lists the apps. PostgreSQL "comes up" here as a port that refuses connections until
+the test forwards it to the shared server (which is never stopped): the workers' lines keep the
+columns of the table printed at start (they were as wide as their own names), and a signal that
+comes while `run all` checks the workers' metrics ports stops it with 0, as a signal at any other
+moment does (it exited 2, as for a port taken)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from bench.chaos_stack import free_port, free_port_range
+from scheduler.config import Settings
+from tests.support import SCHEDULER, wait_for
+
+pytestmark = pytest.mark.integration
+
+PIPELINE = ("scanner", "relay", "reconciler", "ingestor")
+TABLE_LINE = "health and metrics on port"
+
+# `run all` as the CLI runs it, but with a signal to itself just as it checks the metrics ports of
+# the workers it adds (not those it checks at start): the moment no test could time from outside.
+SIGNAL_DURING_THE_PORT_CHECK = r"""
+import importlib, signal, sys
+
+from scheduler.cli import main
+
+run = importlib.import_module("scheduler.cli.run")  # the package's `run` is the click group
+
+base = int(sys.argv[1])
+checked = run._ports_refused
+
+
+def signalled_while_checked(first, count):
+    if first != base:
+        signal.raise_signal(signal.SIGTERM)
+    return checked(first, count)
+
+
+run._ports_refused = signalled_while_checked
+sys.argv = ["scheduler", "run", "all", "--metrics-port", str(base)]
+main()
+"""
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
+class LatePostgreSQL:
+    """A port where PostgreSQL is down (connections refused) until :meth:`up`, then the shared
+    server: each connection forwarded to it."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.port = free_port()
+        self._target = target
+        self._server: socketserver.ThreadingTCPServer | None = None
+
+    def up(self) -> None:
+        target = self._target
+
+        class Forward(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                with socket.create_connection(target) as upstream:
+                    back = threading.Thread(target=_pipe, args=(upstream, self.request), daemon=True)
+                    back.start()
+                    _pipe(self.request, upstream)
+                    back.join()
+
+        socketserver.ThreadingTCPServer.allow_reuse_address = True
+        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", self.port), Forward)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def down(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+@pytest.fixture
+def late_postgresql(settings: Settings) -> Iterator[LatePostgreSQL]:
+    host, port = settings.database_url.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    late = LatePostgreSQL((host, int(port)))
+    try:
+        yield late
+    finally:
+        late.down()
+
+
+@pytest.fixture
+def env(settings: Settings, settings_env: dict[str, str], late_postgresql: LatePostgreSQL) -> dict[str, str]:
+    """The test's database, with one app of a name longer than any component's, through the late
+    port; no JWT key (so no API)."""
+    app = f"late-{uuid.uuid4().hex[:12]}"
+    done = subprocess.run(
+        [SCHEDULER, "apps", "create", app, "--partitions", "1"],
+        env=settings_env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    url = make_conninfo(settings.database_url, host="127.0.0.1", port=str(late_postgresql.port))
+    env = {k: v for k, v in settings_env.items() if k not in ("SCHEDULER_JWT_SECRET", "SCHEDULER_JWT_JWKS")}
+    return env | {"SCHEDULER_DATABASE_URL": url, "SCHEDULER_APP": app}
+
+
+@contextlib.contextmanager
+def started(
+    argv: list[str], env: dict[str, str], tmp_path: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], Path, Path]]:
+    out, err = tmp_path / "run-all.out", tmp_path / "run-all.err"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        proc = subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
+    try:
+        yield proc, out, err
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever a failed test left running
+        proc.wait(10)
+
+
+def table(out: Path) -> list[str]:
+    return [line for line in out.read_text().splitlines() if TABLE_LINE in line]
+
+
+def test_the_lines_of_the_workers_added_later_keep_the_columns_of_the_start_table(
+    env: dict[str, str], late_postgresql: LatePostgreSQL, tmp_path: Path
+) -> None:
+    base = free_port_range(len(PIPELINE) + 1)
+    argv = [SCHEDULER, "run", "all", "--metrics-port", str(base)]
+    with started(argv, env, tmp_path) as (proc, out, err):
+
+        def waiting() -> bool:
+            assert proc.poll() is None, err.read_text()[-3000:]
+            return len(table(out)) == len(PIPELINE) and "no workers yet" in err.read_text()
+
+        wait_for(waiting, 60, "run all to start the pipeline and wait for the apps")
+        late_postgresql.up()
+
+        def worker_added() -> bool:
+            assert proc.poll() is None, err.read_text()[-3000:]
+            return len(table(out)) == len(PIPELINE) + 1
+
+        wait_for(worker_added, 60, "the worker's line")
+        lines = table(out)
+        assert [line.split()[0] for line in lines] == [*PIPELINE, f"worker-{env['SCHEDULER_APP']}"]
+        assert len({line.index(" pid ") for line in lines}) == 1, lines
+        assert len({line.index(TABLE_LINE) for line in lines}) == 1, lines
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, err.read_text()[-3000:]
+
+
+def test_a_signal_while_the_ports_of_the_workers_added_later_are_checked_stops_run_all_with_0(
+    env: dict[str, str], late_postgresql: LatePostgreSQL, tmp_path: Path
+) -> None:
+    """The worker's port is taken, so the check refuses it: were the signal not there, `run all`
+    would stop every component and exit 2 (tests/e2e/test_operability.py); the signal came first."""
+    base = free_port_range(len(PIPELINE) + 1)
+    script = tmp_path / "run_all.py"
+    script.write_text(SIGNAL_DURING_THE_PORT_CHECK)
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", base + len(PIPELINE)))  # the worker's
+        holder.listen()
+        with started([sys.executable, str(script), str(base)], env, tmp_path) as (proc, _out, err):
+
+            def waiting() -> bool:
+                assert proc.poll() is None, err.read_text()[-3000:]
+                return "no workers yet" in err.read_text()
+
+            wait_for(waiting, 60, "run all to wait for the apps")
+            late_postgresql.up()
+            assert proc.wait(60) == 0, err.read_text()[-3000:]
+    log = err.read_text()
+    assert "received SIGTERM, stopping every component" in log, log[-3000:]
+    assert "stopping every component" not in log.replace("received SIGTERM, stopping every component", "")
+    assert "Traceback" not in log, log[-3000:]
