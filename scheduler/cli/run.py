@@ -9,6 +9,8 @@ process lifecycle (:mod:`scheduler.runtime.process`): JSON logs (human on a term
 from __future__ import annotations
 
 import logging
+import re
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -288,7 +290,8 @@ def all_(
     except ValueError as exc:  # InvalidRegistration, or a malformed SCHEDULER_HTTP_ALLOWLIST
         fail(str(exc), code=2)
     wiring = Wiring(settings)
-    # PostgreSQL down is an outage to wait out, as every component waits it out: not a reason to stop.
+    # PostgreSQL down is an outage to wait out, as every component waits it out: not a reason to
+    # stop. A URL it refuses for good is (one line, exit 1): there is nothing to wait for.
     silent = _database_silence(wiring)
     if silent is None:
         with database(wiring) as conn:
@@ -325,6 +328,12 @@ def all_(
     waiting = _AppsOnceListed(wiring)
 
     def tick() -> None:
+        wrong = waiting.wrong_url()
+        if wrong is not None:
+            # As at start, though the components run by now: the wait would never end.
+            log.error("%s: stopping every component", wrong)
+            supervisor.stop(1)
+            return
         found = waiting.apps()
         if found is None:
             return
@@ -388,12 +397,60 @@ def _listed_apps(conn: psycopg.Connection[dict[str, Any]]) -> tuple[str, ...]:
 
 def _database_silence(wiring: Wiring) -> str | None:
     """Why PostgreSQL does not answer (within :data:`DATABASE_CHECK_TIMEOUT_S`), or None when it
-    does."""
+    does; one line and exit 1 when it refuses the URL for good."""
     try:
         wiring.database.connect(connect_timeout=DATABASE_CHECK_TIMEOUT_S).close()
     except psycopg.OperationalError as exc:
+        if refused_for_good(exc):
+            fail(_wrong_url(wiring, exc))
         return _why(wiring, exc)
     return None
+
+
+# How libpq words a connection refused for good, a wrong URL rather than an outage, with the
+# SQLSTATE the server sent: psycopg gives a failed connection none (libpq keeps the server's error
+# to itself; psycopg/psycopg#1188), so its words are matched, in English as libpq and PostgreSQL
+# write them. Any other failure is waited out, as an outage is: refused, timed out, the server
+# starting up or shutting down (57P03), too many connections (53300), and a refusal worded in
+# another language (the server's lc_messages).
+REFUSED_FOR_GOOD = re.compile(
+    "|".join(
+        (
+            r"authentication failed for user",  # 28P01 a wrong password; 28000 ident, peer, cert…
+            r"fe_sendauth: no password supplied",  # the server asks for a password the URL lacks
+            r"no pg_hba\.conf entry for",  # 28000
+            r"pg_hba\.conf rejects connection",  # 28000
+            r'role ".*" does not exist',  # 28000
+            r'role ".*" is not permitted to log in',  # 28000
+            r'database ".*" does not exist',  # 3D000
+            r"permission denied for database",  # 42501: no CONNECT privilege
+            r"^connection is bad: (invalid|could not match)",  # libpq refused the URL's parameters
+            # psycopg resolves the host itself: a name no resolver knows (EAI_NONAME), not one it
+            # could not ask about (EAI_AGAIN).
+            rf"^failed to resolve host .*\[Errno {socket.EAI_NONAME}\]",
+        )
+    )
+)
+
+
+def refused_for_good(error: psycopg.Error) -> bool:
+    """Whether PostgreSQL (or libpq) refused the connection for good: a wrong password, user or
+    database name, a host name that does not resolve, parameters libpq rejects. psycopg raises the
+    last address's failure first: that one decides."""
+    return bool(REFUSED_FOR_GOOD.search(_first_line(error)))
+
+
+def _first_line(error: psycopg.Error) -> str:
+    """libpq's first line (it names host and port, never the password), or the error's class."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _wrong_url(wiring: Wiring, error: psycopg.Error) -> str:
+    return (
+        f"cannot use PostgreSQL at {wiring.database.display}: {_first_line(error)} "
+        "(not an outage to wait out: check SCHEDULER_DATABASE_URL)"
+    )
 
 
 def _why(wiring: Wiring, error: psycopg.Error) -> str:
@@ -401,22 +458,20 @@ def _why(wiring: Wiring, error: psycopg.Error) -> str:
     where = wiring.database.display
     if isinstance(error, psycopg.errors.UndefinedTable):
         return f"PostgreSQL at {where} has no scheduler schema yet (`scheduler init` makes it)"
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    # Down, or answering with a refusal (no such database, a wrong password): either is waited out,
-    # as every component waits it out, and the reason says which.
-    return f"PostgreSQL at {where} is unavailable ({reason})"
+    return f"PostgreSQL at {where} is unavailable ({_first_line(error)})"
 
 
 class _AppsOnceListed:
     """``run all``'s wait for the apps, when PostgreSQL did not answer at start and no ``--app``
     named them: PostgreSQL is asked in a thread of its own, so that the supervisor goes on watching
     the components it started (and stops at once on a signal), with one warning line each time it
-    does not answer."""
+    does not answer, until it lists them or refuses the URL for good."""
 
     def __init__(self, wiring: Wiring) -> None:
         self._wiring = wiring
         self._stop = threading.Event()
         self._listed: tuple[str, ...] | None = None
+        self._wrong_url: str | None = None
         self._thread = threading.Thread(target=self._ask, name="apps", daemon=True)
 
     def start(self) -> None:
@@ -431,6 +486,10 @@ class _AppsOnceListed:
         listed, self._listed = self._listed, None
         return listed
 
+    def wrong_url(self) -> str | None:
+        """The error line, once PostgreSQL has refused the URL for good (it is not asked again)."""
+        return self._wrong_url
+
     def _ask(self) -> None:
         delay = DATABASE_RETRY_INITIAL_S
         while not self._stop.wait(delay):
@@ -439,6 +498,9 @@ class _AppsOnceListed:
                     self._listed = _listed_apps(conn)
                 return
             except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError) and refused_for_good(exc):
+                    self._wrong_url = _wrong_url(self._wiring, exc)
+                    return
                 delay = min(delay * 2, DATABASE_RETRY_MAX_S)
                 if not self._stop.is_set():
                     log.warning("%s; no workers yet (asking again in %.0f s)", _why(self._wiring, exc), delay)

@@ -3,7 +3,8 @@ once PostgreSQL lists the apps. PostgreSQL "comes up" here as a port that refuse
 the test forwards it to the shared server (which is never stopped): the workers' lines keep the
 columns of the table printed at start (they were as wide as their own names), and a signal that
 comes while `run all` checks the workers' metrics ports stops it with 0, as a signal at any other
-moment does (it exited 2, as for a port taken)."""
+moment does (it exited 2, as for a port taken). A PostgreSQL that, once it answers, refuses the URL
+for good (no such database) stops it with one error line and exit 1, as at start."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from psycopg.conninfo import make_conninfo
 
 from bench.chaos_stack import free_port, free_port_range
 from scheduler.config import Settings
-from tests.support import SCHEDULER, wait_for
+from tests.support import SCHEDULER, json_log_lines, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -190,3 +191,33 @@ def test_a_signal_while_the_ports_of_the_workers_added_later_are_checked_stops_r
     assert "received SIGTERM, stopping every component" in log, log[-3000:]
     assert "stopping every component" not in log.replace("received SIGTERM, stopping every component", "")
     assert "Traceback" not in log, log[-3000:]
+
+
+def test_a_url_postgresql_refuses_for_good_once_it_answers_stops_run_all_with_1(
+    env: dict[str, str], late_postgresql: LatePostgreSQL, tmp_path: Path
+) -> None:
+    missing = f"no_such_db_{uuid.uuid4().hex[:8]}"
+    env = env | {"SCHEDULER_DATABASE_URL": make_conninfo(env["SCHEDULER_DATABASE_URL"], dbname=missing)}
+    base = free_port_range(len(PIPELINE) + 1)
+    argv = [SCHEDULER, "run", "all", "--metrics-port", str(base)]
+    with started(argv, env, tmp_path) as (proc, out, err):
+
+        def waiting() -> bool:
+            assert proc.poll() is None, err.read_text()[-3000:]
+            return "no workers yet" in err.read_text()
+
+        wait_for(waiting, 60, "run all to wait for the apps")
+        late_postgresql.up()
+        assert proc.wait(60) == 1, err.read_text()[-3000:]
+    errors = [
+        r["message"]
+        for r in json_log_lines(err.read_text())
+        if r["component"] == "supervisor" and r["level"] == "ERROR"
+    ]
+    where = f"postgresql://scheduler@127.0.0.1:{late_postgresql.port}/{missing}"
+    assert len(errors) == 1 and errors[0].startswith(f"cannot use PostgreSQL at {where}: "), errors
+    assert errors[0].endswith(
+        f'FATAL:  database "{missing}" does not exist (not an outage to wait out: check '
+        "SCHEDULER_DATABASE_URL): stopping every component"
+    ), errors
+    assert [line.split()[0] for line in table(out)] == list(PIPELINE), "no worker was added"

@@ -2,7 +2,9 @@
 an outage: it exited 1 at once ("cannot reach PostgreSQL"). Its components serve their health
 endpoints, not ready; the supervisor says in one warning line each time it asks PostgreSQL again
 for the apps to run workers for; a signal during the wait stops it all at once, exit 0. (That the
-workers start once PostgreSQL answers is tests/e2e/test_operability.py's, with a server of its own.)"""
+workers start once PostgreSQL answers is tests/e2e/test_operability.py's, with a server of its own.)
+A URL PostgreSQL refuses for good (a database or user that does not exist, a host name that does
+not resolve) is no outage: one line, exit 1, where it was waited out for ever."""
 
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bench.chaos_stack import free_port_range
 from tests.support import SCHEDULER, json_log_lines, wait_for
@@ -115,3 +119,44 @@ def test_run_all_without_postgresql_refuses_an_app_name_no_app_can_have(
     assert done.stderr == (
         "error: app name 'Bad App!' must match [a-z0-9][a-z0-9-]{0,47} (lowercase, digits, '-', at most 48)\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("wrong", "why"),
+    [
+        ({"dbname": "no_such_db_{tag}"}, 'FATAL:  database "no_such_db_{tag}" does not exist'),  # 3D000
+        (
+            {"user": "no_such_role_{tag}", "password": "secret"},
+            'FATAL:  role "no_such_role_{tag}" does not exist',
+        ),
+        ({"host": "db-{tag}.invalid"}, "failed to resolve host 'db-{tag}.invalid': [Errno -2] "),
+    ],
+    ids=["database", "user", "host"],
+)
+@pytest.mark.parametrize("apps", [(), ("billing",)], ids=["every-app", "--app"])
+def test_run_all_given_a_url_postgresql_refuses_for_good_stops_at_once_saying_why(
+    settings_env: dict[str, str], wrong: dict[str, str], why: str, apps: tuple[str, ...]
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    url = make_conninfo(
+        settings_env["SCHEDULER_DATABASE_URL"], **{k: v.format(tag=tag) for k, v in wrong.items()}
+    )
+    env = settings_env | {"SCHEDULER_DATABASE_URL": url}
+    base = free_port_range(len(PIPELINE) + 1)
+    started = time.monotonic()
+    done = subprocess.run(
+        [SCHEDULER, "run", "all", "--metrics-port", str(base), *(a for app in apps for a in ("--app", app))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (1, ""), done  # nothing started: no table
+    params = conninfo_to_dict(url)
+    where = f"postgresql://{params['user']}@{params['host']}:{params['port']}/{params['dbname']}"
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"error: cannot use PostgreSQL at {where}: "), line
+    assert why.format(tag=tag) in line, line
+    assert line.endswith(" (not an outage to wait out: check SCHEDULER_DATABASE_URL)"), line
+    assert "secret" not in done.stderr
+    assert time.monotonic() - started < 30, "stopped at once, not after a wait"

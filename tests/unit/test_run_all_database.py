@@ -1,0 +1,73 @@
+"""What `run all` makes of PostgreSQL's failure to answer at start: a URL refused for good (a wrong
+password, user or database, a host name no resolver knows) stops it, where an outage is waited out.
+psycopg gives a failed connection no SQLSTATE, so these are the messages libpq and PostgreSQL write,
+each with the SQLSTATE the server sent (tests/integration/test_cli_run_all_waits_for_postgresql.py
+has the real ones of the shared server)."""
+
+from __future__ import annotations
+
+import importlib
+import socket
+
+import psycopg
+import pytest
+
+from scheduler.schedule.spec import InvalidSchedule, validate_app_name
+
+run = importlib.import_module("scheduler.cli.run")  # the package's `run` is the click group
+
+AT = 'connection failed: connection to server at "10.0.0.5", port 5432 failed: '
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        AT + 'FATAL:  password authentication failed for user "scheduler"',  # 28P01
+        AT + 'FATAL:  no pg_hba.conf entry for host "10.0.0.7", user "scheduler", database "scheduler", '
+        "no encryption",  # 28000
+        AT + 'FATAL:  pg_hba.conf rejects connection for host "10.0.0.7", user "scheduler"',  # 28000
+        AT + 'FATAL:  role "schedular" does not exist',  # 28000
+        AT + 'FATAL:  role "scheduler" is not permitted to log in',  # 28000
+        AT + 'FATAL:  Peer authentication failed for user "scheduler"',  # 28000
+        AT + 'FATAL:  database "schedular" does not exist',  # 3D000
+        AT + 'FATAL:  permission denied for database "scheduler"',  # 42501
+        AT + "fe_sendauth: no password supplied",
+        'connection is bad: invalid port number: "99999"',
+        f"failed to resolve host 'db.example.invalid': [Errno {socket.EAI_NONAME}] Name or service not known",
+        # Several addresses: the last one's failure comes first, and decides.
+        AT + 'FATAL:  database "schedular" does not exist\nMultiple connection attempts failed. All '
+        "failures were:\n- host: 'db', port: None, hostaddr: '10.0.0.6': connection failed: connection to "
+        'server at "10.0.0.6", port 5432 failed: Connection refused',
+    ],
+)
+def test_a_wrong_url_is_refused_for_good(message: str) -> None:
+    assert run.refused_for_good(psycopg.OperationalError(message))
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        AT + "Connection refused\n\tIs the server running on that host and accepting TCP/IP connections?",
+        "connection timeout expired",
+        AT + "FATAL:  the database system is starting up",  # 57P03
+        AT + "FATAL:  the database system is shutting down",  # 57P03
+        AT + "FATAL:  the database system is not yet accepting connections",  # 57P03
+        AT + "FATAL:  sorry, too many clients already",  # 53300
+        AT + 'FATAL:  too many connections for role "scheduler"',  # 53300
+        AT + "FATAL:  remaining connection slots are reserved for roles with the SUPERUSER attribute",
+        AT + "server closed the connection unexpectedly",
+        'connection is bad: connection to server on socket "/run/postgresql/.s.PGSQL.5432" failed: No '
+        "such file or directory",  # a local server not started yet
+        f"failed to resolve host 'db': [Errno {socket.EAI_AGAIN}] Temporary failure in name resolution",
+        AT + "FATAL:  la base de données « schedular » n'existe pas",  # worded in another language
+    ],
+)
+def test_an_outage_is_waited_out(message: str) -> None:
+    assert not run.refused_for_good(psycopg.OperationalError(message))
+
+
+def test_the_longest_app_name_is_an_app_name() -> None:
+    """The width the table reserves for the workers added later is that of this name's."""
+    assert validate_app_name(run.LONGEST_APP_NAME)
+    with pytest.raises(InvalidSchedule):
+        validate_app_name(run.LONGEST_APP_NAME + "a")
