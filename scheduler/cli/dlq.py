@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -172,7 +172,7 @@ def replay(
         if refused is not None:
             fail(f"run {refused.run_id} is {refused.state}, not dead: only dead runs are replayed", code=2)
         candidates = replayer.candidates(conn, where, limit)
-        left_out = _left_out(replayer, conn, where, named, len(candidates), limit)
+        left_out = _left_out(replayer, conn, where, named, [dead.run.id for dead in candidates], limit)
         if named and not candidates and left_out and not dry_run:
             # The runs named were all left out: whoever named them did not get what they asked for.
             # A filter (an app, a schedule) whose dead runs were all replayed before replays 0 and
@@ -216,7 +216,19 @@ def replay(
                     if ahead > 0:
                         time.sleep(ahead)
 
-            replayed = replayer.replay(conn, where, limit, actor(), chunk=chunk, after_chunk=paced)
+            moved: list[UUID] | None = [] if named else None  # the runs named it replayed
+            replayed = replayer.replay(
+                conn, where, limit, actor(), chunk=chunk, after_chunk=paced, moved=moved
+            )
+        # A run named and listed that the replay did not take: another command replayed or changed
+        # it in between. Said as any run named and left out is: the error when none was replayed.
+        taken = set(moved or ())
+        raced = [dead.run.id for dead in candidates if dead.run.id not in taken] if named else []
+        if raced:
+            why = _changed_while_replaying(_states_now(conn, raced))
+            if not replayed:
+                fail(f"nothing replayed: {why}")
+            click.echo(f"note: {why}", err=True)
     elapsed = max(time.monotonic() - started, 1e-6)
     if as_json:
         echo_json(
@@ -231,18 +243,31 @@ def _left_out(
     conn: psycopg.Connection[dict[str, Any]],
     where: ReplayFilter,
     named: tuple[UUID, ...] | None,
-    taken: int,
+    listed: list[UUID],
     limit: int,
 ) -> list[str]:
-    """Why runs that match are left out of the ``taken`` a replay takes, one line each, the one
-    --force answers last."""
+    """Why runs that match are left out of those ``listed`` for the replay to take, one line each,
+    the one --force answers last."""
     reasons = []
     replayed_before = replayer.left_out_as_replayed(conn, where)
-    # Counted only when --limit did not cut the list: then every named run left out is one
-    # replayed before or one outside the other filters.
-    outside = len(named) - replayed_before - taken if named else 0
+    # Dead when the command began, and no longer: another command replayed or changed them since.
+    # (One listed that changes is told after the replay, which leaves it out.)
+    taken_ids = set(listed)
+    others = [run_id for run_id in named or () if run_id not in taken_ids]
+    changed = [(run_id, state) for run_id, state in _states_now(conn, others) if state != "dead"]
+    # Every named run left out is one replayed before, one changed, or one outside the other
+    # filters; or, when --limit cut the list, one past it.
+    taken = len(listed)
+    outside = len(named) - replayed_before - len(changed) - taken if named else 0
     if outside > 0 and taken < limit:
         reasons.append(f"{outside} of the runs named {_is(outside)} left out: outside the other filters")
+    elif outside > 0:
+        reasons.append(
+            f"{outside} of the runs named {_is(outside)} left out: past --limit {limit}, or outside the "
+            "other filters"
+        )
+    if changed:
+        reasons.append(_changed_while_replaying(changed))
     cancelled = replayer.left_out_as_cancelled(conn, where)
     if cancelled == 1:
         reasons.append(
@@ -266,6 +291,32 @@ def _left_out(
             f"{_is(replayed_before)} left out; --force takes {'it' if one else 'them'} too, within --limit"
         )
     return reasons
+
+
+def _states_now(
+    conn: psycopg.Connection[dict[str, Any]], run_ids: Sequence[UUID]
+) -> list[tuple[UUID, str | None]]:
+    """The state of each run now (None for one that no longer exists: the history retention's)."""
+    if not run_ids:
+        return []
+    with conn.transaction():
+        found = store.states_of_runs(conn, run_ids)
+    return [(run_id, found[run_id]["state"] if run_id in found else None) for run_id in run_ids]
+
+
+def _changed_while_replaying(runs: list[tuple[UUID, str | None]]) -> str:
+    """Why runs named, dead when listed, were not replayed: another command got there first."""
+    if len(runs) > 1:
+        return (
+            f"{len(runs)} of the runs named changed while replaying (another command replayed or changed "
+            "them since they were listed)"
+        )
+    run_id, state = runs[0]
+    now = {None: "it no longer exists: ", "dead": ""}.get(state, f"it is {state} now: ")
+    return (
+        f"run {run_id} changed while replaying ({now}another command replayed or changed it since it "
+        "was listed)"
+    )
 
 
 def _is(count: int) -> str:

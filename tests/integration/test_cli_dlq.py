@@ -120,3 +120,18 @@ def test_a_replay_naming_an_undecodable_letter_says_it_cannot_be_replayed(
     line = cli.refused("dlq", "replay", "--run", unknown)
     assert line.startswith(f"error: unknown run {unknown}: no run has that id"), line
     assert [r["state"] for r in cli.json("runs", "list", "--app", APP, "--json")] == ["dead"] * 3
+
+
+def test_runs_named_past_the_limit_are_said_to_be_left_out(cli: Cli) -> None:
+    """A run named and left out is never left out silently: past --limit, it was."""
+    runs = [r["id"] for r in cli.json("runs", "list", "--app", APP, "--json")]
+    done = cli("dlq", "replay", "--run", runs[0], "--run", runs[1], "--run", runs[2], "--limit", "2")
+    assert done.returncode == 0 and done.stdout.startswith("replayed 2 runs in "), done
+    assert (
+        done.stderr == "note: 1 of the runs named is left out: past --limit 2, or outside the other filters\n"
+    )
+    assert sorted(r["state"] for r in cli.json("runs", "list", "--app", APP, "--json")) == [
+        "dead",
+        "pending",
+        "pending",
+    ]
