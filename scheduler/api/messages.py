@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import dataclasses
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -67,9 +68,16 @@ def too_large(limit: int) -> ApiError:
 # --- values ---------------------------------------------------------------------------------------
 
 
-def timestamp(moment: datetime | None) -> timestamp_pb2.Timestamp | None:
+def timestamp(moment: datetime | str | None) -> timestamp_pb2.Timestamp | None:
+    """An instant as a message. A text is one as an audit value keeps it: PostgreSQL's JSON of a
+    ``timestamptz`` (``2027-01-01T09:00:00.123+00:00``) or Python's ``str`` of a datetime (with a
+    space for the ``T``); one without an offset, or not an instant, is refused (ValueError)."""
     if moment is None:
         return None
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment)
+        if moment.tzinfo is None:
+            raise ValueError("an instant without an offset")
     message = timestamp_pb2.Timestamp()
     message.FromDatetime(moment.astimezone(UTC))
     return message
@@ -278,38 +286,73 @@ def _seconds(ms: int) -> float:
     return ms / 1000
 
 
+# The API's Schedule field by field, each read from a row of the schedules table with its key: the
+# one mapping of that row to the API's words, units and time format, for GetSchedule's answers and
+# for the values of audit entries about a schedule alike.
+SCHEDULE_FIELDS: dict[str, Callable[[Row], Any]] = {
+    "id": lambda row: str(row["id"]),
+    "app": lambda row: row["app"],
+    "schedule_key": lambda row: row["schedule_key"] or str(row["id"]),
+    "name": lambda row: row["name"],
+    "description": lambda row: row["description"] or "",
+    "kind": lambda row: row["kind"],
+    "cron_expression": lambda row: row["cron"] or "",
+    "timezone": lambda row: row["tz"],
+    "run_at": lambda row: timestamp(row["run_at"]),
+    "start_at": lambda row: timestamp(row["start_at"]),
+    "end_at": lambda row: timestamp(row["end_at"]),
+    "handler": lambda row: row["handler"],
+    "payload": lambda row: stored_value(row["payload"]),
+    "enabled": lambda row: row["state"] == ScheduleState.ACTIVE,
+    "retry_config": lambda row: pb.RetryConfig(
+        max_attempts=row["max_attempts"],
+        backoff_seconds=_seconds(row["backoff_base_ms"]),
+        max_backoff_seconds=_seconds(row["backoff_max_ms"]),
+    ),
+    "timeout_seconds": lambda row: _seconds(row["timeout_ms"]),
+    "jitter_seconds": lambda row: _seconds(row["jitter_ms"]),
+    "misfire_policy": lambda row: row["misfire_policy"],
+    "overlap_policy": lambda row: row["overlap_policy"],
+    "state": lambda row: row["state"],
+    "error": lambda row: row["error"] or "",
+    "next_run_time": lambda row: timestamp(row["next_fire_at"]),
+    "version": lambda row: row["version"],
+    "created_at": lambda row: timestamp(row["created_at"]),
+    "updated_at": lambda row: timestamp(row["updated_at"]),
+}
+
+
 def schedule_message(row: Row) -> pb.Schedule:
-    return pb.Schedule(
-        id=str(row["id"]),
-        app=row["app"],
-        schedule_key=row.get("schedule_key") or str(row["id"]),
-        name=row["name"],
-        description=row.get("description") or "",
-        kind=row["kind"],
-        cron_expression=row["cron"] or "",
-        timezone=row["tz"],
-        run_at=timestamp(row["run_at"]),
-        start_at=timestamp(row["start_at"]),
-        end_at=timestamp(row["end_at"]),
-        handler=row["handler"],
-        payload=stored_value(row["payload"]),
-        enabled=row["state"] == ScheduleState.ACTIVE,
-        retry_config=pb.RetryConfig(
-            max_attempts=row["max_attempts"],
-            backoff_seconds=_seconds(row["backoff_base_ms"]),
-            max_backoff_seconds=_seconds(row["backoff_max_ms"]),
-        ),
-        timeout_seconds=_seconds(row["timeout_ms"]),
-        jitter_seconds=_seconds(row["jitter_ms"]),
-        misfire_policy=row["misfire_policy"],
-        overlap_policy=row["overlap_policy"],
-        state=row["state"],
-        error=row["error"] or "",
-        next_run_time=timestamp(row["next_fire_at"]),
-        version=row["version"],
-        created_at=timestamp(row["created_at"]),
-        updated_at=timestamp(row["updated_at"]),
-    )
+    return pb.Schedule(**{name: read(row) for name, read in SCHEDULE_FIELDS.items()})
+
+
+# What reading a column the row lacks, or holds in a form its field does not take, raises.
+UNREADABLE = (KeyError, TypeError, ValueError, AttributeError, OverflowError)
+
+
+def schedule_fields(row: Row) -> dict[str, Any]:
+    """The fields of a Schedule that ``row`` holds, in their JSON form (GetSchedule's over HTTP).
+    ``row`` is a schedules row as an audit value keeps it, written by this release or an earlier
+    one, whole or in part (the scanner's error records the state and its reason). A field is left
+    out when a column it reads is missing or holds what the field does not take: ``schedule_key``,
+    no column of schedules, is there only when the change recorded it (a single create). Columns
+    no field shows (``traceparent``, ``errored_at``) are not shown, as GetSchedule shows neither."""
+    values: dict[str, Any] = {}
+    for name, read in SCHEDULE_FIELDS.items():
+        with contextlib.suppress(*UNREADABLE):
+            values[name] = read(row)
+    try:
+        message = pb.Schedule(**values)
+    except UNREADABLE:  # a value of another type than its field takes: the fields one by one
+        message = pb.Schedule()
+        for name, value in list(values.items()):
+            try:
+                message.MergeFrom(pb.Schedule(**{name: value}))
+            except UNREADABLE:
+                del values[name]
+    data = as_dict(message)
+    # A time that is not set is left out, as in GetSchedule's answer.
+    return {name: data[name] for name in values if name in data}
 
 
 def attempt_message(row: Row) -> pb.Attempt:
@@ -359,6 +402,23 @@ def dead_letter_message(row: Row) -> pb.DeadLetter:
     )
 
 
+# The actions of which an audit entry about a schedule keeps the schedule's row, whole (create,
+# update, pause, resume, cancel: scheduler/schedule/service.py) or its state and reason (error: the
+# scanner). A trigger's value names the run it made, no field of a schedule.
+SCHEDULE_ROW_ACTIONS = frozenset({"create", "update", "pause", "resume", "cancel", "error"})
+
+
+def audit_value(row: Row, stored: Any) -> struct_pb2.Value | None:
+    """An audit entry's old or new value: a schedule's row as the API's Schedule names its fields
+    (:func:`schedule_fields`), anything else (an app's row, a run's state and attempt, a trigger's
+    run) as it was recorded."""
+    if stored is None:
+        return None
+    if row["entity"] == "schedule" and row["action"] in SCHEDULE_ROW_ACTIONS and isinstance(stored, dict):
+        return stored_value(schedule_fields(stored))
+    return stored_value(stored)
+
+
 def audit_message(row: Row) -> pb.AuditEntry:
     return pb.AuditEntry(
         id=str(row["id"]),
@@ -368,8 +428,8 @@ def audit_message(row: Row) -> pb.AuditEntry:
         entity=row["entity"],
         entity_id=row["entity_id"],
         app=row["app"] or "",
-        old_value=None if row["old_value"] is None else stored_value(row["old_value"]),
-        new_value=None if row["new_value"] is None else stored_value(row["new_value"]),
+        old_value=audit_value(row, row["old_value"]),
+        new_value=audit_value(row, row["new_value"]),
     )
 
 
