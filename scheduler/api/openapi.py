@@ -109,6 +109,19 @@ KEY_PATTERNS = {
 }
 
 
+# What a response's field holds beyond its type, where the proto's type says little.
+AUDIT_VALUE = (
+    "{}; left out where there is none (a create has no old value). About a schedule's create, "
+    "update, pause, resume, cancel or error: the fields of a Schedule the change recorded, as "
+    "GetSchedule answers them (schedule_key only in a single create's). Any other entry (an app's, "
+    "a run's, a trigger's run_id): what was recorded."
+)
+FIELD_DESCRIPTIONS = {
+    ("AuditEntry", "old_value"): AUDIT_VALUE.format("Before the change"),
+    ("AuditEntry", "new_value"): AUDIT_VALUE.format("After the change"),
+}
+
+
 # The fields a create cannot leave out (nor give as null): every other request field may be left
 # out, and an empty string is one left out.
 NEEDED = {
@@ -188,6 +201,9 @@ def message_schema(
         if field.name in exclude:
             continue
         properties[field.name] = _field_schema(field, components, response)
+        description = FIELD_DESCRIPTIONS.get((message.name, field.name)) if response else None
+        if description is not None:
+            properties[field.name] = properties[field.name] | {"description": description}
         if not response and "$ref" not in properties[field.name] and (message.name, field.name) not in NEEDED:
             # protobuf's JSON mapping reads a null as the field left out.
             properties[field.name] = properties[field.name] | {"nullable": True}
