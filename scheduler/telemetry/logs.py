@@ -23,7 +23,8 @@ Environment (a value that is not one of these is a ``ValueError`` naming the var
 - ``SCHEDULER_REDACT_KEYS``: more sensitive key patterns (see :mod:`scheduler.telemetry.redact`).
 
 ``httpx``, ``httpcore`` and ``urllib3`` log at ``WARNING`` or above: one line per HTTP job request
-would drown the component's own log.
+would drown the component's own log. psycopg's lines (its pool's included) are one line each: the
+lines of a libpq error they quote are joined with ``; ``.
 """
 
 from __future__ import annotations
@@ -78,6 +79,11 @@ _LEVELS: Final = {
     "CRITICAL": logging.CRITICAL,
 }
 _NOISY: Final = ("httpx", "httpcore", "urllib3")
+# Libraries whose lines quote libpq's errors, which span lines ("... Connection refused\n\tIs the
+# server running on that host and accepting TCP/IP connections?"): psycopg_pool warns so of every
+# connection it fails to make while PostgreSQL is down. Their message is made one line, its lines
+# joined with "; ", so that a human line is one line and a message reads the same in both formats.
+_ONE_LINE: Final = ("psycopg",)
 
 # The fields every line places first, in this order, when they are known.
 _JOB_FIELDS: Final = ("app", "schedule_id", "run_id", "attempt")
@@ -309,6 +315,11 @@ class _Fields:
         self.component = component
         self.redactor = redactor
 
+    def message(self, record: logging.LogRecord, text: str) -> str:
+        if any(record.name == name or record.name.startswith(name + ".") for name in _ONE_LINE):
+            text = "; ".join(line.strip() for line in text.splitlines() if line.strip())
+        return self.redactor.text(text)
+
     def extra(self, key: str, value: object) -> object:
         if self.redactor.is_sensitive(key):
             return None if value is None else MASK
@@ -357,7 +368,7 @@ class JsonLineFormatter(JsonFormatter):
         log_data["level"] = record.levelname
         log_data["component"] = fields.component
         log_data["logger"] = record.name
-        log_data["message"] = fields.redactor.text(record.message)
+        log_data["message"] = fields.message(record, record.message)
         for key in _TRACE_FIELDS:
             if attrs.get(key) is not None:
                 log_data[key] = attrs[key]
@@ -390,7 +401,7 @@ class HumanFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         fields, attrs = self._fields, record.__dict__
-        message = fields.redactor.text(record.getMessage())
+        message = fields.message(record, record.getMessage())
         context = [
             f"{key}={_job_value(attrs[key])}"
             for key in (*_JOB_FIELDS, *_TRACE_FIELDS)

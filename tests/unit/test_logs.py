@@ -8,11 +8,13 @@ import io
 import json
 import logging
 import re
+import socket
 import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg_pool
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -24,6 +26,7 @@ from scheduler.telemetry.logs import (
     log_context,
 )
 from scheduler.telemetry.redact import MASK, Redactor
+from tests.support import wait_for
 
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 ENV = ("SCHEDULER_LOG_FORMAT", "SCHEDULER_LOG_LEVEL", "SCHEDULER_LOG_JOB_OUTCOMES", "SCHEDULER_REDACT_KEYS")
@@ -225,6 +228,37 @@ def test_a_human_line_shows_terminal_controls_in_what_it_quotes_as_escapes() -> 
     stream = configured()
     log.warning("schedule %s is in error", name)
     assert json_lines(stream)[0]["message"] == f"schedule {name} is in error"
+
+
+@pytest.mark.parametrize("fmt", ["json", "human"])
+def test_a_pool_that_cannot_reach_postgresql_warns_in_one_line_with_its_reason(fmt: str) -> None:
+    """While PostgreSQL is down the API's pool warns of every connection it fails to make, quoting
+    libpq's error, which spans two lines: the human line went on over a second, and the message
+    carried the line break, in both formats."""
+    stream = configured(fmt=fmt)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: a connection to it is refused
+        port = closed.getsockname()[1]
+        pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+            f"postgresql://scheduler@127.0.0.1:{port}/scheduler", min_size=1, name="api", open=False
+        )
+        pool.open(wait=False)
+        try:
+            wait_for(lambda: "psycopg.pool" in stream.getvalue(), 10, "the pool's warning")
+        finally:
+            pool.close()
+    lines = [line for line in stream.getvalue().splitlines() if line]
+    if fmt == "json":
+        records = [json.loads(line) for line in lines]
+        messages = [record["message"] for record in records if record["logger"] == "psycopg.pool"]
+    else:  # every line is a record's first
+        assert all(re.match(r"^\S+Z [A-Z]+ +worker \S+: ", line) for line in lines), lines
+        messages = [line for line in lines if " psycopg.pool: " in line]
+    assert messages and all("\n" not in message and "\t" not in message for message in messages)
+    assert all(
+        "Connection refused; Is the server running on that host and accepting TCP/IP connections?" in message
+        for message in messages
+    ), messages
 
 
 def test_auto_is_human_on_a_terminal_and_json_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
