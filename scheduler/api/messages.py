@@ -335,7 +335,8 @@ def schedule_fields(row: Row) -> dict[str, Any]:
     ``row`` is a schedules row as an audit value keeps it, written by this release or an earlier
     one, whole or in part (the scanner's error records the state and its reason). A field is left
     out when a column it reads is missing or holds what the field does not take: ``schedule_key``,
-    no column of schedules, is there only when the change recorded it (a single create). Columns
+    no column of schedules, is there when the change recorded it (a single create) or the caller
+    added it from the key's row (:func:`audit_value`). Columns
     no field shows (``traceparent``, ``errored_at``) are not shown, as GetSchedule shows neither."""
     values: dict[str, Any] = {}
     for name, read in SCHEDULE_FIELDS.items():
@@ -415,6 +416,11 @@ def audit_value(row: Row, stored: Any) -> struct_pb2.Value | None:
     if stored is None:
         return None
     if row["entity"] == "schedule" and row["action"] in SCHEDULE_ROW_ACTIONS and isinstance(stored, dict):
+        # A whole row (not the scanner's error, which holds a few fields) gets the schedule's key,
+        # which its row does not hold; a key the entry recorded stays as recorded.
+        key = row.get("schedule_key")
+        if key is not None and "schedule_key" not in stored and "handler" in stored:
+            stored = {**stored, "schedule_key": key}
         return stored_value(schedule_fields(stored))
     return stored_value(stored)
 

@@ -113,7 +113,7 @@ KEY_PATTERNS = {
 AUDIT_VALUE = (
     "{}; left out where there is none (a create has no old value). About a schedule's create, "
     "update, pause, resume, cancel or error: the fields of a Schedule the change recorded, as "
-    "GetSchedule answers them (schedule_key only in a single create's). Any other entry (an app's, "
+    "GetSchedule answers them (schedule_key from the key's own row). Any other entry (an app's, "
     "a run's, a trigger's run_id): what was recorded."
 )
 FIELD_DESCRIPTIONS = {

@@ -18,8 +18,6 @@ pytestmark = pytest.mark.e2e
 
 Caller = HttpCaller | GrpcCaller
 ROOT = token(subject="root-audit-values")
-# Not a column of schedules: an entry holds it only where the change recorded it (a single create).
-KEY = "schedule_key"
 
 
 def ok(caller: Caller, method: str, request: dict[str, Any]) -> dict[str, Any]:
@@ -31,10 +29,6 @@ def ok(caller: Caller, method: str, request: dict[str, Any]) -> dict[str, Any]:
 def entries(caller: Caller, entity_id: str) -> list[dict[str, Any]]:
     """The entity's audit entries, oldest first."""
     return list(reversed(ok(caller, "ListAuditEntries", {"entity_id": entity_id, "limit": 500})["entries"]))
-
-
-def without_key(schedule: dict[str, Any]) -> dict[str, Any]:
-    return {name: value for name, value in schedule.items() if name != KEY}
 
 
 def in_a_week() -> str:
@@ -67,14 +61,14 @@ def test_a_schedules_changes_are_audited_in_the_fields_get_schedule_answers(call
     audited = entries(caller, created["id"])
     assert [e["action"] for e in audited] == ["create", "update", "pause", "resume", "trigger", "cancel"]
     create_entry, *changes, trigger_entry, cancel_entry = audited
-    # A single create records the schedule's key; the changes record the schedules row alone.
+    # Every entry names the schedule's key, though only a single create's row recorded it.
     assert "old_value" not in create_entry and create_entry["new_value"] == created
     before = created
     for entry, after in zip([*changes, cancel_entry], [updated, paused, resumed, cancelled], strict=True):
-        assert entry["old_value"] == without_key(before), entry["action"]
-        assert entry["new_value"] == without_key(after), entry["action"]
+        assert entry["old_value"] == before, entry["action"]
+        assert entry["new_value"] == after, entry["action"]
         before = after
-    assert cancel_entry["new_value"] == without_key(got)
+    assert cancel_entry["new_value"] == got
     assert cancel_entry["new_value"]["retry_config"] == {
         "max_attempts": 4,
         "backoff_seconds": 4,
@@ -94,7 +88,7 @@ def test_a_batch_create_is_audited_as_the_schedules_it_answered(caller: Caller) 
     batch = ok(caller, "CreateSchedules", {"schedules": schedules})
     for schedule in batch["schedules"]:
         (entry,) = entries(caller, schedule["id"])
-        assert entry["new_value"] == without_key(schedule)
+        assert entry["new_value"] == schedule
         assert entry["new_value"]["next_run_time"].endswith("Z")
 
 
@@ -132,8 +126,9 @@ def test_entries_of_earlier_releases_answer_the_fields_they_hold_never_an_error(
     update, error = entries(caller, created["id"])[1:]
     old = update["old_value"]
     assert old == {
-        "id": created["id"], "app": "alpha", "name": "nightly", "kind": "cron",
-        "cron_expression": "0 2 * * *", "timezone": "Europe/Berlin", "start_at": "2026-03-01T08:00:00.250Z",
+        "id": created["id"], "schedule_key": created["schedule_key"], "app": "alpha", "name": "nightly",
+        "kind": "cron", "cron_expression": "0 2 * * *", "timezone": "Europe/Berlin",
+        "start_at": "2026-03-01T08:00:00.250Z",
         "handler": "builtin:noop", "payload": {"n": 1}, "enabled": True,
         "retry_config": {"max_attempts": 3, "backoff_seconds": 1, "max_backoff_seconds": 300},
         "timeout_seconds": 300, "misfire_policy": "fire_once", "overlap_policy": "allow", "state": "active",

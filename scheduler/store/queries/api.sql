@@ -185,9 +185,13 @@ with recursive candidate as materialized (
     select page.*, row_number() over (order by page.id desc) as position
       from (select a.id, a.at, a.actor, a.action, a.entity, a.entity_id, a.old_value, a.new_value,
                    coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
-                            a.new_value->>'app', a.old_value->>'app') as app
+                            a.new_value->>'app', a.old_value->>'app') as app,
+                   k.schedule_key
               from audit_log a
               left join schedules s on s.id = case when a.entity = 'schedule' then a.entity_id::uuid end
+              -- A schedule's key is not a column of its row (only a single create's entry
+              -- recorded it): from the key's own row, which never changes while the schedule lives.
+              left join schedule_keys k on k.schedule_id = s.id
               left join runs r on r.id = case when a.entity = 'run' then a.entity_id::uuid end
              where (%(before_id)s::bigint is null or a.id < %(before_id)s::bigint)
                and (%(entity)s::text is null or a.entity = %(entity)s::text)
@@ -219,7 +223,8 @@ with recursive candidate as materialized (
      where z.position < (select cardinality(w.ids) from walked w)
        and (z.page_bytes <= %(max_bytes)s::bigint or z.position = 1)
 )
-select c.id, c.at, c.actor, c.action, c.entity, c.entity_id, c.old_value, c.new_value, c.app, z.page_bytes
+select c.id, c.at, c.actor, c.action, c.entity, c.entity_id, c.old_value, c.new_value, c.app,
+       c.schedule_key, z.page_bytes
   from candidate c
   left join sized z on z.position = c.position
  where %(max_bytes)s::bigint is null or z.position is not null
