@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
+import psycopg
 import pytest
 
 from scheduler.config import Settings
@@ -15,7 +18,7 @@ from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import ATTEMPT_HEADER, RUN_ID_HEADER, JobMessage
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.scan import metrics as scan_metrics
-from scheduler.scan.scanner import LOCKED_DUE_PAUSE_S
+from scheduler.scan.scanner import LOCKED_DUE_PAUSE_S, Scanner
 from scheduler.schedule import service
 from scheduler.schedule.spec import InvalidSchedule, ScheduleSpec, stored_spec
 from scheduler.store import connect, schedules
@@ -578,48 +581,48 @@ def test_guarded_fires_do_not_shorten_the_slice(settings: Settings, app: str) ->
     assert slice_due_in(settings, now) == pytest.approx(9.5, abs=1e-6)
 
 
+@contextmanager
+def held_due_fire(settings: Settings, late: timedelta) -> Iterator[tuple[Scanner, psycopg.Connection[Any]]]:
+    """A scanner (look-ahead 1 s), and one fire ``late`` past due whose schedule's row another
+    transaction holds (as another scanner's batch or a user's update would) until it rolls back."""
+    with connect(settings.database_url) as conn:
+        now = schedules.db_now(conn)
+    insert_fires(settings, now - late, 1, every_ms=1.0)
+    scanner = Wiring(replace(settings, lookahead_s=1.0)).scanner()
+    try:
+        with connect(settings.database_url) as other:
+            other.execute("select 1 from schedules where app = 'scan' for update")
+            yield scanner, other
+    finally:
+        scanner.close()
+
+
 def test_due_work_another_transaction_holds_is_looked_at_again_after_a_pause(
     settings: Settings, app: str
 ) -> None:
     """Another scanner's batch, or a user's update, holds the due schedule's row: the scan leases
     nothing, and the scanner looks again after a short pause instead of at once (it spun)."""
-    with connect(settings.database_url) as conn:
-        now = schedules.db_now(conn)
-    insert_fires(settings, now - timedelta(seconds=1), 1, every_ms=1.0)
-    scanner = Wiring(replace(settings, lookahead_s=1.0)).scanner()
-    try:
-        with connect(settings.database_url) as other:
-            other.execute("select 1 from schedules where app = 'scan' for update")
-            scanner.step()
-            assert scanner.sleep_s() == pytest.approx(LOCKED_DUE_PAUSE_S)
-            other.rollback()
+    with held_due_fire(settings, timedelta(seconds=1)) as (scanner, other):
+        scanner.step()
+        assert scanner.sleep_s() == pytest.approx(LOCKED_DUE_PAUSE_S)
+        other.rollback()
         scanner.step()
         with connect(settings.database_url) as conn:
             assert conn.execute("select count(*) as n from runs").fetchone() == {"n": 1}
         assert scanner.sleep_s() > LOCKED_DUE_PAUSE_S, "nothing due any more"
-    finally:
-        scanner.close()
 
 
 def test_the_scan_lag_keeps_growing_while_the_database_cannot_be_read(settings: Settings, app: str) -> None:
     """A fire 30 s overdue that the scanner cannot lease: the lag its last step read is 30 s, and a
     scrape after that (no step since, as while PostgreSQL is down) sees it older, not held."""
-    with connect(settings.database_url) as conn:
-        now = schedules.db_now(conn)
-    insert_fires(settings, now - timedelta(seconds=30), 1, every_ms=1.0)
-    scanner = Wiring(replace(settings, lookahead_s=1.0)).scanner()
-    try:
-        with connect(settings.database_url) as other:
-            other.execute("select 1 from schedules where app = 'scan' for update")
-            scanner.step()
-            first = metric("scheduler_scan_lag_seconds")
-            assert 30.0 <= first < 40.0
-            wait_for(lambda: metric("scheduler_scan_lag_seconds") >= first + 1.0, 10, "the lag to grow")
-            other.rollback()
+    with held_due_fire(settings, timedelta(seconds=30)) as (scanner, other):
+        scanner.step()
+        first = metric("scheduler_scan_lag_seconds")
+        assert 30.0 <= first < 40.0
+        wait_for(lambda: metric("scheduler_scan_lag_seconds") >= first + 1.0, 10, "the lag to grow")
+        other.rollback()
         scanner.step()
         assert metric("scheduler_scan_lag_seconds") == 0.0, "leased: nothing due any more"
-    finally:
-        scanner.close()
 
 
 def test_jitter_still_holds_a_fire_leased_ahead_back_from_its_instant(settings: Settings, app: str) -> None:
