@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -51,8 +52,12 @@ def another_replay(settings: Settings, run_id: UUID) -> None:
         assert Replayer(settings).replay(other, ReplayFilter(run_ids=(run_id,)), 1, "cli:other") == 1
 
 
-def replay(settings_env: dict[str, str], *args: str) -> Result:
-    return CliRunner().invoke(main, ["dlq", "replay", *args], env=settings_env, catch_exceptions=False)
+def changed(run_id: UUID) -> str:
+    """What the command says of a run named that changed under it."""
+    return (
+        f"run {run_id} changed while replaying (it is pending now: another command replayed or "
+        "changed it since it was listed)"
+    )
 
 
 def states(conn: psycopg.Connection[Row]) -> dict[UUID, str]:
@@ -68,76 +73,79 @@ def replayed_by(conn: psycopg.Connection[Row], actor_prefix: str) -> list[str]:
     return [str(row["entity_id"]) for row in rows]
 
 
-def between_listing_and_replay(monkeypatch: pytest.MonkeyPatch, settings: Settings, run_id: UUID) -> None:
-    """The other command replays ``run_id`` once this one has listed it, before it replays."""
-    listed: Callable[..., Any] = Replayer.candidates
+@dataclass
+class Race:
+    """The test's dead runs, and the other command, injected where each race needs it."""
 
-    def candidates(self: Replayer, *args: Any, **kwargs: Any) -> Any:
-        found = listed(self, *args, **kwargs)
-        another_replay(settings, run_id)
-        return found
+    monkeypatch: pytest.MonkeyPatch
+    settings: Settings
+    env: dict[str, str]
+    conn: psycopg.Connection[Row]
+    dead: list[UUID]
 
-    monkeypatch.setattr(Replayer, "candidates", candidates)
+    def after_listing(self, run_id: UUID) -> None:
+        """The other command replays ``run_id`` once this one has listed it, before it replays."""
+        listed: Callable[..., Any] = Replayer.candidates
+
+        def candidates(replayer: Replayer, *args: Any, **kwargs: Any) -> Any:
+            found = listed(replayer, *args, **kwargs)
+            another_replay(self.settings, run_id)
+            return found
+
+        self.monkeypatch.setattr(Replayer, "candidates", candidates)
+
+    def before_listing(self, run_id: UUID) -> None:
+        """The other command replays ``run_id`` once this one has found it dead, before it lists."""
+        checked = dlq_command.first_not_dead
+
+        def first_not_dead(*args: Any, **kwargs: Any) -> Any:
+            refused = checked(*args, **kwargs)
+            another_replay(self.settings, run_id)
+            return refused
+
+        self.monkeypatch.setattr(dlq_command, "first_not_dead", first_not_dead)
+
+    def replay(self, *args: str) -> Result:
+        return CliRunner().invoke(main, ["dlq", "replay", *args], env=self.env, catch_exceptions=False)
 
 
-def test_a_run_named_that_another_command_replays_after_the_listing_fails_the_replay(
+@pytest.fixture
+def race(
     monkeypatch: pytest.MonkeyPatch,
     settings: Settings,
     settings_env: dict[str, str],
     conn: psycopg.Connection[Row],
     dead: list[UUID],
-) -> None:
-    run_id = dead[0]
-    between_listing_and_replay(monkeypatch, settings, run_id)
-    result = replay(settings_env, "--run", str(run_id))
+) -> Race:
+    return Race(monkeypatch, settings, settings_env, conn, dead)
+
+
+def test_a_run_named_that_another_command_replays_after_the_listing_fails_the_replay(race: Race) -> None:
+    run_id = race.dead[0]
+    race.after_listing(run_id)
+    result = race.replay("--run", str(run_id))
     assert (result.exit_code, result.stdout) == (1, ""), (result.stdout, result.stderr)
-    assert result.stderr == (
-        f"error: nothing replayed: run {run_id} changed while replaying (it is pending now: another "
-        "command replayed or changed it since it was listed)\n"
-    )
-    assert replayed_by(conn, "cli:other") == [str(run_id)] and len(replayed_by(conn, "")) == 1
+    assert result.stderr == f"error: nothing replayed: {changed(run_id)}\n"
+    assert replayed_by(race.conn, "cli:other") == [str(run_id)] and len(replayed_by(race.conn, "")) == 1
 
 
-def test_among_runs_replayed_a_run_named_that_another_command_replays_is_a_note(
-    monkeypatch: pytest.MonkeyPatch,
-    settings: Settings,
-    settings_env: dict[str, str],
-    conn: psycopg.Connection[Row],
-    dead: list[UUID],
-) -> None:
-    raced, other = dead[0], dead[1]
-    between_listing_and_replay(monkeypatch, settings, raced)
-    result = replay(settings_env, "--run", str(raced), "--run", str(other))
+def test_among_runs_replayed_a_run_named_that_another_command_replays_is_a_note(race: Race) -> None:
+    raced, other = race.dead[0], race.dead[1]
+    race.after_listing(raced)
+    result = race.replay("--run", str(raced), "--run", str(other))
     assert result.exit_code == 0 and result.stdout.startswith("replayed 1 run in "), result.stdout
-    assert result.stderr == (
-        f"note: run {raced} changed while replaying (it is pending now: another command replayed or "
-        "changed it since it was listed)\n"
-    )
-    assert states(conn) == {raced: "pending", other: "pending", dead[2]: "dead"}
+    assert result.stderr == f"note: {changed(raced)}\n"
+    assert states(race.conn) == {raced: "pending", other: "pending", race.dead[2]: "dead"}
 
 
 def test_a_run_named_that_another_command_replays_before_the_listing_is_said_to_have_changed(
-    monkeypatch: pytest.MonkeyPatch,
-    settings: Settings,
-    settings_env: dict[str, str],
-    conn: psycopg.Connection[Row],
-    dead: list[UUID],
+    race: Race,
 ) -> None:
     """Found dead by the check, then replayed by the other command: the listing left it out, and
     the command blamed the other filters (there were none)."""
-    run_id = dead[0]
-    checked = dlq_command.first_not_dead
-
-    def first_not_dead(*args: Any, **kwargs: Any) -> Any:
-        refused = checked(*args, **kwargs)
-        another_replay(settings, run_id)
-        return refused
-
-    monkeypatch.setattr(dlq_command, "first_not_dead", first_not_dead)
-    result = replay(settings_env, "--run", str(run_id))
+    run_id = race.dead[0]
+    race.before_listing(run_id)
+    result = race.replay("--run", str(run_id))
     assert (result.exit_code, result.stdout) == (1, ""), (result.stdout, result.stderr)
-    assert result.stderr == (
-        f"error: nothing replayed: run {run_id} changed while replaying (it is pending now: another "
-        "command replayed or changed it since it was listed)\n"
-    )
-    assert replayed_by(conn, "") == [str(run_id)]
+    assert result.stderr == f"error: nothing replayed: {changed(run_id)}\n"
+    assert replayed_by(race.conn, "") == [str(run_id)]
