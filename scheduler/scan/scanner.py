@@ -128,7 +128,6 @@ class Scanner(Service):
         # aged from it, so that it keeps growing while the database cannot be asked (an outage, a
         # stuck step) instead of holding the last value read.
         self._due_at: tuple[float, float] | None = None
-        metrics.SCAN_LAG.set_function(self.scan_lag_s)
         self._leased_nothing = False
         self._error_gauge_at = float("-inf")
 
@@ -154,6 +153,9 @@ class Scanner(Service):
                 metrics.SCHEDULES_IN_ERROR.set(store.schedules_in_error(conn))
                 self._error_gauge_at = time.monotonic()
         self._due_at = None if self._due_in is None else (time.monotonic(), self._due_in)
+        # The process's gauge is the scanner's that last read the database: not one merely built
+        # (a one-off scan), which has read nothing.
+        metrics.SCAN_LAG.set_function(self.scan_lag_s)
         return report.schedules >= batch or report.retries >= batch
 
     def scan_lag_s(self) -> float:
@@ -184,6 +186,7 @@ class Scanner(Service):
         self.session.close()
 
     def close(self) -> None:
+        self._due_at = None  # closed, it is behind on nothing: its last reading no longer ages
         self.session.close()
 
     def scan_once(self, conn: psycopg.Connection[Row], now: datetime | None = None) -> ScanReport:

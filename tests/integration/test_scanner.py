@@ -625,6 +625,33 @@ def test_the_scan_lag_keeps_growing_while_the_database_cannot_be_read(settings: 
         assert metric("scheduler_scan_lag_seconds") == 0.0, "leased: nothing due any more"
 
 
+def test_the_scan_lag_is_the_scanning_ones_whatever_other_scanner_the_process_builds_or_closes(
+    settings: Settings, app: str
+) -> None:
+    """Another scanner built in the same process (a one-off scan, as `scan` above does) took the
+    gauge over, though it had read nothing: the lag of the scanner behind by 30 s read 0. And a
+    closed scanner's last reading went on ageing: its process's lag grew for ever."""
+    with connect(settings.database_url) as conn:
+        now = schedules.db_now(conn)
+    insert_fires(settings, now - timedelta(seconds=30), 1, every_ms=1.0)
+    scanner = Wiring(replace(settings, lookahead_s=1.0)).scanner()
+    try:
+        with connect(settings.database_url) as other:
+            other.execute("select 1 from schedules where app = 'scan' for update")
+            scanner.step()
+            first = metric("scheduler_scan_lag_seconds")
+            assert 30.0 <= first < 40.0
+            Wiring(settings).scanner().close()  # built, never stepped
+            assert metric("scheduler_scan_lag_seconds") >= first, "the scanning one's lag"
+            other.rollback()
+    finally:
+        scanner.close()
+    closed = metric("scheduler_scan_lag_seconds")
+    with connect(settings.database_url) as conn:
+        schedules.db_now(conn)  # time passes
+    assert metric("scheduler_scan_lag_seconds") == closed == 0.0, "a closed scanner is behind on nothing"
+
+
 def test_jitter_still_holds_a_fire_leased_ahead_back_from_its_instant(settings: Settings, app: str) -> None:
     with connect(settings.database_url) as conn:
         now = schedules.db_now(conn)
