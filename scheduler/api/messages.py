@@ -486,7 +486,9 @@ def limit_refusal(exc: LimitExceeded, request: SpecRequest) -> ApiError:
     field, in_ms = LIMITED_FIELDS[exc.field]
 
     def shown(value: int) -> str:
-        return f"{value / 1000:g}" if in_ms else str(value)
+        # Every digit of the milliseconds (at most 13: the request's seconds are within 1e9), where
+        # `g`'s six said 86400 for 86400.001 and 1e+09 for a billion.
+        return f"{value / 1000:.15g}" if in_ms else str(value)
 
     if exc.bounded_by is None:
         message = f"{field} must be {shown(exc.low)} to {shown(exc.high)}, got {shown(exc.value)}"

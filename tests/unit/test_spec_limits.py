@@ -133,3 +133,14 @@ def test_the_api_names_the_backoff_an_update_leaves_out_as_stored() -> None:
         "retry_config.max_backoff_seconds (5)",
         {"field": "retry_config.max_backoff_seconds"},
     )
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [(86_400.001, "86400.001"), (123_456.789, "123456.789"), (1e9, "1000000000")],
+)
+def test_the_api_says_the_value_given_not_one_rounded_to_six_digits(seconds: float, said: str) -> None:
+    """It said `timeout_seconds must be 0.001 to 86400, got 86400` for 86400.001, and `got 1e+09`."""
+    request = pb.CreateScheduleRequest(app="billing", handler="builtin:noop", timeout_seconds=seconds)
+    refused = api_refusal(lambda: spec_of_create(request))
+    assert refused.message == f"timeout_seconds must be 0.001 to 86400, got {said}"
