@@ -322,10 +322,11 @@ def all_(
         log.warning(NO_APPS)
     if not settings.jwt.configured:
         log.warning("no API (set SCHEDULER_JWT_SECRET or SCHEDULER_JWT_JWKS to serve it)")
-    if silent is None or apps:
+    if silent is None:
         raise SystemExit(Supervisor(children, metrics_port=base).run())
 
-    waiting = _AppsOnceListed(wiring)
+    # Asked again for the apps when none were given, and whether it refuses the URL for good.
+    waiting = _AppsOnceListed(wiring, list_apps=not apps)
 
     def tick() -> None:
         wrong = waiting.wrong_url()
@@ -353,8 +354,9 @@ def all_(
             return
         supervisor.add(added)
 
-    # The workers' lines come later, in the table's columns: its names as wide as a worker's can be.
-    widest = worker_children([LONGEST_APP_NAME], workers, concurrency, handlers)[-1].name
+    # Without --app the workers' lines come later, in the table's columns: its names as wide as a
+    # worker's can be.
+    widest = "" if apps else worker_children([LONGEST_APP_NAME], workers, concurrency, handlers)[-1].name
     supervisor = Supervisor(children, metrics_port=base, tick=tick, name_width=len(widest))
     waiting.start()
     try:
@@ -465,10 +467,12 @@ class _AppsOnceListed:
     """``run all``'s wait for the apps, when PostgreSQL did not answer at start and no ``--app``
     named them: PostgreSQL is asked in a thread of its own, so that the supervisor goes on watching
     the components it started (and stops at once on a signal), with one warning line each time it
-    does not answer, until it lists them or refuses the URL for good."""
+    does not answer, until it lists them or refuses the URL for good. With ``--app`` (``list_apps``
+    false) it only waits, silently, for PostgreSQL to answer or refuse the URL for good."""
 
-    def __init__(self, wiring: Wiring) -> None:
+    def __init__(self, wiring: Wiring, *, list_apps: bool = True) -> None:
         self._wiring = wiring
+        self._list_apps = list_apps
         self._stop = threading.Event()
         self._listed: tuple[str, ...] | None = None
         self._wrong_url: str | None = None
@@ -495,14 +499,15 @@ class _AppsOnceListed:
         while not self._stop.wait(delay):
             try:
                 with self._wiring.database.connect(connect_timeout=DATABASE_CHECK_TIMEOUT_S) as conn:
-                    self._listed = _listed_apps(conn)
+                    if self._list_apps:
+                        self._listed = _listed_apps(conn)
                 return
             except psycopg.Error as exc:
                 if isinstance(exc, psycopg.OperationalError) and refused_for_good(exc):
                     self._wrong_url = _wrong_url(self._wiring, exc)
                     return
                 delay = min(delay * 2, DATABASE_RETRY_MAX_S)
-                if not self._stop.is_set():
+                if self._list_apps and not self._stop.is_set():
                     log.warning("%s; no workers yet (asking again in %.0f s)", _why(self._wiring, exc), delay)
 
 
