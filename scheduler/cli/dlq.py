@@ -254,11 +254,16 @@ def _left_out(
     # (One listed that changes is told after the replay, which leaves it out.)
     taken_ids = set(listed)
     others = [run_id for run_id in named or () if run_id not in taken_ids]
-    changed = [(run_id, state) for run_id, state in _states_now(conn, others) if state != "dead"]
-    # Every named run left out is one replayed before, one changed, or one outside the other
-    # filters; or, when --limit cut the list, one past it.
+    now = _states_now(conn, others)
+    changed = [(run_id, state) for run_id, state in now if state != "dead"]
+    # Dead still, but held by another command's transaction (a replay's chunk not yet committed):
+    # the listing skips a locked run.
+    with conn.transaction(force_rollback=True):
+        held = store.runs_held(conn, [run_id for run_id, state in now if state == "dead"])
+    # Every named run left out is one replayed before, one changed or held, or one outside the
+    # other filters; or, when --limit cut the list, one past it.
     taken = len(listed)
-    outside = len(named) - replayed_before - len(changed) - taken if named else 0
+    outside = len(named) - replayed_before - len(changed) - len(held) - taken if named else 0
     if outside > 0 and taken < limit:
         reasons.append(f"{outside} of the runs named {_is(outside)} left out: outside the other filters")
     elif outside > 0:
@@ -268,6 +273,15 @@ def _left_out(
         )
     if changed:
         reasons.append(_changed_while_replaying(changed))
+    if len(held) == 1:
+        reasons.append(
+            f"run {next(iter(held))} is left out: another command is replaying or changing it right now"
+        )
+    elif held:
+        reasons.append(
+            f"{len(held)} of the runs named are left out: another command is replaying or changing them "
+            "right now"
+        )
     cancelled = replayer.left_out_as_cancelled(conn, where)
     if cancelled == 1:
         reasons.append(

@@ -40,6 +40,12 @@ def states_of_runs(conn: psycopg.Connection[Row], run_ids: Sequence[UUID]) -> di
     return {row["id"]: row for row in rows}
 
 
+def runs_held(conn: psycopg.Connection[Row], run_ids: Sequence[UUID]) -> set[UUID]:
+    """Of ``run_ids``, those another transaction holds locked now (call it in a transaction that
+    is rolled back: the others it locks itself)."""
+    return {row["id"] for row in conn.execute(query("runs_held"), {"ids": list(run_ids)}).fetchall()}
+
+
 def with_attempts(conn: psycopg.Connection[Row], rows: list[Row]) -> list[Row]:
     """Each run row with its ``attempts``: what `attempts` recorded and what the run's row holds
     (its applied start and success), in the order they happened."""

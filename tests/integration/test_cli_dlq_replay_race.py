@@ -149,3 +149,20 @@ def test_a_run_named_that_another_command_replays_before_the_listing_is_said_to_
     assert (result.exit_code, result.stdout) == (1, ""), (result.stdout, result.stderr)
     assert result.stderr == f"error: nothing replayed: {changed(run_id)}\n"
     assert replayed_by(race.conn, "") == [str(run_id)]
+
+
+def test_a_run_named_that_another_command_is_replaying_right_now_is_not_blamed_on_the_filters(
+    race: Race,
+) -> None:
+    """The other command's transaction holds the run (its chunk not yet committed): the listing
+    skips it (SKIP LOCKED), and the command said it was outside the other filters; there were none."""
+    held, other = race.dead[0], race.dead[1]
+    with connect(race.settings.database_url) as replaying:
+        replaying.execute("select 1 from runs where id = %s for update", (held,))
+        alone = race.replay("--run", str(held))
+        among = race.replay("--run", str(held), "--run", str(other))
+    why = f"run {held} is left out: another command is replaying or changing it right now"
+    assert (alone.exit_code, alone.stdout, alone.stderr) == (1, "", f"error: nothing replayed: {why}\n")
+    assert among.exit_code == 0 and among.stdout.startswith("replayed 1 run in "), among.stdout
+    assert among.stderr == f"note: {why}\n"
+    assert states(race.conn) == {held: "dead", other: "pending", race.dead[2]: "dead"}

@@ -47,6 +47,13 @@ select d.event_id::uuid, d.app, 'undecodable'
  where d.event_id = any(%(ids)s::uuid[]::text[])
    and not exists (select 1 from runs r where r.id = any(%(ids)s::uuid[]) and r.id::text = d.event_id);
 
+-- name: runs_held
+-- Of the runs named, those another transaction holds locked now (a replay under way, say), found
+-- without waiting for it; the caller rolls back, which frees those this one locked.
+select id from runs
+ where id = any(%(ids)s::uuid[])
+   and id not in (select id from runs where id = any(%(ids)s::uuid[]) for update skip locked);
+
 -- name: history_of_runs
 -- Each run's attempts as a user reads them: the events recorded in `attempts`, and the two that
 -- the run's own row holds instead of a row (apply_outcomes records only the events that say more
