@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import re
-import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -413,7 +412,8 @@ def _database_silence(wiring: Wiring) -> str | None:
 # SQLSTATE the server sent: psycopg gives a failed connection none (libpq keeps the server's error
 # to itself; psycopg/psycopg#1188), so its words are matched, in English as libpq and PostgreSQL
 # write them. Any other failure is waited out, as an outage is: refused, timed out, the server
-# starting up or shutting down (57P03), too many connections (53300), and a refusal worded in
+# starting up or shutting down (57P03), too many connections (53300), a host name no resolver
+# knows (yet: a compose or Kubernetes service that is not up has none), and a refusal worded in
 # another language (the server's lc_messages).
 REFUSED_FOR_GOOD = re.compile(
     "|".join(
@@ -427,9 +427,6 @@ REFUSED_FOR_GOOD = re.compile(
             r'database ".*" does not exist',  # 3D000
             r"permission denied for database",  # 42501: no CONNECT privilege
             r"^connection is bad: (invalid|could not match)",  # libpq refused the URL's parameters
-            # psycopg resolves the host itself: a name no resolver knows (EAI_NONAME), not one it
-            # could not ask about (EAI_AGAIN).
-            rf"^failed to resolve host .*\[Errno {socket.EAI_NONAME}\]",
         )
     )
 )
@@ -437,7 +434,7 @@ REFUSED_FOR_GOOD = re.compile(
 
 def refused_for_good(error: psycopg.Error) -> bool:
     """Whether PostgreSQL (or libpq) refused the connection for good: a wrong password, user or
-    database name, a host name that does not resolve, parameters libpq rejects. psycopg raises the
+    database name, parameters libpq rejects. psycopg raises the
     last address's failure first: that one decides."""
     return bool(REFUSED_FOR_GOOD.search(_first_line(error)))
 
