@@ -194,9 +194,7 @@ def _domain_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, UnknownApp):  # UnknownBatchApp too, with its index
         # As another app's: a token scoped to apps cannot tell one that does not exist from it.
         index = getattr(exc, "index", None)
-        return ApiError(
-            Code.NOT_FOUND, str(exc), {"field": "app"} | ({} if index is None else {"index": index})
-        )
+        return ApiError(Code.NOT_FOUND, str(exc), item_field("app", index))
     if isinstance(exc, VersionConflict):
         return ApiError(Code.VERSION_CONFLICT, str(exc))
     if isinstance(exc, InvalidTransition):
@@ -211,6 +209,14 @@ def _domain_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, psycopg.OperationalError | psycopg_pool.PoolTimeout):
         return ApiError(Code.UNAVAILABLE, "the database is unavailable; retry later")
     return None
+
+
+def item_field(field: str, index: int | None) -> dict[str, str | int]:
+    """``details`` naming a field by its whole path as the client sent it: within a batch's item
+    (``schedules[1].retry_config.max_attempts``, with the item's ``index``), else as it is."""
+    if index is None:
+        return {"field": field}
+    return {"field": f"schedules[{index}].{field}", "index": index}
 
 
 class SchedulerApi:
@@ -359,14 +365,13 @@ class SchedulerApi:
                 spec = m.spec_of_create(item)
                 schedule_key = m.schedule_key_of(item)
             except ApiError as exc:
-                raise ApiError(
-                    exc.code, f"schedules[{index}]: {exc.message}", exc.details | {"index": index}
-                ) from None
+                field = exc.details.get("field")
+                named = item_field(field, index) if isinstance(field, str) else {"index": index}
+                details = exc.details | named
+                raise ApiError(exc.code, f"schedules[{index}]: {exc.message}", details) from None
             if not principal.sees(spec.app):
                 raise ApiError(
-                    Code.NOT_FOUND,
-                    f"schedules[{index}]: no app {spec.app!r}",
-                    {"field": "app", "index": index},
+                    Code.NOT_FOUND, f"schedules[{index}]: no app {spec.app!r}", item_field("app", index)
                 )
             enabled = item.enabled if item.HasField("enabled") else True
             batch.append(NewSchedule(spec, schedule_key, enabled))

@@ -105,8 +105,8 @@ def test_a_schedule_key_a_person_cannot_read_back_is_refused_on_both_transports(
     batch = caller.call("CreateSchedules", {"schedules": [CRON | {"name": name, "schedule_key": key}]}, ROOT)
     assert batch.code == "INVALID_SCHEDULE", batch
     assert batch.body["details"] in (
-        {"field": "schedule_key", "index": 0},
-        {"field": "schedule_key", "index": "0"},
+        {"field": "schedules[0].schedule_key", "index": 0},
+        {"field": "schedules[0].schedule_key", "index": "0"},
     )
     assert batch.body["message"].startswith("schedules[0]: schedule key"), batch
     assert _stored(api_stack, name) == 0
@@ -232,6 +232,18 @@ def test_a_value_of_the_wrong_type_is_named_by_its_whole_path(
     assert repr(field) in outcome.body["message"], outcome
 
 
+def test_a_batch_items_value_out_of_its_limits_is_named_by_its_whole_path(
+    caller: HttpCaller | GrpcCaller,
+) -> None:
+    """As a value of the wrong type is: the item's field within the request, and the item's index."""
+    items = [CRON, CRON | {"retry_config": {"max_attempts": 0}}]
+    outcome = caller.call("CreateSchedules", {"schedules": items}, ROOT)
+    assert outcome.code == "INVALID_SCHEDULE", outcome
+    field = {"field": "schedules[1].retry_config.max_attempts"}
+    assert outcome.body["details"] in (field | {"index": 1}, field | {"index": "1"}), outcome
+    assert outcome.body["message"] == "schedules[1]: retry_config.max_attempts must be 1 to 100, got 0"
+
+
 def test_a_token_that_does_not_verify_is_told_why_in_words(caller: HttpCaller | GrpcCaller) -> None:
     for bearer, reason in (
         ("garbage", "the token is not a well-formed JWT"),
@@ -262,7 +274,8 @@ def test_a_create_into_an_app_that_does_not_exist_is_not_found_as_one_out_of_sco
         items = [ONE_SHOT | {"name": name}, ONE_SHOT | {"app": app, "name": name}]
         batch = caller.call("CreateSchedules", {"schedules": items}, bearer)
         assert (batch.code, batch.body["message"]) == ("NOT_FOUND", f"schedules[1]: {says}"), batch
-        assert batch.body["details"] in ({"field": "app", "index": 1}, {"field": "app", "index": "1"}), batch
+        app_field = {"field": "schedules[1].app"}
+        assert batch.body["details"] in (app_field | {"index": 1}, app_field | {"index": "1"}), batch
     assert _stored(api_stack, name) == 0
 
 
