@@ -9,9 +9,10 @@ process lifecycle (:mod:`scheduler.runtime.process`): JSON logs (human on a term
 from __future__ import annotations
 
 import logging
+import queue
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -23,6 +24,7 @@ from scheduler.kafka.transport import KafkaUnavailable
 from scheduler.runtime.process import run_component
 from scheduler.runtime.service import Service
 from scheduler.schedule.spec import InvalidSchedule, validate_app_name
+from scheduler.store.schedules import app_names
 from scheduler.telemetry.logs import configure_logging
 from scheduler.telemetry.tracing import configure_tracing, shutdown_tracing
 from scheduler.wiring import Wiring
@@ -278,6 +280,7 @@ def all_(
             validate_app_name(app)
         except InvalidSchedule as exc:
             fail(str(exc), code=2)
+    every_app = not apps
     settings = settings_or_exit()
     try:
         configure_logging("supervisor")
@@ -298,7 +301,7 @@ def all_(
                 for app in apps:
                     known_app(conn, app)
             else:
-                apps = _listed_apps(conn)
+                apps = tuple(app_names(conn))
     elif apps:
         # Each worker asks Kafka for its app's topic, as `run worker` does without a database.
         log.warning(
@@ -321,26 +324,25 @@ def all_(
         log.warning(NO_APPS)
     if not settings.jwt.configured:
         log.warning("no API (set SCHEDULER_JWT_SECRET or SCHEDULER_JWT_JWKS to serve it)")
-    if silent is None:
+    if silent is None and not every_app:
         raise SystemExit(Supervisor(children, metrics_port=base).run())
 
-    # Asked again for the apps when none were given, and whether it refuses the URL for good.
-    waiting = _AppsOnceListed(wiring, list_apps=not apps)
+    # Without --app, PostgreSQL is asked for the apps (again, when it did not answer at start) for
+    # as long as it runs; with them, only whether it refuses the URL for good.
+    watch = _AppWatch(wiring, listed=None if silent is not None else apps, every_app=every_app)
+    listed = silent is None  # whether the apps' workers run: those listed at start, or once listed
 
     def tick() -> None:
-        wrong = waiting.wrong_url()
+        nonlocal listed
+        wrong = watch.wrong_url()
         if wrong is not None:
             # As at start, though the components run by now: the wait would never end.
             log.error("%s: stopping every component", wrong)
             supervisor.stop(1)
             return
-        found = waiting.apps()
+        found = watch.apps()
         if found is None:
             return
-        if found:
-            log.info("PostgreSQL answers: workers for %s", ", ".join(found))
-        else:
-            log.warning(NO_APPS)
         added = worker_children(found, workers, concurrency, handlers)
         refusal = _ports_refused(supervisor.next_port, len(added))
         if supervisor.stopping:
@@ -351,17 +353,25 @@ def all_(
             log.error("%s: stopping every component", refusal)
             supervisor.stop(2)
             return
+        if listed:
+            for app in found:
+                log.info("new app %s: starting its workers", app)
+        elif found:
+            log.info("PostgreSQL answers: workers for %s", ", ".join(found))
+        else:
+            log.warning(NO_APPS)
+        listed = True
         supervisor.add(added)
 
-    # Without --app the workers' lines come later, in the table's columns: its names as wide as a
-    # worker's can be.
-    widest = "" if apps else worker_children([LONGEST_APP_NAME], workers, concurrency, handlers)[-1].name
+    # Without --app the workers' lines may come later, in the table's columns: its names as wide as
+    # a worker's can be.
+    widest = worker_children([LONGEST_APP_NAME], workers, concurrency, handlers)[-1].name if every_app else ""
     supervisor = Supervisor(children, metrics_port=base, tick=tick, name_width=len(widest))
-    waiting.start()
+    watch.start()
     try:
         code = supervisor.run()
     finally:
-        waiting.stop()
+        watch.stop()
     raise SystemExit(code)
 
 
@@ -387,13 +397,12 @@ NO_APPS = "no apps yet, so no workers (create one with `scheduler apps create NA
 DATABASE_RETRY_INITIAL_S = 1.0
 DATABASE_RETRY_MAX_S = 30.0
 """How often ``run all``, started while PostgreSQL does not answer, asks it again for the apps:
-after 1 s, then twice as long each time, at most every 30 s; a warning line each time."""
+after 1 s, then twice as long each time, at most every 30 s; a warning line each time. An outage
+that comes once the workers run is waited out the same way, from :data:`APPS_WATCH_S` on."""
 
-
-def _listed_apps(conn: psycopg.Connection[dict[str, Any]]) -> tuple[str, ...]:
-    from scheduler.store import schedules
-
-    return tuple(row["name"] for row in schedules.list_apps(conn))
+APPS_WATCH_S = 5.0
+"""How often ``run all`` without ``--app`` asks PostgreSQL for the apps, once it has listed them:
+an app created meanwhile (``scheduler apps create``, the API) gets its workers within this long."""
 
 
 def _database_silence(wiring: Wiring) -> str | None:
@@ -460,20 +469,27 @@ def _why(wiring: Wiring, error: psycopg.Error) -> str:
     return f"PostgreSQL at {where} is unavailable ({_first_line(error)})"
 
 
-class _AppsOnceListed:
-    """``run all``'s wait for the apps, when PostgreSQL did not answer at start and no ``--app``
-    named them: PostgreSQL is asked in a thread of its own, so that the supervisor goes on watching
-    the components it started (and stops at once on a signal), with one warning line each time it
-    does not answer, until it lists them or refuses the URL for good. With ``--app`` (``list_apps``
-    false) it only waits, silently, for PostgreSQL to answer or refuse the URL for good."""
+class _AppWatch:
+    """``run all``'s watch of the apps, in a thread of its own, so that the supervisor goes on
+    watching the components it started (and stops at once on a signal) whatever PostgreSQL does.
 
-    def __init__(self, wiring: Wiring, *, list_apps: bool = True) -> None:
+    Without ``--app`` (``every_app``), PostgreSQL is asked for the apps' names until ``run all``
+    stops, on one connection kept open: every :data:`APPS_WATCH_S` once it has listed them, each
+    app not ``listed`` before handed to the supervisor once. ``listed`` None: it did not answer at
+    start, and every answer until the first is a warning line. An outage after that is said once,
+    and so is its end: the workers run meanwhile, and would drown in a line every few seconds.
+    With ``--app``, only whether PostgreSQL, silent at start, refuses the URL for good is asked,
+    silently, until it answers. A refusal for good ends the watch, whenever it comes."""
+
+    def __init__(self, wiring: Wiring, *, listed: Sequence[str] | None, every_app: bool = True) -> None:
         self._wiring = wiring
-        self._list_apps = list_apps
+        self._every_app = every_app
+        self._known = None if listed is None else set(listed)
         self._stop = threading.Event()
-        self._listed: tuple[str, ...] | None = None
+        self._found: queue.SimpleQueue[tuple[str, ...]] = queue.SimpleQueue()
         self._wrong_url: str | None = None
-        self._thread = threading.Thread(target=self._ask, name="apps", daemon=True)
+        self._conn: psycopg.Connection[dict[str, Any]] | None = None  # the watch thread's alone
+        self._thread = threading.Thread(target=self._watch, name="apps", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -483,29 +499,75 @@ class _AppsOnceListed:
         self._stop.set()
 
     def apps(self) -> tuple[str, ...] | None:
-        """The apps, once PostgreSQL has listed them; given once, None before and after."""
-        listed, self._listed = self._listed, None
-        return listed
+        """The apps to start workers for, each given once: every app when PostgreSQL first lists
+        them (none, maybe) if it did not answer at start, then those created since; None when
+        there is nothing new."""
+        try:
+            return self._found.get_nowait()
+        except queue.Empty:
+            return None
 
     def wrong_url(self) -> str | None:
         """The error line, once PostgreSQL has refused the URL for good (it is not asked again)."""
         return self._wrong_url
 
-    def _ask(self) -> None:
-        delay = DATABASE_RETRY_INITIAL_S
-        while not self._stop.wait(delay):
+    def _watch(self) -> None:
+        delay = DATABASE_RETRY_INITIAL_S if self._known is None else APPS_WATCH_S
+        outage = False  # said, once the workers run
+        try:
+            while not self._stop.wait(delay):
+                try:
+                    if not self._every_app:
+                        self._wiring.database.connect(connect_timeout=DATABASE_CHECK_TIMEOUT_S).close()
+                        return
+                    names = self._names()
+                except psycopg.Error as exc:
+                    self._close()
+                    if isinstance(exc, psycopg.OperationalError) and refused_for_good(exc):
+                        self._wrong_url = _wrong_url(self._wiring, exc)
+                        return
+                    delay = min(delay * 2, DATABASE_RETRY_MAX_S)
+                    if not self._every_app or self._stop.is_set():
+                        continue
+                    if self._known is None:
+                        log.warning(
+                            "%s; no workers yet (asking again in %.0f s)", _why(self._wiring, exc), delay
+                        )
+                    elif not outage:
+                        outage = True
+                        log.warning(
+                            "%s; the workers run on, those of an app created meanwhile once it answers "
+                            "(asking again, quietly)",
+                            _why(self._wiring, exc),
+                        )
+                    continue
+                delay = APPS_WATCH_S
+                if outage:
+                    outage = False
+                    log.info("PostgreSQL at %s answers again", self._wiring.database.display)
+                new = tuple(name for name in names if self._known is None or name not in self._known)
+                if new or self._known is None:
+                    self._known = {*(self._known or ()), *new}
+                    self._found.put(new)
+        finally:
+            self._close()
+
+    def _names(self) -> list[str]:
+        """The apps' names, on the connection kept from the last answer while it still works."""
+        if self._conn is not None:
             try:
-                with self._wiring.database.connect(connect_timeout=DATABASE_CHECK_TIMEOUT_S) as conn:
-                    if self._list_apps:
-                        self._listed = _listed_apps(conn)
-                return
-            except psycopg.Error as exc:
-                if isinstance(exc, psycopg.OperationalError) and refused_for_good(exc):
-                    self._wrong_url = _wrong_url(self._wiring, exc)
-                    return
-                delay = min(delay * 2, DATABASE_RETRY_MAX_S)
-                if self._list_apps and not self._stop.is_set():
-                    log.warning("%s; no workers yet (asking again in %.0f s)", _why(self._wiring, exc), delay)
+                return app_names(self._conn)
+            except psycopg.OperationalError:
+                # Ended meanwhile (PostgreSQL restarted, an idle session timed out): a new one says
+                # whether PostgreSQL is down.
+                self._close()
+        self._conn = self._wiring.database.connect(autocommit=True, connect_timeout=DATABASE_CHECK_TIMEOUT_S)
+        return app_names(self._conn)
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 def _refuse_taken_ports(settings: Settings, metrics_base: int | None, components: int) -> None:

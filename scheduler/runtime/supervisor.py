@@ -9,11 +9,11 @@ way. Ctrl-C or SIGTERM stops every child: SIGTERM first, SIGKILL for whatever ou
 period.
 
 When a base metrics port is given, the children get consecutive ports starting at it, in the
-order the table printed at start shows; children added later (``run all``'s workers, when
-PostgreSQL could not list the apps at start) get the next ports, and lines of the table in its
-columns (their names fit the width the caller reserves for them). Each
-worker child gets a static group membership identity (``SCHEDULER_GROUP_INSTANCE_ID``) that it
-keeps across its restarts.
+order the table printed at start shows; children added later (``run all``'s workers, for the apps
+PostgreSQL lists once it answers, when it did not at start, and for those created while it runs)
+get the next ports, and lines of the table in its columns (their names fit the width the caller
+reserves for them). Each worker child gets a static group membership identity
+(``SCHEDULER_GROUP_INSTANCE_ID``) that it keeps across its restarts.
 """
 
 from __future__ import annotations
@@ -334,8 +334,8 @@ class Supervisor:
         self._stop_all()
 
     def add(self, children: Sequence[ChildSpec]) -> None:
-        """Start more children while running (from ``tick``: ``run all``'s workers, once PostgreSQL
-        has said which apps there are), on the ports after those of the children before them."""
+        """Start more children while running (from ``tick``: ``run all``'s workers for the apps
+        PostgreSQL lists later), on the ports after those of the children before them."""
         for spec in children:
             if self._stopping:
                 return

@@ -59,6 +59,11 @@ def list_apps(conn: psycopg.Connection[Row]) -> list[Row]:
     return conn.execute(query("list_apps")).fetchall()
 
 
+def app_names(conn: psycopg.Connection[Row]) -> list[str]:
+    """Every app's name, in name order."""
+    return [row["name"] for row in conn.execute(query("app_names"))]
+
+
 def replace_schedule_spec(conn: psycopg.Connection[Row], values: Row) -> Row | None:
     """Every spec column of ``values`` written on ``values['version']``; None if that version is gone.
 

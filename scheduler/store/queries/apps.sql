@@ -15,6 +15,11 @@ select a.name, a.partitions, a.handlers, a.created_at,
   from apps a
  order by a.name;
 
+-- name: app_names
+-- What `run all` asks every few seconds, for the apps created since it started: the names alone,
+-- without the count of each app's schedules that list_apps makes.
+select name from apps order by name;
+
 -- name: set_app_handlers
 -- Null: the app declares nothing, and whatever its workers registered may be named.
 update apps
