@@ -330,10 +330,10 @@ def all_(
     # Without --app, PostgreSQL is asked for the apps (again, when it did not answer at start) for
     # as long as it runs; with them, only whether it refuses the URL for good.
     watch = _AppWatch(wiring, listed=None if silent is not None else apps, every_app=every_app)
-    listed = silent is None  # whether the apps' workers run: those listed at start, or once listed
+    apps_listed = silent is None  # by PostgreSQL, at start or since: the apps it gives next are new
 
     def tick() -> None:
-        nonlocal listed
+        nonlocal apps_listed
         wrong = watch.wrong_url()
         if wrong is not None:
             # As at start, though the components run by now: the wait would never end.
@@ -353,14 +353,14 @@ def all_(
             log.error("%s: stopping every component", refusal)
             supervisor.stop(2)
             return
-        if listed:
+        if apps_listed:
             for app in found:
                 log.info("new app %s: starting its workers", app)
         elif found:
             log.info("PostgreSQL answers: workers for %s", ", ".join(found))
         else:
             log.warning(NO_APPS)
-        listed = True
+        apps_listed = True
         supervisor.add(added)
 
     # Without --app the workers' lines may come later, in the table's columns: its names as wide as
