@@ -364,8 +364,9 @@ def all_(
         supervisor.add(added)
 
     # Without --app the workers' lines may come later, in the table's columns: its names as wide as
-    # a worker's can be.
-    widest = worker_children([LONGEST_APP_NAME], workers, concurrency, handlers)[-1].name if every_app else ""
+    # the worker of an app named with RESERVED_APP_CHARS characters.
+    reserved = "a" * RESERVED_APP_CHARS
+    widest = worker_children([reserved], workers, concurrency, handlers)[-1].name if every_app else ""
     supervisor = Supervisor(children, metrics_port=base, tick=tick, name_width=len(widest))
     watch.start()
     try:
@@ -389,8 +390,10 @@ def _ports_refused(first: int | None, count: int) -> str | None:
     return None if taken is None else f"port {taken} is in use by another process (set --metrics-port)"
 
 
-# The longest name an app may have (`[a-z0-9][a-z0-9-]{0,47}`).
-LONGEST_APP_NAME = "a" * 48
+# The app name whose workers' lines the table of `run all` without --app keeps room for, for
+# workers it adds later: most names are shorter. A longer one (up to 48 characters) widens its line
+# rather than every table, which the longest would make about 100 characters wide.
+RESERVED_APP_CHARS = 24
 
 NO_APPS = "no apps yet, so no workers (create one with `scheduler apps create NAME`)"
 

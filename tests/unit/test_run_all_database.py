@@ -20,7 +20,7 @@ from typing import Any, cast
 import psycopg
 import pytest
 
-from scheduler.schedule.spec import InvalidSchedule, validate_app_name
+from scheduler.schedule.spec import validate_app_name
 from tests.support import wait_for
 
 run = importlib.import_module("scheduler.cli.run")  # the package's `run` is the click group
@@ -76,11 +76,9 @@ def test_an_outage_is_waited_out(message: str) -> None:
     assert not run.refused_for_good(psycopg.OperationalError(message))
 
 
-def test_the_longest_app_name_is_an_app_name() -> None:
-    """The width the table reserves for the workers added later is that of this name's."""
-    assert validate_app_name(run.LONGEST_APP_NAME)
-    with pytest.raises(InvalidSchedule):
-        validate_app_name(run.LONGEST_APP_NAME + "a")
+def test_the_app_name_the_table_keeps_room_for_is_an_app_name() -> None:
+    """The width the table reserves for the workers added later is that of an app with this name."""
+    assert validate_app_name("a" * run.RESERVED_APP_CHARS)
 
 
 # --- the watch of the apps, against a PostgreSQL of the test's making -------------------------
