@@ -139,12 +139,17 @@ def json_value(data: Any) -> struct_pb2.Value:
 
 def stored_value(data: Any) -> struct_pb2.Value:
     """A stored JSON value as a message. Stored before payloads were limited to the depth protobuf
-    carries, a value may be deeper: it is shown as a string saying so, so that the listing holding
-    it still answers (the CLI shows it whole)."""
+    carries, a value may be deeper; and jsonb keeps an integer of any size exact (the CLI stores
+    one), past what a double holds. Either is shown as a string saying so, so that the listing
+    holding it still answers (the CLI shows it whole)."""
     try:
         return json_value(data)
     except (DecodeError, json_format.ParseError, RecursionError, ValueError):
         return json_value("(nested too deeply for the API to carry: read it with `scheduler schedules get`)")
+    except OverflowError:
+        return json_value(
+            "(holds a number too large for the API to carry: read it with `scheduler schedules get`)"
+        )
 
 
 def as_dict(message: Message) -> dict[str, Any]:

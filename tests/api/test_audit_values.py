@@ -5,8 +5,10 @@ it; entries about apps, runs and a trigger's run keep what was recorded."""
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ pytestmark = pytest.mark.e2e
 
 Caller = HttpCaller | GrpcCaller
 ROOT = token(subject="root-audit-values")
+SCHEDULER = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "scheduler")
 
 
 def ok(caller: Caller, method: str, request: dict[str, Any]) -> dict[str, Any]:
@@ -156,3 +159,27 @@ def test_entries_about_apps_and_runs_keep_what_was_recorded(caller: Caller, api_
     assert app_entry["new_value"] == app_row["new_value"]
     (run_entry,) = entries(caller, run_id)
     assert (run_entry["old_value"], run_entry["new_value"]) == (dead, pending)
+
+
+def test_a_payload_number_past_a_double_is_shown_as_get_schedule_shows_it_never_an_error(
+    caller: Caller, api_stack: ApiStack
+) -> None:
+    """The CLI stores a payload's integer of any size (jsonb keeps it exact); the API carries
+    numbers as doubles, so GetSchedule and the schedule's audit entries say so in the payload's
+    place, and a run's audit value holding one says it too, where each answered INTERNAL."""
+    huge = "1" + "0" * 400
+    created = subprocess.run(
+        [SCHEDULER, "schedules", "create", "--app", "alpha", "--handler", "builtin:noop",
+         "--at", in_a_week(), "--payload", f'{{"n": {huge}}}'],
+        env=api_stack.env, capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    schedule_id = json.loads(created.stdout)["id"]
+    got = ok(caller, "GetSchedule", {"id": schedule_id})
+    assert "too large" in got["payload"], got
+    (create_entry,) = entries(caller, schedule_id)
+    assert create_entry["new_value"] == got
+    run_id = str(uuid.uuid4())
+    stored_entry(api_stack, "run", run_id, "replay", {"state": "dead", "n": int(huge)}, {"state": "pending"})
+    (run_entry,) = entries(caller, run_id)
+    assert "too large" in run_entry["old_value"], run_entry
