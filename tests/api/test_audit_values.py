@@ -104,6 +104,16 @@ def stored_entry(api_stack: ApiStack, entity: str, entity_id: str, action: str, 
         )
 
 
+def test_an_entry_whose_id_is_no_uuid_is_answered_not_an_error(caller: Caller, api_stack: ApiStack) -> None:
+    """A row written by hand naming a schedule or run by something else: the page answers it as
+    recorded (with no app to scope it by: ROOT sees it) rather than fail for every caller."""
+    for entity in ("schedule", "run"):
+        junk = f"not-a-uuid-{uuid.uuid4().hex[:8]}"
+        stored_entry(api_stack, entity, junk, "trigger", None, {"run_id": junk})
+        (entry,) = entries(caller, junk)
+        assert (entry["entity"], entry["entity_id"], entry["new_value"]) == (entity, junk, {"run_id": junk})
+
+
 def test_entries_of_earlier_releases_answer_the_fields_they_hold_never_an_error(
     caller: Caller, api_stack: ApiStack
 ) -> None:

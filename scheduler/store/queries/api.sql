@@ -188,11 +188,14 @@ with recursive candidate as materialized (
                             a.new_value->>'app', a.old_value->>'app') as app,
                    k.schedule_key
               from audit_log a
-              left join schedules s on s.id = case when a.entity = 'schedule' then a.entity_id::uuid end
+              -- An id that is no uuid (a row written by hand) joins nothing rather than fail the page.
+              left join schedules s on s.id = case when a.entity = 'schedule' and pg_input_is_valid(a.entity_id, 'uuid')
+                                                   then a.entity_id::uuid end
               -- A schedule's key is not a column of its row (only a single create's entry
               -- recorded it): from the key's own row, which never changes while the schedule lives.
               left join schedule_keys k on k.schedule_id = s.id
-              left join runs r on r.id = case when a.entity = 'run' then a.entity_id::uuid end
+              left join runs r on r.id = case when a.entity = 'run' and pg_input_is_valid(a.entity_id, 'uuid')
+                                              then a.entity_id::uuid end
              where (%(before_id)s::bigint is null or a.id < %(before_id)s::bigint)
                and (%(entity)s::text is null or a.entity = %(entity)s::text)
                and (%(entity_id)s::text is null or a.entity_id = %(entity_id)s::text)
