@@ -347,9 +347,19 @@ def all_(
         refusal = _ports_refused(supervisor.next_port, len(added))
         if supervisor.stopping:
             return  # a signal came meanwhile: its stop, and its exit status
+        if refusal is not None and apps_listed:
+            # A new app's: the pipeline and the other apps' workers run on (stopping them all for
+            # one app's port would stop every app's jobs); its workers are not started, since one
+            # that cannot listen would only die and be restarted, again and again.
+            log.error(
+                "new app%s %s: %s: its workers are not started (restart run all to run them)",
+                "s" if len(found) > 1 else "",
+                ", ".join(found),
+                refusal,
+            )
+            return
         if refusal is not None:
-            # As a taken port refuses `run all` at start: a worker that cannot listen would only
-            # die and be restarted, again and again.
+            # As a taken port refuses `run all` at start: its first workers are its point.
             log.error("%s: stopping every component", refusal)
             supervisor.stop(2)
             return

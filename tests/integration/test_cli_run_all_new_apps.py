@@ -5,6 +5,7 @@ table's columns, and a job of the app runs."""
 
 from __future__ import annotations
 
+import socket
 import uuid
 from pathlib import Path
 
@@ -56,3 +57,35 @@ def test_an_app_created_while_run_all_runs_gets_its_worker_and_its_jobs_run(
         assert "Traceback" not in supervised.stderr()
     finally:
         supervised.kill_leftovers()
+
+
+def test_a_new_app_whose_workers_port_is_taken_is_said_and_the_pipeline_runs_on(
+    settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    """At start a taken port stops `run all` (exit 2); for an app created later it stopped every
+    app's jobs for that one app. Now the app's workers are not started, with one error line, and
+    the rest runs on."""
+    env = {k: v for k, v in settings_env.items() if k not in ("SCHEDULER_JWT_SECRET", "SCHEDULER_JWT_JWKS")}
+    first, new = f"first-{uuid.uuid4().hex[:8]}", f"new-{uuid.uuid4().hex[:8]}"
+    cli(env, "init")
+    cli(env, "apps", "create", first, "--partitions", "1")
+    base = free_port_range(len(PIPELINE) + 2)
+    taken = base + len(PIPELINE) + 1  # the new app's worker's
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", taken))
+        holder.listen()
+        supervised = Supervised(env, tmp_path, "--metrics-port", str(base))
+        try:
+            supervised.table(len(PIPELINE) + 1, timeout_s=30)
+            cli(env, "apps", "create", new, "--partitions", "1")
+            said = (
+                f"new app {new}: port {taken} is in use by another process (set --metrics-port): "
+                "its workers are not started (restart run all to run them)"
+            )
+            wait_for(lambda: said in supervised.messages(), 30, "the new app's refusal")
+            assert supervised.proc.poll() is None, "the pipeline runs on"
+            started = [line for line in supervised.stdout().splitlines() if TABLE_LINE in line]
+            assert len(started) == len(PIPELINE) + 1, started
+            assert supervised.stop() == 0, supervised.stderr()[-4000:]
+        finally:
+            supervised.kill_leftovers()
