@@ -341,8 +341,8 @@ def schedule_fields(row: Row) -> dict[str, Any]:
     one, whole or in part (the scanner's error records the state and its reason). A field is left
     out when a column it reads is missing or holds what the field does not take: ``schedule_key``,
     no column of schedules, is there when the change recorded it (a single create) or the caller
-    added it from the key's row (:func:`audit_value`). Columns
-    no field shows (``traceparent``, ``errored_at``) are not shown, as GetSchedule shows neither."""
+    added it from the key's row (:func:`audit_value`). Columns no field shows (``traceparent``,
+    ``errored_at``) are not shown, as GetSchedule shows neither."""
     values: dict[str, Any] = {}
     for name, read in SCHEDULE_FIELDS.items():
         with contextlib.suppress(*UNREADABLE):

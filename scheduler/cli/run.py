@@ -351,11 +351,13 @@ def all_(
             # A new app's: the pipeline and the other apps' workers run on (stopping them all for
             # one app's port would stop every app's jobs); its workers are not started, since one
             # that cannot listen would only die and be restarted, again and again.
+            several = len(found) > 1
             log.error(
-                "new app%s %s: %s: its workers are not started (restart run all to run them)",
-                "s" if len(found) > 1 else "",
+                "new app%s %s: %s: %s workers are not started (restart run all to run them)",
+                "s" if several else "",
                 ", ".join(found),
                 refusal,
+                "their" if several else "its",
             )
             return
         if refusal is not None:
@@ -456,8 +458,8 @@ REFUSED_FOR_GOOD = re.compile(
 
 def refused_for_good(error: psycopg.Error) -> bool:
     """Whether PostgreSQL (or libpq) refused the connection for good: a wrong password, user or
-    database name, parameters libpq rejects. psycopg raises the
-    last address's failure first: that one decides."""
+    database name, parameters libpq rejects. psycopg raises the last address's failure first: that
+    one decides."""
     return bool(REFUSED_FOR_GOOD.search(_first_line(error)))
 
 

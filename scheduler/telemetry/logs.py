@@ -84,6 +84,7 @@ _NOISY: Final = ("httpx", "httpcore", "urllib3")
 # connection it fails to make while PostgreSQL is down. Their message is made one line, its lines
 # joined with "; ", so that a human line is one line and a message reads the same in both formats.
 _ONE_LINE: Final = ("psycopg",)
+_ONE_LINE_CHILDREN: Final = tuple(f"{name}." for name in _ONE_LINE)
 
 # The fields every line places first, in this order, when they are known.
 _JOB_FIELDS: Final = ("app", "schedule_id", "run_id", "attempt")
@@ -316,7 +317,8 @@ class _Fields:
         self.redactor = redactor
 
     def message(self, record: logging.LogRecord, text: str) -> str:
-        if any(record.name == name or record.name.startswith(name + ".") for name in _ONE_LINE):
+        # Asked of every line (a job's outcome line too): two string tests, no generator.
+        if record.name in _ONE_LINE or record.name.startswith(_ONE_LINE_CHILDREN):
             text = "; ".join(line.strip() for line in text.splitlines() if line.strip())
         return self.redactor.text(text)
 
