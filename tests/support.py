@@ -1,12 +1,16 @@
 """What the integration and end-to-end tests share: waiting on conditions, reading topics with an
-independent Kafka client, and running components as real processes."""
+independent Kafka client, running components as real processes, and a port of the test's to
+PostgreSQL that it opens and closes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -15,7 +19,9 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from bench.chaos_stack import free_port
 from scheduler.domain.run_state import RunState
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
@@ -145,6 +151,98 @@ def components(env: dict[str, str], log_dir: Path, *names: str) -> Iterator[list
         for component in started:
             code = component.stop()
             assert code == 0, f"{component.name} exited {code}:\n{component.output()[-3000:]}"
+
+
+class PostgreSQLPort:
+    """A port of the test's to the PostgreSQL of ``database_url`` (the shared server, which is never
+    stopped): down, it refuses connections, as a PostgreSQL not started does; :meth:`up`, it
+    forwards each connection to the server; :meth:`down` again ends those it forwards (as a stopped
+    server ends its sessions) and refuses new ones."""
+
+    def __init__(self, database_url: str) -> None:
+        params = conninfo_to_dict(database_url)
+        self.port = free_port()
+        self._target = (str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
+        self._listener: socket.socket | None = None
+        # Each forwarded connection: its socket to the client, its socket to the server, and the
+        # latter's port, which the server sees it come from.
+        self._open: list[tuple[socket.socket, socket.socket, int]] = []
+        self._lock = threading.Lock()
+
+    def url(self, database_url: str, **params: str) -> str:
+        """``database_url`` through this port, with ``params`` (libpq's keywords) over its own."""
+        return make_conninfo(database_url, host="127.0.0.1", port=str(self.port), **params)
+
+    def up(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen()
+        with self._lock:
+            self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def down(self) -> None:
+        with self._lock:
+            listener, forwarded = self._listener, self._open
+            self._listener, self._open = None, []
+        # The port first, so that no connection ended here is made again through it.
+        for end in [listener] if listener is not None else []:
+            _end(end)
+        for client, server, _ in forwarded:
+            _end(client)
+            _end(server)
+
+    def client_ports(self) -> list[int]:
+        """The ports PostgreSQL sees the connections forwarded now come from (``client_port`` in
+        ``pg_stat_activity``): how a test finds the sessions of what it pointed at this port."""
+        with self._lock:
+            return [port for _, _, port in self._open]
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # closed by down()
+            threading.Thread(target=self._forward, args=(listener, client), daemon=True).start()
+
+    def _forward(self, listener: socket.socket, client: socket.socket) -> None:
+        try:
+            server = socket.create_connection(self._target)
+        except OSError:
+            _end(client)
+            return
+        forwarded = (client, server, server.getsockname()[1])
+        with self._lock:
+            if self._listener is not listener:  # down() meanwhile
+                _end(client)
+                _end(server)
+                return
+            self._open.append(forwarded)
+        back = threading.Thread(target=_pipe, args=(server, client), daemon=True)
+        back.start()
+        _pipe(client, server)
+        back.join()
+        with self._lock:
+            if forwarded in self._open:
+                self._open.remove(forwarded)
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    """Forward what ``source`` sends to ``sink`` until either end is done; then both are ended
+    (which also ends the other direction's pipe)."""
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    _end(source)
+    _end(sink)
+
+
+def _end(end: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        end.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept() or recv() on it
+    end.close()
 
 
 def attempts_history(database_url: str, run_filter: str = "true", *params: object) -> list[dict[str, Any]]:

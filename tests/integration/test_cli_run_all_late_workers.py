@@ -12,10 +12,8 @@ import contextlib
 import os
 import signal
 import socket
-import socketserver
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,9 +21,9 @@ from pathlib import Path
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from bench.chaos_stack import free_port, free_port_range
+from bench.chaos_stack import free_port_range
 from scheduler.config import Settings
-from tests.support import SCHEDULER, json_log_lines, wait_for
+from tests.support import SCHEDULER, PostgreSQLPort, json_log_lines, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -57,49 +55,9 @@ main()
 """
 
 
-def _pipe(source: socket.socket, sink: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        while data := source.recv(65536):
-            sink.sendall(data)
-    with contextlib.suppress(OSError):
-        sink.shutdown(socket.SHUT_WR)
-
-
-class LatePostgreSQL:
-    """A port where PostgreSQL is down (connections refused) until :meth:`up`, then the shared
-    server: each connection forwarded to it."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.port = free_port()
-        self._target = target
-        self._server: socketserver.ThreadingTCPServer | None = None
-
-    def up(self) -> None:
-        target = self._target
-
-        class Forward(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                with socket.create_connection(target) as upstream:
-                    back = threading.Thread(target=_pipe, args=(upstream, self.request), daemon=True)
-                    back.start()
-                    _pipe(self.request, upstream)
-                    back.join()
-
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
-        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", self.port), Forward)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def down(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-
-
 @pytest.fixture
-def late_postgresql(settings: Settings) -> Iterator[LatePostgreSQL]:
-    host, port = settings.database_url.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)
-    late = LatePostgreSQL((host, int(port)))
+def late_postgresql(settings: Settings) -> Iterator[PostgreSQLPort]:
+    late = PostgreSQLPort(settings.database_url)
     try:
         yield late
     finally:
@@ -107,7 +65,7 @@ def late_postgresql(settings: Settings) -> Iterator[LatePostgreSQL]:
 
 
 @pytest.fixture
-def env(settings: Settings, settings_env: dict[str, str], late_postgresql: LatePostgreSQL) -> dict[str, str]:
+def env(settings: Settings, settings_env: dict[str, str], late_postgresql: PostgreSQLPort) -> dict[str, str]:
     """The test's database, with one app of a name longer than any component's, through the late
     port; no JWT key (so no API)."""
     app = f"late-{uuid.uuid4().hex[:12]}"
@@ -116,7 +74,7 @@ def env(settings: Settings, settings_env: dict[str, str], late_postgresql: LateP
         env=settings_env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    url = make_conninfo(settings.database_url, host="127.0.0.1", port=str(late_postgresql.port))
+    url = late_postgresql.url(settings.database_url)
     env = {k: v for k, v in settings_env.items() if k not in ("SCHEDULER_JWT_SECRET", "SCHEDULER_JWT_JWKS")}
     return env | {"SCHEDULER_DATABASE_URL": url, "SCHEDULER_APP": app}
 
@@ -141,7 +99,7 @@ def table(out: Path) -> list[str]:
 
 
 def test_the_lines_of_the_workers_added_later_keep_the_columns_of_the_start_table(
-    env: dict[str, str], late_postgresql: LatePostgreSQL, tmp_path: Path
+    env: dict[str, str], late_postgresql: PostgreSQLPort, tmp_path: Path
 ) -> None:
     base = free_port_range(len(PIPELINE) + 1)
     argv = [SCHEDULER, "run", "all", "--metrics-port", str(base)]
@@ -168,7 +126,7 @@ def test_the_lines_of_the_workers_added_later_keep_the_columns_of_the_start_tabl
 
 
 def test_a_signal_while_the_ports_of_the_workers_added_later_are_checked_stops_run_all_with_0(
-    env: dict[str, str], late_postgresql: LatePostgreSQL, tmp_path: Path
+    env: dict[str, str], late_postgresql: PostgreSQLPort, tmp_path: Path
 ) -> None:
     """The worker's port is taken, so the check refuses it: were the signal not there, `run all`
     would stop every component and exit 2 (tests/e2e/test_operability.py); the signal came first."""
@@ -195,7 +153,7 @@ def test_a_signal_while_the_ports_of_the_workers_added_later_are_checked_stops_r
 
 @pytest.mark.parametrize("given_apps", [False, True], ids=["every-app", "--app"])
 def test_a_url_postgresql_refuses_for_good_once_it_answers_stops_run_all_with_1(
-    env: dict[str, str], late_postgresql: LatePostgreSQL, tmp_path: Path, given_apps: bool
+    env: dict[str, str], late_postgresql: PostgreSQLPort, tmp_path: Path, given_apps: bool
 ) -> None:
     """Started while PostgreSQL does not answer, then answered by a server that has no such
     database: one line, exit 1. With the apps given, nothing asked PostgreSQL again, and the
