@@ -101,11 +101,23 @@ class WatchedPostgreSQL:
             watch._thread.join(10)
             assert not watch._thread.is_alive(), "the watch still runs"
 
+    @contextmanager
+    def answering(self, *apps: str) -> Iterator[Any]:
+        """The watch of ``run all`` started with ``apps``, which PostgreSQL holds, while it answers."""
+        for app in apps:
+            self.create_app(app)
+        self.port.up()
+        with self.watching(list(apps)) as watch:
+            yield watch
+
 
 @pytest.fixture
-def postgresql(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[WatchedPostgreSQL]:
+def postgresql(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> Iterator[WatchedPostgreSQL]:
     """Asked every 10 ms, and again as often in an outage: the conditions, not the clock, are tested.
-    The port starts down."""
+    The port starts down; the watch's lines are kept from INFO up."""
+    caplog.set_level(logging.INFO)
     monkeypatch.setattr(run, "APPS_WATCH_S", 0.01)
     monkeypatch.setattr(run, "DATABASE_RETRY_INITIAL_S", 0.01)
     monkeypatch.setattr(run, "DATABASE_RETRY_MAX_S", 0.01)
@@ -123,10 +135,7 @@ def supervisor_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
 def test_an_app_created_while_run_all_runs_is_handed_over_once_on_one_connection(
     postgresql: WatchedPostgreSQL, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO)
-    postgresql.create_app("billing")
-    postgresql.port.up()
-    with postgresql.watching(["billing"]) as watch:
+    with postgresql.answering("billing") as watch:
         postgresql.asked(3)
         assert watch.apps() is None, "nothing new: the apps listed at start have their workers"
         [session] = postgresql.sessions()
@@ -169,10 +178,7 @@ def test_started_while_postgresql_was_down_it_hands_over_every_app_first_then_th
 def test_an_outage_once_the_workers_run_is_said_once_and_so_is_its_end(
     postgresql: WatchedPostgreSQL, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO)
-    postgresql.create_app("billing")
-    postgresql.port.up()
-    with postgresql.watching(["billing"]) as watch:
+    with postgresql.answering("billing") as watch:
         postgresql.asked(2)
         postgresql.port.down()
         postgresql.asked(10)
@@ -196,10 +202,7 @@ def test_a_connection_ended_while_postgresql_answers_is_made_again_without_a_wor
     postgresql: WatchedPostgreSQL, caplog: pytest.LogCaptureFixture
 ) -> None:
     """PostgreSQL restarted between two questions, or ended an idle session: no outage to report."""
-    caplog.set_level(logging.INFO)
-    postgresql.create_app("billing")
-    postgresql.port.up()
-    with postgresql.watching(["billing"]) as watch:
+    with postgresql.answering("billing") as watch:
         postgresql.asked(2)
         [ended] = postgresql.sessions()
         postgresql.end_sessions()
