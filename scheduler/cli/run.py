@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +23,7 @@ from scheduler.kafka.transport import KafkaUnavailable
 from scheduler.runtime.process import run_component
 from scheduler.runtime.service import Service
 from scheduler.schedule.spec import InvalidSchedule, validate_app_name
+from scheduler.store.refusals import first_line
 from scheduler.store.schedules import app_names
 from scheduler.telemetry.logs import configure_logging
 from scheduler.telemetry.tracing import configure_tracing, shutdown_tracing
@@ -73,6 +73,7 @@ def _serve(
                 metrics_port=port,
                 metrics_host=settings.metrics_host,
                 grace_s=grace_s,
+                refusal=wiring.database.refusal,
             )
         except OSError as exc:
             if port is None:
@@ -426,54 +427,11 @@ def _database_silence(wiring: Wiring) -> str | None:
     try:
         wiring.database.connect(connect_timeout=DATABASE_CHECK_TIMEOUT_S).close()
     except psycopg.OperationalError as exc:
-        if refused_for_good(exc):
-            fail(_wrong_url(wiring, exc))
+        wrong = wiring.database.refusal(exc)
+        if wrong is not None:
+            fail(wrong)
         return _why(wiring, exc)
     return None
-
-
-# How libpq words a connection refused for good, a wrong URL rather than an outage, with the
-# SQLSTATE the server sent: psycopg gives a failed connection none (libpq keeps the server's error
-# to itself; psycopg/psycopg#1188), so its words are matched, in English as libpq and PostgreSQL
-# write them. Any other failure is waited out, as an outage is: refused, timed out, the server
-# starting up or shutting down (57P03), too many connections (53300), a host name no resolver
-# knows (yet: a compose or Kubernetes service that is not up has none), and a refusal worded in
-# another language (the server's lc_messages).
-REFUSED_FOR_GOOD = re.compile(
-    "|".join(
-        (
-            r"authentication failed for user",  # 28P01 a wrong password; 28000 ident, peer, cert…
-            r"fe_sendauth: no password supplied",  # the server asks for a password the URL lacks
-            r"no pg_hba\.conf entry for",  # 28000
-            r"pg_hba\.conf rejects connection",  # 28000
-            r'role ".*" does not exist',  # 28000
-            r'role ".*" is not permitted to log in',  # 28000
-            r'database ".*" does not exist',  # 3D000
-            r"permission denied for database",  # 42501: no CONNECT privilege
-            r"^connection is bad: (invalid|could not match)",  # libpq refused the URL's parameters
-        )
-    )
-)
-
-
-def refused_for_good(error: psycopg.Error) -> bool:
-    """Whether PostgreSQL (or libpq) refused the connection for good: a wrong password, user or
-    database name, parameters libpq rejects. psycopg raises the last address's failure first: that
-    one decides."""
-    return bool(REFUSED_FOR_GOOD.search(_first_line(error)))
-
-
-def _first_line(error: psycopg.Error) -> str:
-    """libpq's first line (it names host and port, never the password), or the error's class."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-def _wrong_url(wiring: Wiring, error: psycopg.Error) -> str:
-    return (
-        f"cannot use PostgreSQL at {wiring.database.display}: {_first_line(error)} "
-        "(not an outage to wait out: check SCHEDULER_DATABASE_URL)"
-    )
 
 
 def _why(wiring: Wiring, error: psycopg.Error) -> str:
@@ -481,7 +439,7 @@ def _why(wiring: Wiring, error: psycopg.Error) -> str:
     where = wiring.database.display
     if isinstance(error, psycopg.errors.UndefinedTable):
         return f"PostgreSQL at {where} has no scheduler schema yet (`scheduler init` makes it)"
-    return f"PostgreSQL at {where} is unavailable ({_first_line(error)})"
+    return f"PostgreSQL at {where} is unavailable ({first_line(error)})"
 
 
 class _AppWatch:
@@ -494,7 +452,9 @@ class _AppWatch:
     start, and every answer until the first is a warning line. An outage after that is said once,
     and so is its end: the workers run meanwhile, and would drown in a line every few seconds.
     With ``--app``, only whether PostgreSQL, silent at start, refuses the URL for good is asked,
-    silently, until it answers. A refusal for good ends the watch, whenever it comes."""
+    silently, until it answers. A refusal for good ends the watch before PostgreSQL has answered
+    ``run all`` (its check at start included); after that it is an outage like any other, as it is
+    to every component (see :meth:`Database.refusal`)."""
 
     def __init__(self, wiring: Wiring, *, listed: Sequence[str] | None, every_app: bool = True) -> None:
         self._wiring = wiring
@@ -538,8 +498,8 @@ class _AppWatch:
                     names = self._names()
                 except psycopg.Error as exc:
                     self._close()
-                    if isinstance(exc, psycopg.OperationalError) and refused_for_good(exc):
-                        self._wrong_url = _wrong_url(self._wiring, exc)
+                    self._wrong_url = self._wiring.database.refusal(exc)
+                    if self._wrong_url is not None:
                         return
                     delay = min(delay * 2, DATABASE_RETRY_MAX_S)
                     if not self._every_app or self._stop.is_set():
@@ -555,6 +515,13 @@ class _AppWatch:
                             "(asking again, quietly)",
                             _why(self._wiring, exc),
                         )
+                    continue
+                except Exception:
+                    # Not PostgreSQL failing but a bug: said with its traceback, and asked again; a
+                    # watch ended here would leave every app created since without workers, silently.
+                    self._close()
+                    delay = min(delay * 2, DATABASE_RETRY_MAX_S)
+                    log.exception("the watch of the apps failed; asking again in %.0f s", delay)
                     continue
                 delay = APPS_WATCH_S
                 if outage:

@@ -57,7 +57,7 @@ from scheduler.kafka.transport import (
     Received,
     TransportError,
 )
-from scheduler.runtime.service import Check, Service
+from scheduler.runtime.service import Check, Refusal, Service
 from scheduler.scan.dispatch import JobDispatcher
 from scheduler.store.database import Database, Session
 from scheduler.store.ingest import Rejection, Source
@@ -230,16 +230,19 @@ class Ingestor(Service):
     def checks(self) -> Sequence[Check]:
         return (self.database.check(), self.kafka_check, self.consumer.check())
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event, refusal: Refusal | None = None) -> None:
         # The cycle collector took a sixth of the ingestor's CPU on a bulk create: every batch holds
         # tens of thousands of objects for its duration, each of which the young collections (one
         # per 700 net allocations) walked again and again. The ingestor makes next to no cycles
         # (its objects go by reference counting), so collect only every GC_YOUNG_THRESHOLD net
         # allocations. (What start-up built is out of the collector's reach: see run_component.)
         gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
-        super().run(stop)
+        super().run(stop, refusal)
 
     def step(self) -> bool:
+        # Connected before anything is read: PostgreSQL down, nothing is read only to be read
+        # again, and a URL it refuses for good is said at start, not at the first command.
+        conn = self.session.conn
         consumer = self.consumer.consumer
         messages = consumer.consume(self.batch_size, POLL_S)
         if messages:
@@ -248,7 +251,7 @@ class Ingestor(Service):
             decoded = self.decode(batch)
             decode_s = time.perf_counter() - started
             self._settle(consumer)
-            applied = self._applier.submit(self.apply, self.session.conn, batch, decoded, decode_s)
+            applied = self._applier.submit(self.apply, conn, batch, decoded, decode_s)
             self._applying = _Applying(batch, applied)
         else:
             self._settle(consumer)

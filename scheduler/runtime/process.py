@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from scheduler import __version__
 from scheduler.runtime.health import LIVE_TIMEOUT_S, Health, HealthServer
-from scheduler.runtime.service import Service
+from scheduler.runtime.service import Refusal, Refused, Service
 
 log = logging.getLogger("scheduler.process")
 
@@ -124,8 +124,11 @@ def run_component(
     metrics_host: str = "0.0.0.0",
     grace_s: float = 30.0,
     live_timeout_s: float = LIVE_TIMEOUT_S,
+    refusal: Refusal | None = None,
 ) -> int:
-    """Run ``services`` until a signal (0) or a service's failure (1).
+    """Run ``services`` until a signal (0) or a service's failure (1). ``refusal`` tells a
+    dependency refusing the settings for good from an outage (see :class:`Service`): the one
+    error line, then exit 1 (not under ``run all``, whose own line it is).
 
     Under ``run all`` a process that stops being live (a service loop wedged past
     ``live_timeout_s``, as ``/live`` judges it) stops itself and exits 1, so that the supervisor,
@@ -144,6 +147,10 @@ def run_component(
     for signum in stop_signals():
         signal.signal(signum, on_signal)
     supervised = os.environ.get(SUPERVISOR_ENV, "").isdigit()
+    if supervised:
+        # run all asks PostgreSQL itself, says a refusal once and stops every component: each one
+        # dying of it would only be restarted, with a line each time, until then.
+        refusal = None
     heartbeat = Heartbeat()
     stop_with_supervisor()  # after the handlers: the supervisor's death is then a clean stop
     build_info(registry, component)
@@ -155,10 +162,19 @@ def run_component(
         log.info("health and metrics on port %d", server.port)
 
     failed: list[str] = []
+    refused: set[str] = set()  # each refusal's line, said once though several services meet it
+    refused_lock = threading.Lock()
 
     def guarded(service: Service) -> None:
         try:
-            service.run(stop)
+            service.run(stop, refusal)
+        except Refused as exc:
+            with refused_lock:
+                if str(exc) not in refused:
+                    refused.add(str(exc))
+                    log.error("%s", exc)  # a setting to fix: its one line says which, no traceback
+            failed.append(service.name)
+            stop.set()
         except Exception:
             log.exception("service %s failed", service.name)
             failed.append(service.name)

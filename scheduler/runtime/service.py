@@ -10,7 +10,10 @@ every component behaves the same way:
    retry :meth:`Service.reset` drops the clients the failure may have broken, so the next step
    rebuilds them: a broken Kafka consumer or PostgreSQL connection is always rebuilt, never reused.
 3. Any other exception ends the service; the process exits non-zero and its supervisor (``run
-   all``, Kubernetes) restarts it.
+   all``, Kubernetes) restarts it. So does a transient failure that ``refusal`` (given by the
+   composition root) says is a setting to fix rather than an outage to wait out: a URL
+   PostgreSQL refuses for good before it ever answered the process. It ends the service with
+   :class:`Refused`, whose message is the process's one error line.
 4. Once stopped it drains (finishes in-flight work within its grace period) and closes.
 
 The :class:`ServiceStatus` it keeps is what the health endpoints report: whether the loop is
@@ -42,6 +45,14 @@ BACKOFF_MAX_S = 5.0
 # process: the first failures of a streak are each a warning, then one a minute (the rest DEBUG).
 RETRY_WARNINGS = 3
 RETRY_WARN_EVERY_S = 60.0
+
+
+class Refused(Exception):
+    """A dependency refused this process's settings for good; the message says which, and what to fix."""
+
+
+#: Whether a transient failure is a setting to fix (its error line) rather than an outage (None).
+Refusal = Callable[[BaseException], str | None]
 
 
 class _Stopped(Exception):
@@ -136,8 +147,9 @@ class Service(ABC):
         handlers run) reports that one too: either one wedged is a process to restart."""
         return self.status.seconds_since_turn()
 
-    def run(self, stop: threading.Event) -> None:
-        """Step until ``stop`` is set, retrying transient failures; then drain and close."""
+    def run(self, stop: threading.Event, refusal: Refusal | None = None) -> None:
+        """Step until ``stop`` is set, retrying transient failures; then drain and close. A failure
+        ``refusal`` words as a setting to fix raises :class:`Refused` instead of being retried."""
 
         def backoff(seconds: float) -> None:
             if stop.wait(seconds):
@@ -151,11 +163,21 @@ class Service(ABC):
             before_sleep=self._before_retry,
             reraise=True,
         )
+
+        def step() -> bool:
+            try:
+                return self.step()
+            except self.transient as error:
+                why = None if refusal is None else refusal(error)
+                if why is not None:
+                    raise Refused(why) from error
+                raise
+
         self.log.info("started")
         try:
             while not stop.is_set():
                 try:
-                    more = retrying(self.step)
+                    more = retrying(step)
                 except _Stopped:
                     break  # stopped while backing off: not a failure of the service
                 except self.transient:

@@ -18,6 +18,7 @@ from psycopg import sql
 from scheduler.runtime.service import Check
 from scheduler.store import connect, connection_options
 from scheduler.store.listen import Wakeup
+from scheduler.store.refusals import first_line, refused_for_good
 
 PROBE_TIMEOUT_S = 2
 # A pooled connection idle for longer is checked before use (see Database.pool).
@@ -29,11 +30,33 @@ class Database:
     def __init__(self, conninfo: str, display: str) -> None:
         self.conninfo = conninfo
         self.display = display
+        # Whether PostgreSQL has taken a connection of this process yet (see refusal).
+        self.answered = False
 
     def connect(
         self, *, autocommit: bool = False, connect_timeout: int | None = None
     ) -> psycopg.Connection[dict[str, Any]]:
-        return connect(self.conninfo, autocommit=autocommit, connect_timeout=connect_timeout)
+        conn = connect(self.conninfo, autocommit=autocommit, connect_timeout=connect_timeout)
+        self.answered = True
+        return conn
+
+    def refusal(self, error: BaseException) -> str | None:
+        """The error line when ``error`` is PostgreSQL refusing this URL for good before it ever
+        took a connection of this process: a wrong password, user or database is a setting to
+        fix, and a component that waited on it would only look unready for good. Once PostgreSQL
+        has answered, every refusal is waited out as an outage is (a password changed under a
+        running component, say): the component keeps its place until it is restarted with the
+        new setting or the old one works again."""
+        if self.answered or not refused_for_good(error):
+            return None
+        return self.wrong_url(error)
+
+    def wrong_url(self, error: BaseException) -> str:
+        """The error line for a URL PostgreSQL refused for good (no password in it)."""
+        return (
+            f"cannot use PostgreSQL at {self.display}: {first_line(error)} "
+            "(not an outage to wait out: check SCHEDULER_DATABASE_URL)"
+        )
 
     def pool(
         self, size: int, timeout_s: float = 5.0, statement_timeout_s: float = 0.0, lock_timeout_s: float = 0.0

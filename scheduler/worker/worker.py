@@ -109,7 +109,7 @@ from scheduler.kafka.transport import (
     Producer,
     TransportError,
 )
-from scheduler.runtime.service import Check, Service
+from scheduler.runtime.service import Check, Refusal, Service
 from scheduler.telemetry.logs import job_outcomes, log_context
 from scheduler.telemetry.redact import PayloadMask, redact_text
 from scheduler.telemetry.tracing import (
@@ -461,10 +461,10 @@ class Worker(Service):
     def _pong(self) -> None:
         self._ping_sent = None
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event, refusal: Refusal | None = None) -> None:
         self._loop_thread.start()
         self._deliveries_thread.start()
-        super().run(stop)
+        super().run(stop, refusal)
 
     def step(self) -> bool:
         self._fetch()

@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from scheduler.config import Settings
@@ -77,12 +78,10 @@ class WatchedPostgreSQL:
         wait_for(lambda: self.questions >= target, 10, f"{times} more questions", interval_s=0.01)
 
     @contextmanager
-    def watching(
-        self, listed: Sequence[str] | None, every_app: bool = True, dbname: str | None = None
-    ) -> Iterator[Any]:
-        """The watch of ``run all``, on the test's database (or ``dbname``) through the port; stopped
-        and its thread ended after, so that nothing of it outlives the test."""
-        params = {} if dbname is None else {"dbname": dbname}
+    def watching(self, listed: Sequence[str] | None, every_app: bool = True, **params: str) -> Iterator[Any]:
+        """The watch of ``run all``, on the test's database (or another ``dbname``, as another
+        ``user``) through the port; stopped and its thread ended after, so that nothing of it
+        outlives the test."""
         url = self.port.url(self.settings.database_url, **params)
         wiring = Wiring(dataclasses.replace(self.settings, database_url=url))
         connect_to = wiring.database.connect
@@ -102,12 +101,12 @@ class WatchedPostgreSQL:
             assert not watch._thread.is_alive(), "the watch still runs"
 
     @contextmanager
-    def answering(self, *apps: str) -> Iterator[Any]:
+    def answering(self, *apps: str, **params: str) -> Iterator[Any]:
         """The watch of ``run all`` started with ``apps``, which PostgreSQL holds, while it answers."""
         for app in apps:
             self.create_app(app)
         self.port.up()
-        with self.watching(list(apps)) as watch:
+        with self.watching(list(apps), True, **params) as watch:
             yield watch
 
 
@@ -235,3 +234,60 @@ def test_a_url_refused_for_good_while_run_all_runs_ends_the_watch_with_its_line(
         f'at "127.0.0.1", port {postgresql.port.port} failed: FATAL:  database "{missing}" does not exist '
         "(not an outage to wait out: check SCHEDULER_DATABASE_URL)"
     )
+
+
+@pytest.fixture
+def nologin_later(settings: Settings) -> Iterator[str]:
+    """A role of the test's own that may do what the scheduler's role does (a member of it), until
+    the test forbids it to log in."""
+    name = f"r_{uuid.uuid4().hex[:12]}"
+    with connect(settings.database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("create role {} login in role current_user").format(sql.Identifier(name)))
+    try:
+        yield name
+    finally:
+        with connect(settings.database_url, autocommit=True) as conn:
+            conn.execute("select pg_terminate_backend(pid) from pg_stat_activity where usename = %s", [name])
+            conn.execute(sql.SQL("drop role if exists {}").format(sql.Identifier(name)))
+
+
+def test_a_refusal_for_good_once_postgresql_answered_is_an_outage_said_once(
+    postgresql: WatchedPostgreSQL, nologin_later: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The role's login taken away under a running run all: its workers run on, as every component
+    does, until the operator puts it right."""
+    with postgresql.answering("billing", user=nologin_later) as watch:
+        wait_for(postgresql.sessions, 10, "the watch's session")
+        with connect(postgresql.settings.database_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("alter role {} nologin").format(sql.Identifier(nologin_later)))
+        postgresql.end_sessions()
+        postgresql.asked(5)
+        assert watch.wrong_url() is None and watch._thread.is_alive()
+        with connect(postgresql.settings.database_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("alter role {} login").format(sql.Identifier(nologin_later)))
+        postgresql.create_app("audit")
+        assert wait_for(watch.apps, 10, "the app created meanwhile") == ("audit",)
+    lines = supervisor_lines(caplog)
+    assert [level for level, _ in lines] == ["WARNING", "INFO"], lines
+    assert f'role "{nologin_later}" is not permitted to log in' in lines[0][1]
+
+
+def test_a_bug_in_the_watch_is_said_with_its_traceback_and_the_watch_goes_on(
+    postgresql: WatchedPostgreSQL, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    listing = run.app_names
+    bugs = [RuntimeError("a bug in the listing")]
+
+    def buggy(conn: psycopg.Connection[dict[str, Any]]) -> list[str]:
+        if bugs:
+            raise bugs.pop()
+        names: list[str] = listing(conn)
+        return names
+
+    monkeypatch.setattr(run, "app_names", buggy)
+    with postgresql.answering("billing") as watch:
+        postgresql.create_app("audit")
+        assert wait_for(watch.apps, 10, "the new app, after the bug") == ("audit",)
+    [record] = [r for r in caplog.records if r.name == "scheduler.run"]
+    assert record.levelname == "ERROR" and record.getMessage().startswith("the watch of the apps failed")
+    assert record.exc_info is not None and "a bug in the listing" in str(record.exc_info[1])

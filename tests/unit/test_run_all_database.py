@@ -1,5 +1,5 @@
-"""What `run all` makes of PostgreSQL's failure to answer at start: a URL refused for good (a wrong
-password, user or database) stops it, where an outage is waited out.
+"""What `run all` and every component make of PostgreSQL's failure to answer at start: a URL refused
+for good (a wrong password, user or database) stops them, where an outage is waited out.
 psycopg gives a failed connection no SQLSTATE, so these are the messages libpq and PostgreSQL write,
 each with the SQLSTATE the server sent (tests/integration/test_cli_run_all_waits_for_postgresql.py
 has the real ones of the shared server). Its watch of the apps, which asks PostgreSQL for as long
@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from scheduler.schedule.spec import validate_app_name
+from scheduler.store.refusals import refused_for_good
 
 run = importlib.import_module("scheduler.cli.run")  # the package's `run` is the click group
 
@@ -41,7 +42,7 @@ AT = 'connection failed: connection to server at "10.0.0.5", port 5432 failed: '
     ],
 )
 def test_a_wrong_url_is_refused_for_good(message: str) -> None:
-    assert run.refused_for_good(psycopg.OperationalError(message))
+    assert refused_for_good(psycopg.OperationalError(message))
 
 
 @pytest.mark.parametrize(
@@ -65,7 +66,7 @@ def test_a_wrong_url_is_refused_for_good(message: str) -> None:
     ],
 )
 def test_an_outage_is_waited_out(message: str) -> None:
-    assert not run.refused_for_good(psycopg.OperationalError(message))
+    assert not refused_for_good(psycopg.OperationalError(message))
 
 
 def test_the_app_name_the_table_keeps_room_for_is_an_app_name() -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from scheduler.runtime.service import Service, ServiceStatus
+from scheduler.runtime.service import Refused, Service, ServiceStatus
 from tests.support import wait_for
 
 
@@ -404,6 +404,48 @@ def test_a_non_transient_error_propagates_and_close_is_still_called() -> None:
     assert service.journal.events[-1] == "close"
     assert service.journal.count("reset") == 0
     assert service.status.stopping is True
+
+
+def refuse(word: str) -> Callable[[BaseException], str | None]:
+    """A refusal that words failures whose message holds ``word`` as a setting to fix."""
+
+    def refusal(error: BaseException) -> str | None:
+        return f"fix the setting: {error}" if word in str(error) else None
+
+    return refusal
+
+
+def test_a_failure_the_refusal_words_ends_the_service_unretried_with_its_line() -> None:
+    stop = threading.Event()
+    service = Scripted([fail("pg down"), fail("wrong password"), more], stop=stop)
+
+    with pytest.raises(Refused, match=r"^fix the setting: wrong password$") as raised:
+        service.run(stop, refuse("password"))
+
+    assert isinstance(raised.value.__cause__, Transient)
+    assert service.journal.events == ["step", "reset", "step", "close"]
+
+
+def test_failures_the_refusal_does_not_word_are_waited_out() -> None:
+    stop = threading.Event()
+    service = Scripted([fail("pg down"), fail("pg down"), stop_then(True)], stop=stop)
+
+    service.run(stop, refuse("password"))
+
+    assert service.journal.count("step") == 3 and service.journal.count("reset") == 2
+
+
+def test_the_refusal_is_not_asked_about_a_bug() -> None:
+    stop = threading.Event()
+    asked: list[BaseException] = []
+
+    def refusal(error: BaseException) -> str | None:
+        asked.append(error)
+        return "never"
+
+    with pytest.raises(Fatal):
+        Scripted([crash("password bug")], stop=stop).run(stop, refusal)
+    assert asked == []
 
 
 def test_a_non_transient_error_after_transient_ones_propagates_unretried() -> None:
