@@ -12,6 +12,7 @@ import binascii
 import contextlib
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -140,9 +141,12 @@ def json_value(data: Any) -> struct_pb2.Value:
 def stored_value(data: Any) -> struct_pb2.Value:
     """A stored JSON value as a message. Stored before payloads were limited to the depth protobuf
     carries, a value may be deeper; and jsonb keeps an integer of any size exact (the CLI stores
-    one), past what a double holds. Either is shown as a string saying so, so that the listing
+    one), past what a double holds, or a number written by hand in SQL (``1e400``), which reads as
+    infinity and which no JSON carries. Each is shown as a string saying so, so that the listing
     holding it still answers (the CLI shows it whole)."""
     try:
+        if not _finite(data):
+            raise OverflowError
         return json_value(data)
     except (DecodeError, json_format.ParseError, RecursionError, ValueError):
         return json_value("(nested too deeply for the API to carry: read it with `scheduler schedules get`)")
@@ -150,6 +154,18 @@ def stored_value(data: Any) -> struct_pb2.Value:
         return json_value(
             "(holds a number too large for the API to carry: read it with `scheduler schedules get`)"
         )
+
+
+def _finite(data: Any) -> bool:
+    """Whether every number in ``data`` is finite (psycopg reads jsonb's numbers past a double's
+    range as infinity, which a message holds and its JSON form cannot)."""
+    if isinstance(data, float):
+        return math.isfinite(data)
+    if isinstance(data, dict):
+        return all(_finite(value) for value in data.values())
+    if isinstance(data, list):
+        return all(_finite(value) for value in data)
+    return True
 
 
 def as_dict(message: Message) -> dict[str, Any]:

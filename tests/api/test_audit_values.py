@@ -193,3 +193,26 @@ def test_a_payload_number_past_a_double_is_shown_as_get_schedule_shows_it_never_
     stored_entry(api_stack, "run", run_id, "replay", {"state": "dead", "n": int(huge)}, {"state": "pending"})
     (run_entry,) = entries(caller, run_id)
     assert "too large" in run_entry["old_value"], run_entry
+
+
+def test_a_fraction_past_a_double_written_by_hand_answers_as_too_large_never_an_error(
+    caller: Caller, api_stack: ApiStack
+) -> None:
+    """jsonb keeps a number with a fraction past a double's range as written in SQL; read, it is
+    infinity, which no JSON carries: the schedule's payload and an audit value holding one say so
+    where each answered INTERNAL."""
+    huge = "1" + "0" * 400 + ".5"
+    created = ok(caller, "CreateSchedule", {"app": "alpha", "handler": "builtin:noop", "run_at": in_a_week()})
+    run_id = str(uuid.uuid4())
+    with api_stack.connect() as conn:
+        payload = f'{{"n": {huge}}}'
+        conn.execute("update schedules set payload = %s::jsonb where id = %s", (payload, created["id"]))
+        conn.execute(
+            "insert into audit_log (actor, action, entity, entity_id, old_value, new_value) "
+            "values ('tests:by-hand', 'replay', 'run', %s, %s::jsonb, '{\"state\": \"pending\"}'::jsonb)",
+            (run_id, f'{{"state": "dead", "n": [-{huge}]}}'),
+        )
+    got = ok(caller, "GetSchedule", {"id": created["id"]})
+    assert "too large" in got["payload"], got
+    (run_entry,) = entries(caller, run_id)
+    assert "too large" in run_entry["old_value"] and run_entry["new_value"] == {"state": "pending"}, run_entry
