@@ -73,6 +73,7 @@ class Database:
         returned: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
 
         def configure(conn: Conn) -> None:
+            self.answered = True  # a pooled connection is one PostgreSQL took too (see refusal)
             # SET rather than libpq's `options`, which PgBouncer refuses ("unsupported startup
             # parameter in options").
             for name, seconds in (

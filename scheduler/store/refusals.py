@@ -17,8 +17,9 @@ __all__ = ["REFUSED_FOR_GOOD", "first_line", "refused_for_good"]
 # to itself; psycopg/psycopg#1188), so its words are matched, in English as libpq and PostgreSQL
 # write them. Any other failure is waited out, as an outage is: refused, timed out, the server
 # starting up or shutting down (57P03), too many connections (53300), a host name no resolver
-# knows (yet: a compose or Kubernetes service that is not up has none), and a refusal worded in
-# another language (the server's lc_messages).
+# knows (yet: a compose or Kubernetes service that is not up has none), a server that is not (yet)
+# what target_session_attrs asks (a failover changes that), and a refusal worded in another
+# language (the server's lc_messages).
 REFUSED_FOR_GOOD = re.compile(
     "|".join(
         (
@@ -31,6 +32,12 @@ REFUSED_FOR_GOOD = re.compile(
             r'database ".*" does not exist',  # 3D000
             r"permission denied for database",  # 42501: no CONNECT privilege
             r"^connection is bad: (invalid|could not match)",  # libpq refused the URL's parameters
+            r"^could not match \d+ ",  # psycopg's own: host, hostaddr and port lists of other lengths
+            r"server does not support SSL, but SSL was required",  # sslmode=require and up
+            r"channel binding required, but",  # channel_binding=require
+            r'authentication method requirement ".*" failed',  # require_auth
+            r"unrecognized configuration parameter",  # 42704: the URL's options=-c…
+            r'invalid value for parameter ".*"',  # 22023: the URL's options=-c…
         )
     )
 )

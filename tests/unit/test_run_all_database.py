@@ -35,6 +35,12 @@ AT = 'connection failed: connection to server at "10.0.0.5", port 5432 failed: '
         AT + 'FATAL:  permission denied for database "scheduler"',  # 42501
         AT + "fe_sendauth: no password supplied",
         'connection is bad: invalid port number: "99999"',
+        AT + "server does not support SSL, but SSL was required",
+        AT + "channel binding required, but server authenticated client without channel binding",
+        AT + 'authentication method requirement "scram-sha-256" failed: server did not complete '
+        "authentication",
+        AT + 'FATAL:  unrecognized configuration parameter "foo"',  # 42704, options=-cfoo=bar
+        AT + 'FATAL:  invalid value for parameter "work_mem": "banana"',  # 22023
         # Several addresses: the last one's failure comes first, and decides.
         AT + 'FATAL:  database "schedular" does not exist\nMultiple connection attempts failed. All '
         "failures were:\n- host: 'db', port: None, hostaddr: '10.0.0.6': connection failed: connection to "
@@ -63,6 +69,8 @@ def test_a_wrong_url_is_refused_for_good(message: str) -> None:
         # A service not up yet has no name either (compose, Kubernetes): waited out as well.
         f"failed to resolve host 'db': [Errno {socket.EAI_NONAME}] Name or service not known",
         AT + "FATAL:  la base de données « schedular » n'existe pas",  # worded in another language
+        AT + "session is not read-only",  # target_session_attrs: a failover may make it one
+        AT + "server is not in hot standby mode",
     ],
 )
 def test_an_outage_is_waited_out(message: str) -> None:
@@ -72,3 +80,19 @@ def test_an_outage_is_waited_out(message: str) -> None:
 def test_the_app_name_the_table_keeps_room_for_is_an_app_name() -> None:
     """The width the table reserves for the workers added later is that of an app with this name."""
     assert validate_app_name("a" * run.RESERVED_APP_CHARS)
+
+
+@pytest.mark.parametrize(
+    "conninfo",
+    [
+        "host=127.0.0.1,127.0.0.2 port=5432,5433,5434 dbname=scheduler",  # 3 ports for 2 hosts
+        "host=db hostaddr=10.0.0.5,10.0.0.6 dbname=scheduler",  # 2 addresses for 1 host name
+    ],
+)
+def test_host_and_port_lists_that_do_not_match_are_refused_for_good(conninfo: str) -> None:
+    """psycopg splits the host, hostaddr and port lists itself, before libpq sees them, and words the
+    mismatch without libpq's "connection is bad: " (psycopg/_conninfo_utils.py): the real error,
+    raised before any address is tried, is a URL that can never work."""
+    with pytest.raises(psycopg.OperationalError) as raised:
+        psycopg.connect(conninfo, connect_timeout=1)
+    assert refused_for_good(raised.value), str(raised.value)
