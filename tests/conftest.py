@@ -43,16 +43,29 @@ def pytest_configure(config: pytest.Config) -> None:
     in the process that hands the tests out, before any worker starts: each worker's ``stack``
     fixture would otherwise race the others to start the same PostgreSQL and Kafka. The workers
     find them in the environment they inherit. A suite run in one process starts the stack only
-    when a test needs it (the fixture), so a run of unit tests alone never does."""
+    when a test needs it (the fixture), so a run of unit tests alone never does; nor does a
+    distributed run given only paths under tests/unit."""
     distributed = not hasattr(config, "workerinput") and (config.getoption("numprocesses", None) or 0) > 0
-    if not distributed or (
-        os.environ.get("SCHEDULER_DATABASE_URL") and os.environ.get("SCHEDULER_KAFKA_BOOTSTRAP")
+    if (
+        not distributed
+        or unit_only(config.args)
+        or (os.environ.get("SCHEDULER_DATABASE_URL") and os.environ.get("SCHEDULER_KAFKA_BOOTSTRAP"))
     ):
         return
     local, env, to_stop = _local_stack_up()
     os.environ.update(env)
     if to_stop:
         config.stash[_STACK_STARTED] = local
+
+
+UNIT_TESTS = Path(__file__).resolve().parent / "unit"
+
+
+def unit_only(args: list[str]) -> bool:
+    """Whether the paths the suite was given are all unit tests (``pytest -n 2 tests/unit``), which
+    need no stack: a distributed run of them alone does not bring it up either."""
+    paths = [Path(arg.split("::", 1)[0]).resolve() for arg in args]
+    return bool(paths) and all(path.is_relative_to(UNIT_TESTS) for path in paths)
 
 
 def _local_stack_up() -> tuple[LocalStack, dict[str, str], bool]:
