@@ -341,6 +341,13 @@ def validate_encoded(spec: ScheduleSpec) -> str:
         raise InvalidSchedule(f"a {spec.kind} schedule takes no cron expression")
     if spec.kind == ScheduleKind.DELAYED and spec.run_at is None:
         raise InvalidSchedule("a delayed schedule needs run_at (--at)")
+    if spec.kind != ScheduleKind.DELAYED and spec.run_at is not None:
+        # Taken and ignored, it would let an immediate schedule fire now, years before the time
+        # its owner gave, and a cron one on its expression alone.
+        raise InvalidSchedule(
+            f"run_at is a delayed schedule's instant; a {spec.kind} schedule takes none "
+            "(for a later one-shot, the kind is delayed)"
+        )
     if spec.kind != ScheduleKind.CRON and (spec.start_at is not None or spec.end_at is not None):
         # Taken and ignored, they would let a one-shot fire after the end its owner set.
         raise InvalidSchedule(
