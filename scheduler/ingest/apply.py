@@ -5,8 +5,10 @@ The second step of the ingestor. The steps, in the batch's transaction:
 1. Drop messages rejected before at the same position with the same bytes and Kafka timestamp (a
    batch replayed after a crash between the database commit and the Kafka offset commit): their
    decision stands.
-2. Claim the command ids (one statement); an id applied before, or twice in the batch, is a
-   duplicate and is ignored, counted.
+2. Claim the command ids (one statement); an id applied before is a duplicate and is ignored,
+   counted. A batch that holds an id twice (a producer's resend) is applied in runs without one,
+   steps 2 to 5 for each run in turn, so that a copy is judged as it would be in a batch of its
+   own: a duplicate when an earlier copy applied, afresh when that one was rejected.
 3. Look up the keys the batch names and the apps it uses (two statements, keys locked), then decide
    every command in the batch's order against that view: a create of a key that exists is a
    conflict, any other operation on a key that does not is not found, and a create naming a
@@ -154,6 +156,9 @@ class _Batch:
         self.rejections: list[Rejection] = []
         self.unclaim: list[str] = []
         self.applied = 0
+        # The creates the plan counted on and the insert refused (a constraint, or another writer
+        # that took the key while the batch waited for it): the id each would have had, and its key.
+        self.uncreated: dict[uuid.UUID, tuple[str, str]] = {}
 
     def reject(self, command: ValidCommand, code: str, reason: str) -> None:
         self.rejections.append(rejection(code, reason, command.consumed, command.command))
@@ -229,7 +234,9 @@ class _Batch:
         for new, command in creates:
             if new.id in created:
                 self.applied += 1
-            elif new.id not in refused:
+                continue
+            self.uncreated[new.id] = (new.app, new.schedule_key)
+            if new.id not in refused:
                 # The key was taken by a concurrent transaction after our look-up.
                 self.reject(
                     command,
@@ -240,8 +247,21 @@ class _Batch:
             schedules.notify_due(self.conn)
 
     def run(self, steps: list[_Step]) -> None:
-        """Step 5: the other operations, in order, each in its own savepoint."""
+        """Step 5: the other operations, in order, each in its own savepoint. One the plan aimed at a
+        create the insert refused acts on what its key names now (another writer's schedule), or is
+        not found, as it would be in a batch after that create's."""
+        found = store.schedules_by_key(self.conn, set(self.uncreated.values())) if self.uncreated else {}
         for step in steps:
+            key = self.uncreated.get(step.schedule_id)
+            if key is not None:
+                schedule_id = found.get(key)
+                if schedule_id is None:
+                    app, schedule_key = key
+                    self.reject(
+                        step.command, "not_found", f"no schedule with key {schedule_key!r} in app {app!r}"
+                    )
+                    continue
+                step = _Step(step.command, schedule_id)
             try:
                 _run_step(self.conn, self.settings, self.dispatcher, step)
             except _COMMAND_FAILURES as exc:
@@ -269,40 +289,55 @@ def apply_batch(
         decided = store.decided_sources(conn, {d.source: _identity_of(d) for d in decoded})
         pending = [d for d in decoded if d.source not in decided]
         result.replayed = len(decoded) - len(pending)
-        commands = [d for d in pending if isinstance(d, ValidCommand)]
-        claimed = store.claim_commands(
-            conn,
-            [
-                CommandClaim(
-                    c.command.command_id, c.command.app, c.command.schedule_key, c.command.operation, c.source
-                )
-                for c in commands
-            ],
-        )
-        fresh: list[ValidCommand] = []
-        for command in commands:
-            if command.command.command_id in claimed:
-                claimed.discard(command.command.command_id)  # later copies in the batch are duplicates
-                fresh.append(command)
-            else:
-                result.duplicates += 1
-
-        batch = _Batch(conn, settings, dispatcher)
-        batch.rejections.extend(d for d in pending if isinstance(d, Rejection))
-        creates, steps = batch.plan(fresh)
-        batch.create(creates)
-        batch.run(steps)
-        store.unclaim_commands(conn, batch.unclaim)
-        recorded = store.record_rejections(conn, batch.rejections)
-        result.applied = batch.applied
+        rejections = [d for d in pending if isinstance(d, Rejection)]
+        for segment in _segments([d for d in pending if isinstance(d, ValidCommand)]):
+            claimed = store.claim_commands(
+                conn,
+                [
+                    CommandClaim(
+                        c.command.command_id,
+                        c.command.app,
+                        c.command.schedule_key,
+                        c.command.operation,
+                        c.source,
+                    )
+                    for c in segment
+                ],
+            )
+            fresh = [c for c in segment if c.command.command_id in claimed]
+            result.duplicates += len(segment) - len(fresh)
+            batch = _Batch(conn, settings, dispatcher)
+            creates, steps = batch.plan(fresh)
+            batch.create(creates)
+            batch.run(steps)
+            store.unclaim_commands(conn, batch.unclaim)
+            rejections += batch.rejections
+            result.applied += batch.applied
+        recorded = store.record_rejections(conn, rejections)
         result.rejected = [
             RecordedRejection(r, recorded[r.source])
-            for r in _in_source_order(batch.rejections)
+            for r in _in_source_order(rejections)
             if r.source in recorded
         ]
         if before_commit is not None and result.rejected:
             before_commit(result.rejected)
     return result
+
+
+def _segments(commands: Sequence[ValidCommand]) -> list[list[ValidCommand]]:
+    """The batch's commands in runs in which no command id comes twice, each applied after the one
+    before (steps 2 to 5): a copy of a command (a producer's resend) is then judged as it would be
+    in a batch of its own, a duplicate when an earlier copy applied and afresh when it was rejected
+    (its claim released), whatever the batch's bounds. Nearly every batch is one run."""
+    segments: list[list[ValidCommand]] = [[]]
+    ids: set[str] = set()
+    for command in commands:
+        if command.command.command_id in ids:
+            segments.append([])
+            ids.clear()
+        ids.add(command.command.command_id)
+        segments[-1].append(command)
+    return segments if segments[0] else []
 
 
 def _identity_of(decoded: ValidCommand | Rejection) -> tuple[bytes, int | None]:

@@ -14,6 +14,7 @@ from scheduler.telemetry.tracing import (
     child_traceparent,
     new_traceparent,
     run_traceparent,
+    valid_traceparent,
 )
 
 __all__ = ["HEADER", "child_traceparent", "new_traceparent", "run_traceparent", "traceparent_of"]
@@ -24,9 +25,10 @@ HEADER = TRACEPARENT_HEADER
 def traceparent_of(
     headers: Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]] | None,
 ) -> str | None:
-    """The raw ``traceparent`` of a message's headers (confluent-kafka's list, or a mapping)."""
+    """The ``traceparent`` of a message's headers (confluent-kafka's list, or a mapping), when it is
+    one (:func:`valid_traceparent`): a client's header is never kept or passed on as it came."""
     pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
     for name, value in pairs:
         if name == HEADER and value is not None:
-            return value.decode(errors="replace") if isinstance(value, bytes) else value
+            return valid_traceparent(value)
     return None

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import threading
 import traceback
 import uuid
@@ -108,6 +109,34 @@ TRACEPARENT_HEADER: Final = "traceparent"
 # rejects malformed values, the reserved version ff, a fifth field after version 00, and the
 # all-zero trace and span ids.
 _PROPAGATOR = TraceContextTextMapPropagator()
+
+
+# W3C Trace Context's traceparent: version, trace id, parent span id, flags, in lower-case hex. A
+# version after 00 may add fields after a "-", which a reader of 00 reads it without. Version ff
+# and all-zero ids are invalid.
+_TRACEPARENT = re.compile(
+    r"(?!ff)([0-9a-f]{2})-(?!0{32})([0-9a-f]{32})-(?!0{16})([0-9a-f]{16})-([0-9a-f]{2})"
+)
+TRACEPARENT_LENGTH: Final = 55
+
+
+def valid_traceparent(value: str | bytes | None) -> str | None:
+    """A ``traceparent`` that came from outside (a client's command, a job message) as this process
+    keeps and passes it on: version 00's 55 characters; None when ``value`` is missing or is no
+    traceparent. Whatever else a header holds (a NUL, megabytes, another format) is never stored
+    or copied onward; only its first 56 characters are read."""
+    if value is None:
+        return None
+    head = value[: TRACEPARENT_LENGTH + 1]
+    text = head.decode("ascii", errors="replace") if isinstance(head, bytes) else head
+    match = _TRACEPARENT.match(text)
+    if match is None:
+        return None
+    version, trace_id, span_id, flags = match.groups()
+    rest = text[TRACEPARENT_LENGTH:]
+    if rest and (version == "00" or rest != "-"):
+        return None
+    return f"00-{trace_id}-{span_id}-{flags}"
 
 
 def context_from_traceparent(value: str | bytes | None) -> Context | None:

@@ -46,6 +46,7 @@ from scheduler.telemetry.tracing import (
     start_span_from_traceparent,
     traceparent_of_span,
     traces_export_requested,
+    valid_traceparent,
 )
 
 TRACEPARENT = re.compile(r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
@@ -537,3 +538,30 @@ def test_a_ratio_sampler_records_its_share_of_run_traces_each_whole(
     assert set(recorded) == sampled, "a run's spans are recorded exactly when its header says sampled"
     assert set(recorded.values()) == {3}, "root, retry and execution: each recorded run's trace is whole"
     provider.shutdown()
+
+
+VALID = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize(
+    ("header", "kept"),
+    [
+        (VALID, VALID),
+        (VALID.encode(), VALID),
+        ("01" + VALID[2:] + "-a-later-version's-field", VALID),  # read as version 00 reads it
+        ("01" + VALID[2:], VALID),
+        (VALID + "-tail", None),  # version 00 has four fields
+        ("ff" + VALID[2:], None),
+        ("00-" + "0" * 32 + VALID[35:], None),  # an all-zero trace id
+        (VALID[:36] + "0" * 16 + VALID[52:], None),  # an all-zero parent id
+        (VALID.upper(), None),
+        (b"00-\x00x", None),
+        (b"y" * 5_000_000, None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_a_traceparent_from_outside_is_kept_only_as_w3c_writes_one(
+    header: str | bytes | None, kept: str | None
+) -> None:
+    assert valid_traceparent(header) == kept
