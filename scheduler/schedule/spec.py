@@ -413,7 +413,9 @@ def stored_spec(row: Mapping[str, Any]) -> ScheduleSpec:
         description=row.get("description"),
         cron=row["cron"],
         tz=row["tz"],
-        run_at=row["run_at"],
+        # A run_at an earlier release stored on an immediate or cron schedule, which nothing read,
+        # is left behind: the update validates the spec as a create does.
+        run_at=row["run_at"] if row["kind"] == ScheduleKind.DELAYED else None,
         start_at=row["start_at"],
         end_at=row["end_at"],
         payload=row["payload"],

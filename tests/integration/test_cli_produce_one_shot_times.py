@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.config import Settings
+from scheduler.store import connect
 from tests.support import SCHEDULER, read_topic
 
 pytestmark = pytest.mark.integration
@@ -65,3 +66,26 @@ def test_a_run_at_on_a_spec_that_is_not_delayed_is_a_bad_line_not_produced(
     [bad] = [text for text in done.stderr.splitlines() if text.startswith("line 1: ")]
     assert "run_at" in bad, bad
     assert read_topic(settings.kafka_bootstrap, settings.schedules_topic) == []
+
+
+def test_a_cron_schedule_an_earlier_release_stored_with_a_run_at_still_updates(
+    env: dict[str, str], settings: Settings
+) -> None:
+    """Stored before run_at was refused on it: an update (its name alone) validates the spec as a
+    create does, and leaves that run_at behind rather than refuse the schedule for good."""
+    created = subprocess.run(
+        [SCHEDULER, "schedules", "create", "--app", "billing", "--cron", "0 3 * * *",
+         "--handler", "builtin:noop", "--key", "nightly"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    schedule_id = json.loads(created.stdout)["id"]
+    with connect(settings.database_url, autocommit=True) as conn:
+        conn.execute("update schedules set run_at = %s where id = %s", (RUN_AT, schedule_id))
+    updated = subprocess.run(
+        [SCHEDULER, "schedules", "update", schedule_id, "--name", "nightly-renamed"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert updated.returncode == 0, updated.stderr
+    shown = json.loads(updated.stdout)
+    assert (shown["name"], shown["run_at"], shown["cron"]) == ("nightly-renamed", None, "0 3 * * *")
