@@ -13,6 +13,7 @@ from scheduler.cli.common import (
     known_or_named_app,
     parse_instant,
     print_table,
+    shown_within,
     wiring_or_exit,
 )
 from scheduler.store import quarantine as store
@@ -49,9 +50,10 @@ def list_(
             component=component,
             app=app,
             since=parse_instant(since, "--since") if since else None,
-            limit=limit,
+            limit=limit + 1,  # one more than shown: whether the listing is whole
             with_bytes=with_bytes and as_json,
         )
+        rows = shown_within(rows, limit, "quarantined items (newest first)")
     if as_json:
         for row in rows:
             raw = row.pop("original_bytes")

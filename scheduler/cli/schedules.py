@@ -413,7 +413,8 @@ def rejected(app: str | None, code: str | None, limit: int, as_json: bool) -> No
             lambda name: bool(ingest.list_rejections(conn, code=None, app=name, limit=1)),
             "rejected command",
         )
-        rows = ingest.list_rejections(conn, code=code, app=app, limit=limit)
+        rows = ingest.list_rejections(conn, code=code, app=app, limit=limit + 1)  # one more: whole?
+        rows = shown_within(rows, limit, "rejected commands (newest first)")
     if as_json:
         echo_json(rows)
         return

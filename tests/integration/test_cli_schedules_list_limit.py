@@ -66,3 +66,38 @@ def test_every_listing_says_when_its_limit_cut_it_short(
     whole = cli(settings_env, *listing, "--limit", "100", "--json")
     assert whole.returncode == 0 and whole.stderr == "", whole.stderr
     assert len(json.loads(whole.stdout)) > 2
+
+
+QUARANTINED = (
+    "insert into quarantine (component, reason, app, original_bytes, source_topic, source_partition,"
+    " source_offset) select 'reconciler', 'refused by PostgreSQL', 'billing', 'x', 'p.results', 0, n"
+    " from generate_series(1, 3) as n"
+)
+REJECTED = (
+    "insert into ingest_rejections (code, reason, command_id, schedule_key, app, operation, original_bytes,"
+    " source_topic, source_partition, source_offset) select 'not_found', 'no schedule with key', 'c-' || n,"
+    " 'nightly', 'billing', 'pause', 'x', 'p.schedules', 0, n from generate_series(1, 3) as n"
+)
+
+
+@pytest.mark.parametrize(
+    ("listing", "rows"),
+    [(("quarantine", "list"), QUARANTINED), (("schedules", "rejected"), REJECTED)],
+)
+def test_the_quarantine_and_the_rejections_say_when_their_limit_cut_them_short(
+    settings_env: dict[str, str], listing: tuple[str, ...], rows: str
+) -> None:
+    """`quarantine list --limit 2` and `schedules rejected --limit 2` of three rows showed two and said
+    nothing on stderr, as if that were all (operations.md: a listing cut short by its --limit says so)."""
+    assert cli(settings_env, "apps", "create", "billing", "--partitions", "1").returncode == 0
+    with connect(settings_env["SCHEDULER_DATABASE_URL"]) as conn:
+        conn.execute(rows)
+    for shape in (("--json",), ()):
+        cut = cli(settings_env, *listing, "--app", "billing", "--limit", "2", *shape)
+        assert cut.returncode == 0, cut.stderr
+        assert cut.stderr.startswith("note: showing the first 2 "), (shape, cut.stderr)
+        assert cut.stderr.endswith("; more exist: raise --limit or filter\n"), (shape, cut.stderr)
+    assert len(json.loads(cli(settings_env, *listing, "--limit", "2", "--json").stdout)) == 2
+    whole = cli(settings_env, *listing, "--app", "billing", "--limit", "3", "--json")
+    assert whole.returncode == 0 and whole.stderr == "", whole.stderr
+    assert len(json.loads(whole.stdout)) == 3
