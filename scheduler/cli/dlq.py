@@ -17,14 +17,17 @@ from scheduler.cli.common import (
     DataTable,
     FiniteFloatRange,
     ScheduleKey,
+    Terminated,
     actor,
     database,
     echo_json,
     fail,
+    interrupted_exit_code,
     known_app,
     known_schedule,
     print_table,
     shown_within,
+    sigterm_as_interrupt,
     time_range,
     uuid_arg,
     wiring_or_exit,
@@ -209,7 +212,11 @@ def replay(
         ) as bar:
             task = bar.add_task("replaying", total=len(candidates))
 
+            committed = 0  # the runs of the chunks committed so far
+
             def paced(so_far: int) -> None:
+                nonlocal committed
+                committed = so_far
                 bar.update(task, completed=so_far)
                 if rate:
                     ahead = so_far / rate - (time.monotonic() - started)
@@ -217,9 +224,22 @@ def replay(
                         time.sleep(ahead)
 
             moved: list[UUID] | None = [] if named else None  # the runs named it replayed
-            replayed = replayer.replay(
-                conn, where, limit, actor(), chunk=chunk, after_chunk=paced, moved=moved
-            )
+            try:
+                with sigterm_as_interrupt():
+                    replayed = replayer.replay(
+                        conn, where, limit, actor(), chunk=chunk, after_chunk=paced, moved=moved
+                    )
+            except KeyboardInterrupt as stop:
+                # Each chunk is committed as it goes (the one under way when the signal came is not):
+                # what was replayed stays replayed, and the rest is dead still, for the next replay.
+                bar.stop()
+                _summary(committed, time.monotonic() - started, as_json, interrupted=True)
+                stopped = "terminated" if isinstance(stop, Terminated) else "interrupted"
+                fail(
+                    f"{stopped}: replayed {_runs(committed)} before it; the rest are dead still (the same "
+                    "command replays them)",
+                    code=interrupted_exit_code(stop),
+                )
         # A run named and listed that the replay did not take: another command replayed or changed
         # it in between. Said as any run named and left out is: the error when none was replayed.
         taken = set(moved or ())
@@ -229,13 +249,22 @@ def replay(
             if not replayed:
                 fail(f"nothing replayed: {why}")
             click.echo(f"note: {why}", err=True)
-    elapsed = max(time.monotonic() - started, 1e-6)
+    _summary(replayed, time.monotonic() - started, as_json)
+
+
+def _summary(replayed: int, seconds: float, as_json: bool, *, interrupted: bool = False) -> None:
+    """The result line on stdout: how many runs were replayed, in how long."""
+    elapsed = max(seconds, 1e-6)
     if as_json:
-        echo_json(
-            {"replayed": replayed, "seconds": round(elapsed, 3), "per_second": round(replayed / elapsed)}
-        )
+        # The rate to a tenth: a paced replay under one run a second (--rate 0.5) is not 0 a second.
+        result: dict[str, Any] = {
+            "replayed": replayed,
+            "seconds": round(elapsed, 3),
+            "per_second": round(replayed / elapsed, 1),
+        }
+        echo_json(result | ({"interrupted": True} if interrupted else {}))
     else:
-        click.echo(f"replayed {_runs(replayed)} in {elapsed:.1f} s ({replayed / elapsed:.0f}/s)")
+        click.echo(f"replayed {_runs(replayed)} in {elapsed:.1f} s ({replayed / elapsed:.1f}/s)")
 
 
 def _left_out(
