@@ -490,6 +490,18 @@ LIMITED_FIELDS: dict[str, tuple[str, bool]] = {
 }
 
 
+# The spec's fields the API names otherwise; every other one (run_at, handler, payload…) it names
+# alike.
+REQUEST_FIELDS = {"cron": "cron_expression", "tz": "timezone"} | {
+    spec: request for spec, (request, _) in LIMITED_FIELDS.items()
+}
+
+
+def request_field(spec_field: str) -> str:
+    """The request's name of a field of the spec (``tz`` is ``timezone``)."""
+    return REQUEST_FIELDS.get(spec_field, spec_field)
+
+
 def _gives(request: Message, path: str) -> bool:
     """Whether ``request`` sets the field at ``path`` (``retry_config.backoff_seconds``)."""
     *parents, name = path.split(".")

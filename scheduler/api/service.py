@@ -205,6 +205,8 @@ def _domain_error(exc: Exception) -> ApiError | None:
         return ApiError(Code.PAYLOAD_TOO_LARGE, str(exc))
     if isinstance(exc, InvalidSchedule):  # UnknownApp and InvalidBatchItem too
         index = getattr(exc, "index", None)
+        if exc.field is not None:
+            return ApiError(Code.INVALID_SCHEDULE, str(exc), item_field(m.request_field(exc.field), index))
         return ApiError(Code.INVALID_SCHEDULE, str(exc), {} if index is None else {"index": index})
     if isinstance(exc, psycopg.OperationalError | psycopg_pool.PoolTimeout):
         return ApiError(Code.UNAVAILABLE, "the database is unavailable; retry later")

@@ -255,8 +255,8 @@ class NewSchedule:
 class InvalidBatchItem(InvalidSchedule):
     """One schedule of a batch is invalid; nothing of the batch was created."""
 
-    def __init__(self, index: int, reason: str) -> None:
-        super().__init__(f"schedules[{index}]: {reason}")
+    def __init__(self, index: int, reason: str, field: str | None = None) -> None:
+        super().__init__(f"schedules[{index}]: {reason}", field)
         self.index = index
 
 
@@ -278,7 +278,7 @@ def create_schedules(conn: psycopg.Connection[Row], batch: Sequence[NewSchedule]
             if item.schedule_key is not None:
                 validate_schedule_key(item.schedule_key)
         except InvalidSchedule as exc:
-            raise InvalidBatchItem(index, str(exc)) from None
+            raise InvalidBatchItem(index, str(exc), exc.field) from None
         ids.append(new_id())
         key = (item.spec.app, item.schedule_key or str(ids[-1]))
         if key in keys:
@@ -297,7 +297,7 @@ def create_schedules(conn: psycopg.Connection[Row], batch: Sequence[NewSchedule]
                 next_fire_at = first_fire(spec, schedule_id, now)
                 payload = encoded_payload(spec.payload)
             except InvalidSchedule as exc:
-                raise InvalidBatchItem(index, str(exc)) from None
+                raise InvalidBatchItem(index, str(exc), exc.field) from None
             columns = spec_columns(spec) | {
                 "name": spec.name or _default_name(spec, schedule_id),
                 "payload": payload,

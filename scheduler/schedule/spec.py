@@ -66,7 +66,13 @@ OVERLAP_POLICIES = tuple(str(p) for p in OverlapPolicy)
 
 
 class InvalidSchedule(ValueError):
-    """A schedule request that cannot be stored; the message is one line naming the field."""
+    """A schedule request that cannot be stored; the message is one line naming the field, and
+    ``field`` is that field's name in the spec (``cron``, ``tz``, ``run_at``…) when the refusal is
+    of one field, for an answer that names it in the caller's own words (the API's)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class PayloadTooLarge(InvalidSchedule):
@@ -79,11 +85,12 @@ class LimitExceeded(InvalidSchedule):
     field whose value ``high`` is, when the bound is another field (a backoff's base is at most its
     max). The message is the spec's own wording, which the CLI and Kafka commands show."""
 
+    field: str
+
     def __init__(
         self, message: str, field: str, low: int, high: int, value: int, bounded_by: str | None = None
     ) -> None:
-        super().__init__(message)
-        self.field = field
+        super().__init__(message, field)
         self.low = low
         self.high = high
         self.value = value
@@ -137,7 +144,7 @@ SCHEDULE_KEY_RULE = (
 def validate_schedule_key(key: str) -> str:
     """A schedule key as the CLI, the API and Kafka commands name it (:data:`SCHEDULE_KEY_RE`)."""
     if not 1 <= len(key) <= MAX_KEY_LENGTH or not SCHEDULE_KEY_RE.fullmatch(key):
-        raise InvalidSchedule(f"schedule key {quoted(key)} must be {SCHEDULE_KEY_RULE}")
+        raise InvalidSchedule(f"schedule key {quoted(key)} must be {SCHEDULE_KEY_RULE}", "schedule_key")
     return check_text(key, "schedule key")
 
 
@@ -145,7 +152,8 @@ def validate_app_name(name: str) -> str:
     if not APP_NAME_RE.fullmatch(name):
         raise InvalidSchedule(
             f"app name {quoted(name)} must match [a-z0-9][a-z0-9-]{{0,47}} "
-            "(lowercase, digits, '-', at most 48)"
+            "(lowercase, digits, '-', at most 48)",
+            "app",
         )
     return name
 
@@ -153,12 +161,12 @@ def validate_app_name(name: str) -> str:
 def check_text(text: str, what: str) -> str:
     """``text`` if PostgreSQL can store it as it is; a NUL or a lone surrogate is refused by name."""
     if "\x00" in text:
-        raise InvalidSchedule(f"{what} contains a NUL character, which PostgreSQL cannot store")
+        raise InvalidSchedule(f"{what} contains a NUL character, which PostgreSQL cannot store", what)
     if not text.isascii():
         try:
             text.encode()
         except UnicodeEncodeError:
-            raise InvalidSchedule(f"{what} is not valid Unicode (it holds a lone surrogate)") from None
+            raise InvalidSchedule(f"{what} is not valid Unicode (it holds a lone surrogate)", what) from None
     return text
 
 
@@ -182,7 +190,7 @@ def _check_payload_value(payload: Any) -> int:
                 grows += len(format(Decimal(written), "f")) - len(written)
         elif isinstance(value, dict | list | tuple):
             if depth > MAX_PAYLOAD_DEPTH:
-                raise InvalidSchedule(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} levels")
+                raise InvalidSchedule(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} levels", "payload")
             if isinstance(value, dict):
                 for key, item in value.items():
                     if isinstance(key, str):
@@ -198,10 +206,10 @@ def parse_payload(text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:  # JSONDecodeError, or an integer past Python's 4300 digits
-        raise InvalidSchedule(f"payload is not JSON: {exc}") from None
+        raise InvalidSchedule(f"payload is not JSON: {exc}", "payload") from None
     except RecursionError:
         # The decoder's own depth limit (about a thousand levels), far beyond ours.
-        raise InvalidSchedule(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} levels") from None
+        raise InvalidSchedule(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} levels", "payload") from None
 
 
 # json.dumps with options builds an encoder per call; the ingestor encodes thousands a second.
@@ -215,7 +223,7 @@ def encoded_payload(payload: Any) -> str:
     try:
         text = _PAYLOAD_ENCODER.encode(payload)
     except (TypeError, ValueError) as exc:
-        raise InvalidSchedule(f"payload is not JSON: {exc}") from None
+        raise InvalidSchedule(f"payload is not JSON: {exc}", "payload") from None
     size = len(text.encode())
     if size > MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(f"payload is {size} bytes encoded; the limit is {MAX_PAYLOAD_BYTES} (1 MiB)")
@@ -266,7 +274,8 @@ def check_declared_handler(handler: str, app: str, declared: Sequence[str] | Non
         raise InvalidSchedule(
             f"handler {quoted(handler)} is not declared by app {quoted(app)} "
             f"(it declares {', '.join(declared)}); "
-            "an operator changes that with `scheduler apps handlers`"
+            "an operator changes that with `scheduler apps handlers`",
+            "handler",
         )
 
 
@@ -280,9 +289,9 @@ def _aware(moment: datetime | None, what: str) -> None:
     if moment is None:
         return
     if moment.utcoffset() is None:
-        raise InvalidSchedule(f"{what} must carry a time zone offset (e.g. 2027-01-01T09:00:00Z)")
+        raise InvalidSchedule(f"{what} must carry a time zone offset (e.g. 2027-01-01T09:00:00Z)", what)
     if not EARLIEST <= moment <= LATEST:
-        raise InvalidSchedule(f"{what} must be between 1970 and 9000, got {moment.isoformat()}")
+        raise InvalidSchedule(f"{what} must be between 1970 and 9000, got {moment.isoformat()}", what)
 
 
 def validate(spec: ScheduleSpec) -> ScheduleSpec:
@@ -307,25 +316,27 @@ def validate_encoded(spec: ScheduleSpec) -> str:
             check_text(text, what)
     validate_app_name(spec.app)
     if spec.name is not None and not 1 <= len(spec.name) <= MAX_NAME_LENGTH:
-        raise InvalidSchedule(f"name must be 1 to {MAX_NAME_LENGTH} characters, got {len(spec.name)}")
+        raise InvalidSchedule(f"name must be 1 to {MAX_NAME_LENGTH} characters, got {len(spec.name)}", "name")
     if spec.description is not None and len(spec.description) > MAX_DESCRIPTION_LENGTH:
         raise InvalidSchedule(
-            f"description must be at most {MAX_DESCRIPTION_LENGTH} characters, got {len(spec.description)}"
+            f"description must be at most {MAX_DESCRIPTION_LENGTH} characters, got {len(spec.description)}",
+            "description",
         )
     if spec.kind not in KINDS:
-        raise InvalidSchedule(f"kind {quoted(spec.kind)} must be one of {', '.join(KINDS)}")
+        raise InvalidSchedule(f"kind {quoted(spec.kind)} must be one of {', '.join(KINDS)}", "kind")
     if len(spec.handler) > MAX_HANDLER_LENGTH or not HANDLER_RE.fullmatch(spec.handler):
         raise InvalidSchedule(
             f"handler {quoted(spec.handler)} must be builtin:noop|sleep|fail|http or package.module:function "
-            "(or :Class.method)"
+            "(or :Class.method)",
+            "handler",
         )
     try:
         time_zone(spec.tz)
     except UnknownTimeZone as exc:
-        raise InvalidSchedule(str(exc)) from None
+        raise InvalidSchedule(str(exc), "tz") from None
     if spec.kind == ScheduleKind.CRON:
         if not spec.cron:
-            raise InvalidSchedule("a cron schedule needs a cron expression")
+            raise InvalidSchedule("a cron schedule needs a cron expression", "cron")
         if len(spec.cron) > MAX_CRON_LENGTH:
             # The schedules table holds no longer one: said here, not as a failed insert.
             raise InvalidSchedule(
@@ -336,39 +347,43 @@ def validate_encoded(spec: ScheduleSpec) -> str:
             # fires are computed (first_fire and the scanner), once the id exists.
             CronSchedule.of(spec.cron, spec.tz, schedule_id=SYNTAX_CHECK_ID)
         except InvalidCronExpression as exc:
-            raise InvalidSchedule(str(exc)) from None
+            raise InvalidSchedule(str(exc), "cron") from None
     elif spec.cron is not None:
-        raise InvalidSchedule(f"a {spec.kind} schedule takes no cron expression")
+        raise InvalidSchedule(f"a {spec.kind} schedule takes no cron expression", "cron")
     if spec.kind == ScheduleKind.DELAYED and spec.run_at is None:
-        raise InvalidSchedule("a delayed schedule needs run_at (--at)")
+        raise InvalidSchedule("a delayed schedule needs run_at (--at)", "run_at")
     if spec.kind != ScheduleKind.DELAYED and spec.run_at is not None:
         # Taken and ignored, it would let an immediate schedule fire now, years before the time
         # its owner gave, and a cron one on its expression alone.
         raise InvalidSchedule(
             f"run_at is a delayed schedule's instant; a {spec.kind} schedule takes none "
-            "(for a later one-shot, the kind is delayed)"
+            "(for a later one-shot, the kind is delayed)",
+            "run_at",
         )
     if spec.kind != ScheduleKind.CRON and (spec.start_at is not None or spec.end_at is not None):
         # Taken and ignored, they would let a one-shot fire after the end its owner set.
         raise InvalidSchedule(
             f"start_at and end_at bound a cron schedule's fires; a one-shot ({spec.kind}) fires once "
-            "and takes neither"
+            "and takes neither",
+            "start_at" if spec.start_at is not None else "end_at",
         )
     for moment, what in ((spec.run_at, "run_at"), (spec.start_at, "start_at"), (spec.end_at, "end_at")):
         _aware(moment, what)
     if spec.start_at and spec.end_at and spec.end_at <= spec.start_at:
-        raise InvalidSchedule("end_at must be after start_at")
+        raise InvalidSchedule("end_at must be after start_at", "end_at")
     payload = encoded_payload(spec.payload)
     if problem := payload_problem(spec.handler, spec.payload):
-        raise InvalidSchedule(problem)  # every fire would fail with it
+        raise InvalidSchedule(problem, "payload")  # every fire would fail with it
     check_limits(spec)
     if spec.misfire_policy not in MISFIRE_POLICIES:
         raise InvalidSchedule(
-            f"misfire policy {quoted(spec.misfire_policy)} must be one of {', '.join(MISFIRE_POLICIES)}"
+            f"misfire policy {quoted(spec.misfire_policy)} must be one of {', '.join(MISFIRE_POLICIES)}",
+            "misfire_policy",
         )
     if spec.overlap_policy not in OVERLAP_POLICIES:
         raise InvalidSchedule(
-            f"overlap policy {quoted(spec.overlap_policy)} must be one of {', '.join(OVERLAP_POLICIES)}"
+            f"overlap policy {quoted(spec.overlap_policy)} must be one of {', '.join(OVERLAP_POLICIES)}",
+            "overlap_policy",
         )
     return payload
 
