@@ -37,6 +37,8 @@ from scheduler.kafka import messages
 from scheduler.kafka.avro import SCHEMAS_DIR_ENV, SchemaCatalogError, default_catalog, default_schemas_dir
 from scheduler.telemetry.tracing import configure_tracing, shutdown_tracing
 
+_GIVEN_ARGS = "scheduler.given_args"  # the command line's arguments, in the root context's meta
+
 
 class _Scheduler(click.Group):
     """The root group: a usage error anywhere below it (an unknown option, a bad value, a missing
@@ -46,12 +48,15 @@ class _Scheduler(click.Group):
     def make_context(
         self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
     ) -> click.Context:
+        given = list(args)  # parsing takes them from the list
         try:
-            return super().make_context(info_name, args, parent, **extra)
+            ctx = super().make_context(info_name, args, parent, **extra)
         except NoArgsIsHelpError:
             raise  # a bare group: click prints its help, as it should
         except click.UsageError as error:
             _one_line(error, info_name or self.name or "scheduler")
+        ctx.meta[_GIVEN_ARGS] = given
+        return ctx
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -59,7 +64,7 @@ class _Scheduler(click.Group):
         except NoArgsIsHelpError:
             raise
         except click.UsageError as error:
-            _one_line(error, ctx.command_path)
+            _one_line(error, _named_command(ctx, ctx.meta.get(_GIVEN_ARGS, [])))
         except SchemaCatalogError as error:
             # SCHEDULER_SCHEMAS_DIR names a folder without the Avro schemas, or with a broken one: a
             # bad setting, said in one line (the message names the folder or file) as for any other.
@@ -74,6 +79,20 @@ def _check_schemas() -> None:
     missing = [f"{m.SCHEMA}.avsc" for m in messages.RECORDS if m.SCHEMA not in names]
     if missing:
         fail(f"{SCHEMAS_DIR_ENV}: {default_schemas_dir()} has no {', '.join(missing)}", code=2)
+
+
+def _named_command(ctx: click.Context, args: list[str]) -> str:
+    """The path of the deepest command ``args`` name (``scheduler runs list``): where an error click
+    raised without its context (an option missing its value) is to be looked up."""
+    command: click.Command = ctx.command
+    path = [ctx.command_path]
+    for arg in args:
+        sub = command.get_command(ctx, arg) if isinstance(command, click.Group) else None
+        if sub is None:
+            break
+        command = sub
+        path.append(arg)
+    return " ".join(path)
 
 
 def _one_line(error: click.UsageError, command_path: str) -> NoReturn:

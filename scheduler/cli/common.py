@@ -26,6 +26,7 @@ from scheduler.domain.cron import UnknownTimeZone, time_zone
 from scheduler.kafka.transport import KafkaUnavailable
 from scheduler.schedule.service import AppConflict, InvalidTransition, KeyConflict, ScheduleNotFound
 from scheduler.schedule.spec import InvalidSchedule
+from scheduler.store.refusals import first_line
 from scheduler.store.schedules import VersionConflict, get_app, get_schedule, schedule_id_by_key
 from scheduler.telemetry.logs import check_environment as check_logging_environment
 from scheduler.telemetry.terminal import json_shown, shown
@@ -302,8 +303,16 @@ def parse_instant(text: str, what: str, zone: str = "UTC") -> datetime:
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError as exc:
-        # Python names what is wrong with a well-formed time (a 30 February, a 60th second).
-        why = "" if str(exc).startswith("Invalid isoformat") else f": {exc}"
+        # Python names what is wrong with a well-formed time (a 30 February, a 60th second), but
+        # words an offset of a day or more in its own terms (timedelta).
+        message = str(exc)
+        why = (
+            ""
+            if message.startswith("Invalid isoformat")
+            else ": its UTC offset must be less than 24 hours"
+            if "offset must be a timedelta" in message
+            else f": {exc}"
+        )
         raise click.BadParameter(
             f"{text!r} is not an ISO 8601 time{why} (e.g. 2027-01-01T09:00:00Z)", param_hint=what
         ) from None
@@ -312,12 +321,39 @@ def parse_instant(text: str, what: str, zone: str = "UTC") -> datetime:
         # An unknown zone is refused with its own error once the schedule is checked: saying
         # first that this time lacks an offset "in" it would only send its writer the wrong way.
         if example is not None:
+            after_gap = first_after_gap(moment, zone)
+            skipped = (
+                ""
+                if after_gap is None
+                else f", where the clocks skip {moment.strftime('%H:%M')} that day (its first instant "
+                f"after the gap is {after_gap})"
+            )
             raise click.BadParameter(
-                f"{text!r} has no offset, and the schedule's zone is {zone}: give one "
-                f"(e.g. {example}, or {text}Z for UTC)",
+                f"{text!r} has no offset, and the schedule's zone is {zone}{skipped}: give one "
+                f"(e.g. {after_gap or example}, or {text}Z for UTC)",
                 param_hint=what,
             )
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def first_after_gap(moment: datetime, zone: str) -> str | None:
+    """When the naive ``moment`` is a wall time ``zone`` skips (a spring-forward gap), the first
+    instant after the gap in that zone's time, as a cron schedule fires then; else None."""
+    try:
+        tz = time_zone(zone)
+    except UnknownTimeZone:
+        return None
+    early, late = (moment.replace(tzinfo=tz, fold=f).astimezone(UTC) for f in (1, 0))
+    if early >= late:
+        return None  # the wall time exists (once, or twice in a fall-back)
+    # The change of offset lies between the two readings of the skipped time: found to the second.
+    while (late - early).total_seconds() > 1:
+        middle = early + (late - early) / 2
+        if middle.astimezone(tz).utcoffset() == early.astimezone(tz).utcoffset():
+            early = middle
+        else:
+            late = middle
+    return late.replace(microsecond=0).astimezone(tz).isoformat()
 
 
 def in_zone(moment: datetime, zone: str) -> str | None:
@@ -336,9 +372,13 @@ def database(wiring: Wiring) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         with wiring.database.connect() as conn:
             yield conn
     except psycopg.OperationalError as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # A URL PostgreSQL refuses (a wrong password, a database that does not exist) is a setting
+        # to fix; anything else, a server that does not answer (the local stack not started).
+        wrong = wiring.database.refusal(exc)
+        if wrong is not None:
+            fail(wrong)
         where = wiring.database.display
-        fail(f"cannot reach PostgreSQL at {where}: {reason} (is `scheduler dev up` running?)")
+        fail(f"cannot reach PostgreSQL at {where}: {first_line(exc)} (is `scheduler dev up` running?)")
     except psycopg.errors.UndefinedTable:
         fail("the database has no scheduler schema: run `scheduler init` first")
     except (InvalidSchedule, ScheduleNotFound) as exc:

@@ -153,8 +153,18 @@ def _spec_options(creating: bool) -> Callable[[F], F]:
         ),
         option("--misfire", value=str(MisfirePolicy.FIRE_ONCE), type=click.Choice(MISFIRE_POLICIES)),
         option("--overlap", value=str(OverlapPolicy.ALLOW), type=click.Choice(OVERLAP_POLICIES)),
-        click.option("--start", "start", help="Cron: not before this ISO 8601 time (see --at for offsets)."),
-        click.option("--end", "end", help="Cron: not after this ISO 8601 time (see --at for offsets)."),
+        click.option(
+            "--start",
+            "start",
+            help="Cron: not before this ISO 8601 time (see --at for offsets)"
+            + ("." if creating else "; '' removes the bound."),
+        ),
+        click.option(
+            "--end",
+            "end",
+            help="Cron: not after this ISO 8601 time (see --at for offsets)"
+            + ("." if creating else "; '' removes the bound."),
+        ),
     ]
 
     def decorate(command: F) -> F:
@@ -266,7 +276,8 @@ def update(
     """
     if at is not None and cron is not None:
         raise click.UsageError("give at most one of --at or --cron")
-    changing = (at, cron, payload, timeout, backoff_base, backoff_max, jitter, start or None, end or None)
+    # An empty --start or --end removes that bound: a change too.
+    changing = (at, cron, payload, timeout, backoff_base, backoff_max, jitter, start, end)
     if all(value is None for value in (*changing, *options.values())):
         # It would still be a new version, failing a concurrent --expect-version for nothing; and
         # `resume` is what makes a schedule in error active again.
@@ -297,6 +308,7 @@ def update(
             "end_at": parse_instant(end, "--end", zone) if end else None,
         }
         given = {k: v for k, v in changes.items() if v is not None}
+        given |= {bound: None for bound, text in (("start_at", start), ("end_at", end)) if text == ""}
         # A change of kind clears what the old kind had (a one-shot has no cron, a cron no run_at):
         # these Nones are values, not options left out.
         if cron is not None:

@@ -219,6 +219,19 @@ def test_commands_fail_clearly_when_the_database_is_unreachable(settings_env: di
     assert done.stderr.startswith("error: cannot reach PostgreSQL") and done.stderr.count("\n") == 1
 
 
+def test_commands_name_the_url_when_postgresql_refuses_it(settings_env: dict[str, str]) -> None:
+    """A database that does not exist is no server to start: the line points at the setting."""
+    url = settings_env["SCHEDULER_DATABASE_URL"].rsplit("/", 1)[0] + "/no_such_database"
+    done = subprocess.run(
+        [SCHEDULER, "schedules", "list"],
+        env=settings_env | {"SCHEDULER_DATABASE_URL": url},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert 'database "no_such_database" does not exist' in done.stderr
+    assert "check SCHEDULER_DATABASE_URL" in done.stderr and "dev up" not in done.stderr
+
+
 def test_retry_backoff_and_jitter_are_set_by_create_and_changed_by_update(cli: Cli, app: str) -> None:
     created = cli.json(
         "schedules", "create", "--app", app, "--cron", "0 3 * * *", "--handler", "builtin:noop",
@@ -591,6 +604,18 @@ def test_update_changes_a_schedules_kind_both_ways(cli: Cli, app: str) -> None:
     again = cli.json("schedules", "update", created["id"], "--cron", "30 2 * * *")
     assert (again["kind"], again["cron"], again["run_at"]) == ("cron", "30 2 * * *", None)
     assert parse(again["next_fire_at"]).time().isoformat() == "02:30:00"
+
+
+def test_an_empty_start_or_end_removes_the_bound(cli: Cli, app: str) -> None:
+    bounded = cli.json(
+        "schedules", "create", "--app", app, "--cron", "30 2 * * *", "--handler", "builtin:noop",
+        "--start", "2027-01-01T00:00:00Z", "--end", "2027-12-31T00:00:00Z",
+    )  # fmt: skip
+    unended = cli.json("schedules", "update", bounded["id"], "--end", "")
+    assert (unended["end_at"], unended["version"]) == (None, bounded["version"] + 1)
+    assert parse(unended["start_at"]) == parse("2027-01-01T00:00:00+00:00")
+    unbounded = cli.json("schedules", "update", bounded["id"], "--start", "", "--name", "nightly")
+    assert (unbounded["start_at"], unbounded["end_at"], unbounded["name"]) == (None, None, "nightly")
 
 
 def test_a_time_without_an_offset_is_utc_only_for_a_schedule_in_utc(cli: Cli, app: str) -> None:
