@@ -179,8 +179,11 @@ def test_immediate_and_delayed_schedules(cli: Cli, app: str) -> None:
                 "--handler",
                 "x:y",
             ],
-            "has no offset, and the schedule's zone is America/New_York: give one "
-            "(e.g. 2027-03-14T02:30:00-05:00, or 2027-03-14T02:30:00Z for UTC)",
+            # 02:30 is skipped that day (the clocks go from 02:00 to 03:00): the example is the
+            # first instant after the gap, where a cron schedule would fire.
+            "has no offset, and the schedule's zone is America/New_York, where the clocks skip 02:30 "
+            "that day (its first instant after the gap is 2027-03-14T03:00:00-04:00): give one "
+            "(e.g. 2027-03-14T03:00:00-04:00, or 2027-03-14T02:30:00Z for UTC)",
         ),
         (
             ["--app", "billing", "--at", "2027-01-01T09:00:00", "--tz", "Asia/Kolkata", "--handler", "x:y"],
@@ -583,7 +586,7 @@ def test_an_update_that_changes_nothing_is_refused_and_keeps_the_version(cli: Cl
     sid = cli.json("schedules", "create", "--app", app, "--cron", "0 9 * * *", "--handler", "builtin:noop")[
         "id"
     ]
-    for args in ([], ["--expect-version", "1"], ["--json"], ["--start", ""]):
+    for args in ([], ["--expect-version", "1"], ["--json"]):
         line = cli.refused("schedules", "update", sid, *args)
         assert line.startswith("error: nothing to change: give the settings to change"), line
     assert cli.json("schedules", "get", sid)["version"] == 1
