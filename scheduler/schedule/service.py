@@ -102,7 +102,7 @@ def create_app(
     with conn.transaction():
         created = schedules.create_app(conn, name, partitions or DEFAULT_APP_PARTITIONS, declared)
         if created is not None:
-            schedules.audit(conn, actor, "create", "app", name, None, created)
+            schedules.audit(conn, actor, "create", "app", name, None, created, app=name)
     app = created or schedules.get_app(conn, name)
     assert app is not None
     if partitions is not None and app["partitions"] != partitions:
@@ -135,7 +135,7 @@ def set_app_handlers(
         if old is None:
             raise unknown_app(name)
         new = schedules.set_app_handlers(conn, name, declared)
-        schedules.audit(conn, actor, "handlers", "app", name, old, new)
+        schedules.audit(conn, actor, "handlers", "app", name, old, new, app=name)
     assert new is not None
     return new
 
@@ -235,7 +235,7 @@ def _create(
         if not schedules.insert_schedule_key(conn, spec.app, schedule_key, schedule_id):
             raise KeyConflict(f"app {spec.app!r} already has a schedule with key {schedule_key!r}")
         row = row | {"schedule_key": schedule_key}
-        schedules.audit(conn, actor, "create", "schedule", str(schedule_id), None, row)
+        schedules.audit(conn, actor, "create", "schedule", str(schedule_id), None, row, app=spec.app)
         schedules.notify_due(conn)
     return row
 
@@ -393,7 +393,7 @@ def update_schedule(
             and not OverlapPolicy(old["overlap_policy"]).guards_runs
         ):
             schedules.guard_open_runs(conn, schedule_id)
-        schedules.audit(conn, actor, "update", "schedule", str(schedule_id), old, new)
+        schedules.audit(conn, actor, "update", "schedule", str(schedule_id), old, new, app=old["app"])
         if new["state"] == ScheduleState.ACTIVE:
             schedules.notify_due(conn)
     return new
@@ -469,7 +469,7 @@ def _transition(
             if next_fire_at is None:  # skipped what it missed, and has nothing more to fire
                 target = ScheduleState.COMPLETED
         new = schedules.set_schedule_state(conn, schedule_id, old["version"], target, next_fire_at)
-        schedules.audit(conn, actor, action, "schedule", str(schedule_id), old, new)
+        schedules.audit(conn, actor, action, "schedule", str(schedule_id), old, new, app=old["app"])
         if target == ScheduleState.ACTIVE:
             schedules.notify_due(conn)
     return new
@@ -596,6 +596,15 @@ def trigger(
             # transaction began in the same microsecond): a run is one per schedule and instant,
             # so this one takes the next, rather than answer the id of a run never made.
             now += timedelta(microseconds=1)
-        schedules.audit(conn, actor, "trigger", "schedule", str(schedule_id), None, {"run_id": str(run_id)})
+        schedules.audit(
+            conn,
+            actor,
+            "trigger",
+            "schedule",
+            str(schedule_id),
+            None,
+            {"run_id": str(run_id)},
+            app=schedule.app,
+        )
         scan.notify_outbox(conn)
     return run_id

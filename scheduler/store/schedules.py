@@ -169,10 +169,14 @@ def audit(
     entity_id: str,
     old: Row | None,
     new: Row | None,
+    *,
+    app: str,
 ) -> None:
+    """An audit entry, with the app it concerns (a scoped listing finds it by that)."""
     conn.execute(
         query("insert_audit"),
         {
+            "app": app,
             "actor": actor,
             "action": action,
             "entity": entity,

@@ -54,9 +54,9 @@ def test_a_scoped_page_of_audit_entries_does_not_read_other_apps_entries(
     with api_stack.connect() as conn:
         # What beta's triggers leave in the log, newer than alpha's entries, written at once.
         conn.execute(
-            "insert into audit_log (actor, action, entity, entity_id, new_value)"
-            " select 'api:busy', 'trigger', 'schedule', %s, jsonb_build_object('run_id', gen_random_uuid())"
-            " from generate_series(1, %s)",
+            "insert into audit_log (actor, action, entity, entity_id, new_value, app)"
+            " select 'api:busy', 'trigger', 'schedule', %s, jsonb_build_object('run_id', gen_random_uuid()),"
+            " 'beta' from generate_series(1, %s)",
             (beta["id"], BETA_ENTRIES),
         )
         # Statistics and visibility settled now, so that autovacuum does not read the table later.

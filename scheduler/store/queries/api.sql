@@ -176,17 +176,13 @@ select r.*
  limit %(limit)s::int;
 
 -- name: audit_page
--- Audit entries newest first with the app each concerns (an app's own entries name it; a
--- schedule's and a run's, through their rows, or, once the history retention has deleted those,
--- through the app the entry recorded), after the cursor's id. `apps` null: any app. With
--- `max_bytes`, the page ends where the entries' old and new values pass it, walked as
+-- Audit entries newest first with the app each concerns (recorded with it: migration 0018),
+-- after the cursor's id. `apps` null: any app. With `max_bytes`, the page ends where the entries' old and new values pass it, walked as
 -- schedules_page walks its payloads: an entry of a schedule holds its payload.
 with recursive candidate as materialized (
     select page.*, row_number() over (order by page.id desc) as position
       from (select a.id, a.at, a.actor, a.action, a.entity, a.entity_id, a.old_value, a.new_value,
-                   coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
-                            a.new_value->>'app', a.old_value->>'app') as app,
-                   k.schedule_key
+                   a.app, k.schedule_key
               from audit_log a
               -- An id that is no uuid (a row written by hand) joins nothing rather than fail the page.
               left join schedules s on s.id = case when a.entity = 'schedule' and pg_input_is_valid(a.entity_id, 'uuid')
@@ -194,16 +190,14 @@ with recursive candidate as materialized (
               -- A schedule's key is not a column of its row (only a single create's entry
               -- recorded it): from the key's own row, which never changes while the schedule lives.
               left join schedule_keys k on k.schedule_id = s.id
-              left join runs r on r.id = case when a.entity = 'run' and pg_input_is_valid(a.entity_id, 'uuid')
-                                              then a.entity_id::uuid end
              where (%(before_id)s::bigint is null or a.id < %(before_id)s::bigint)
                and (%(entity)s::text is null or a.entity = %(entity)s::text)
                and (%(entity_id)s::text is null or a.entity_id = %(entity_id)s::text)
                and (%(actor)s::text is null or a.actor = %(actor)s::text)
                and (%(since)s::timestamptz is null or a.at >= %(since)s::timestamptz)
-               and (%(apps)s::text[] is null
-                    or coalesce(s.app, r.app, case when a.entity = 'app' then a.entity_id end,
-                                a.new_value->>'app', a.old_value->>'app') = any(%(apps)s::text[]))
+               -- Each entry's app, recorded with it: by the index on (app, id), a scoped page reads
+               -- the entries of its apps alone, however many other apps have.
+               and (%(apps)s::text[] is null or a.app = any(%(apps)s::text[]))
              order by a.id desc
              limit %(limit)s::int) page
 ), walked as (

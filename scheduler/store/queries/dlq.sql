@@ -146,12 +146,12 @@ with replay as (
      -- Each run was selected and locked (FOR UPDATE) in this transaction as dead, or as lost
      -- (pending or dispatched, its message gone); the guard only keeps any other state out.
      where r.id = n.id and r.state in ('dead', 'pending', 'dispatched')
-    returning r.id, r.attempt
+    returning r.id, r.app, r.attempt
 ), audited as (
-    insert into audit_log (actor, action, entity, entity_id, old_value, new_value)
+    insert into audit_log (actor, action, entity, entity_id, old_value, new_value, app)
     select %(actor)s::text, %(action)s::text, 'run', m.id::text,
            jsonb_build_object('state', p.state, 'attempt', m.attempt - 1),
-           jsonb_build_object('state', 'pending', 'attempt', m.attempt)
+           jsonb_build_object('state', 'pending', 'attempt', m.attempt), m.app
       from moved m
       join previous p using (id)
 ), queued as (

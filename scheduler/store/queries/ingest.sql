@@ -92,8 +92,8 @@ with new as (
       join keyed k on k.schedule_id = n.id
     returning *
 ), audited as (
-    insert into audit_log (actor, action, entity, entity_id, old_value, new_value)
-    select n.actor, 'create', 'schedule', i.id::text, null, to_jsonb(i)
+    insert into audit_log (actor, action, entity, entity_id, old_value, new_value, app)
+    select n.actor, 'create', 'schedule', i.id::text, null, to_jsonb(i), i.app
       from inserted i
       join new n on n.id = i.id
 )

@@ -96,11 +96,11 @@ with errored as (
       from unnest(%(ids)b::uuid[], %(errors)b::text[]) as e(id, error)
      where s.id = e.id
        and s.state = 'active'
-    returning s.id, s.error, s.errored_at
+    returning s.id, s.app, s.error, s.errored_at
 )
-insert into audit_log (actor, action, entity, entity_id, old_value, new_value)
+insert into audit_log (actor, action, entity, entity_id, old_value, new_value, app)
 select 'scanner', 'error', 'schedule', id::text, jsonb_build_object('state', 'active'),
-       jsonb_build_object('state', 'error', 'error', error, 'errored_at', errored_at)
+       jsonb_build_object('state', 'error', 'error', error, 'errored_at', errored_at), app
   from errored;
 
 -- name: schedules_in_error

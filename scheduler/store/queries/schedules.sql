@@ -95,9 +95,9 @@ select * from schedules where id = %(id)s::uuid for no key update;
 select * from schedules where id = %(id)s::uuid for share;
 
 -- name: insert_audit
-insert into audit_log (actor, action, entity, entity_id, old_value, new_value)
+insert into audit_log (actor, action, entity, entity_id, old_value, new_value, app)
 values (%(actor)s::text, %(action)s::text, %(entity)s::text, %(entity_id)s::text,
-        %(old_value)s::jsonb, %(new_value)s::jsonb);
+        %(old_value)s::jsonb, %(new_value)s::jsonb, %(app)s::text);
 
 -- name: notify_due
 -- Wakes sleeping scanners at once (delivered when the transaction commits).
