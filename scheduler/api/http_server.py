@@ -26,6 +26,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 from starlette.routing import Route as PlainRoute
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -33,6 +34,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from scheduler.api.auth import Principal
 from scheduler.api.errors import ApiError, Code, clear_frames, invalid
 from scheduler.api.messages import MAX_PAGE, as_dict, check_times, max_request_bytes, too_large
+from scheduler.api.metrics import REQUESTS
 from scheduler.api.openapi import document
 from scheduler.api.routes import ROUTES, Route
 from scheduler.api.service import (
@@ -203,14 +205,14 @@ class _LargeTurn:
 
     def __init__(self, large: LargeRequests, method: str) -> None:
         self._large = large
-        self._method = method
+        self.method = method
         self.taken = False
 
     async def take(self, deadline: asyncio.Timeout) -> None:
         if self.taken:
             return
         deadline.reschedule(None)  # the wait for the turn has its own bound (LARGE_REQUEST_WAIT_S)
-        await self._large.take(self._method)
+        await self._large.take(self.method)
         self.taken = True
         deadline.reschedule(asyncio.get_running_loop().time() + LARGE_BODY_READ_S)
 
@@ -226,6 +228,17 @@ def _has_body(request: Request) -> bool:
 
 
 async def _read_body(request: Request, limit: int, turn: _LargeTurn) -> bytes:
+    """The request's body, or a refusal counted as the call's outcome (as :meth:`SchedulerApi.call`
+    counts those of the calls it answers): too large, too slow, or left behind by its caller."""
+    try:
+        return await _body(request, limit, turn)
+    except ApiError as error:
+        if error.code != Code.UNAVAILABLE:  # a wait for a large request's turn, counted as it ended
+            REQUESTS.labels(turn.method, error.code.value).inc()
+        raise
+
+
+async def _body(request: Request, limit: int, turn: _LargeTurn) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
@@ -247,6 +260,10 @@ async def _read_body(request: Request, limit: int, turn: _LargeTurn) -> bytes:
     except TimeoutError:
         allowed = LARGE_BODY_READ_S if turn.taken else BODY_READ_S
         raise invalid(f"the request body did not arrive within {allowed:.0f} s") from None
+    except ClientDisconnect:
+        # The client went before its body did: answered (to no one) and counted as a bad request,
+        # rather than an error of the API's with a traceback.
+        raise invalid("the client closed the connection before the request body arrived") from None
     return b"".join(chunks)
 
 

@@ -9,9 +9,11 @@ kept.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -28,6 +30,7 @@ from scheduler.api.messages import MAX_REQUEST_BYTES
 from scheduler.v1 import scheduler_pb2 as pb
 from tests.api.client import VIEWER, Outcome, grpc_error, token
 from tests.api.conftest import ApiProcess
+from tests.support import wait_for
 
 MIB = 1024 * 1024
 # What a refused caller may cost the API, all of them together: far below what their bodies hold.
@@ -273,3 +276,27 @@ def test_a_message_refused_once_received_is_not_kept(api: ApiProcess) -> None:
         assert {outcome.code for outcome in outcomes} == {"PAYLOAD_TOO_LARGE"}, outcomes
     kept = rss_bytes(api) - before
     assert kept < 4 * ALLOWANCE_BYTES, f"30 refused calls of 30 MiB left {kept / MIB:.0f} MB behind"
+
+
+def invalid_creates(api: ApiProcess) -> float:
+    """CreateSchedule calls answered INVALID_ARGUMENT so far, as the API's /metrics counts them."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{api.metrics_port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    found = re.search(
+        r'^scheduler_api_requests_total\{code="INVALID_ARGUMENT",method="CreateSchedule"\} (\S+)$', text, re.M
+    )
+    return 0.0 if found is None else float(found.group(1))
+
+
+def test_a_caller_that_leaves_before_its_body_is_a_bad_request_not_an_error_of_the_apis(
+    api: ApiProcess,
+) -> None:
+    """Its connection closed halfway through the body it declared: counted as a refused call, where
+    the API logged an error with a traceback (the ASGI application's exception) and counted nothing."""
+    before = invalid_creates(api)
+    sock = post_head(api, "/v1/schedules", 1000, token(subject="leaver"))
+    sock.sendall(b'{"app": "alpha", ')
+    sock.close()
+    wait_for(lambda: invalid_creates(api) > before, 30, "the call to be counted")
+    log = api.component.output()
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
