@@ -128,8 +128,14 @@ MAX_KEY_LENGTH = 200
 # read back as it was written: no control character, tab, line break or invisible character, and no
 # blank at either end (which a form, a terminal or a shell would silently lose). Written so that
 # Python and ECMA-262 (the OpenAPI document's patterns) read it the same: \s is whitespace in both,
-# once U+FEFF, which only ECMA-262 counts, is named.
-VISIBLE_CHARACTER = r"[^\s\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u206f\ufeff]"
+# once U+FEFF, which only ECMA-262 counts, is named. Invisible besides those: the soft hyphen, the
+# combining grapheme joiner, the Arabic letter mark, the Hangul fillers, the Khmer inherent vowels,
+# the Mongolian vowel separator, and the interlinear and other specials of U+FFF0-U+FFFB, each of
+# which would let two keys that look alike name two schedules.
+VISIBLE_CHARACTER = (
+    r"[^\s\x00-\x1f\x7f-\x9f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180e\u200b-\u200f"
+    r"\u202a-\u202e\u2060-\u206f\u3164\ufeff\uffa0\ufff0-\ufffb]"
+)
 # Between visible characters, besides the space: the zero-width non-joiner and joiner, which some
 # scripts (Persian, the Indic ones) and emoji sequences (a family, a flag) need to be written at all.
 SCHEDULE_KEY_RE = re.compile(

@@ -90,7 +90,8 @@ def test_the_document_gives_the_form_of_a_time(http: HttpCaller) -> None:
 
 BAD_KEYS = [" leading", "trailing ", "tab\there", "new\nline", "carriage\rreturn", "del\x7f",
             "nbsp\xa0inside", "zero\u200bwidth", "line\u2028separator", "joiner\u200d",
-            "\u200cnon-joiner", "x" * 201]  # fmt: skip
+            "\u200cnon-joiner", "x" * 201, "soft\u00adhyphen", "grapheme\u034fjoiner", "letter\u061cmark",
+            "hangul\u3164filler", "khmer\u17b4vowel", "mongolian\u180eseparator", "anchor\ufff9"]  # fmt: skip
 
 
 @pytest.mark.parametrize("key", BAD_KEYS, ids=repr)
