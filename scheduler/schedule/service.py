@@ -233,7 +233,7 @@ def _create(
             },
         )
         if not schedules.insert_schedule_key(conn, spec.app, schedule_key, schedule_id):
-            raise KeyConflict(f"app {spec.app!r} already has a schedule with key {schedule_key!r}")
+            raise KeyConflict(key_taken(conn, spec.app, schedule_key))
         row = row | {"schedule_key": schedule_key}
         schedules.audit(conn, actor, "create", "schedule", str(schedule_id), None, row, app=spec.app)
         schedules.notify_due(conn)
@@ -250,6 +250,23 @@ class NewSchedule:
     spec: ScheduleSpec
     schedule_key: str | None = None
     enabled: bool = True
+
+
+def key_taken(conn: psycopg.Connection[Row], app: str, schedule_key: str) -> str:
+    """Why ``schedule_key`` cannot name a new schedule of ``app``: the schedule it names, and, when
+    that one ended (cancelled, completed), that it keeps the key until the history retention
+    deletes it, which a user re-creating it would not guess."""
+    said = f"app {app!r} already has a schedule with key {schedule_key!r}"
+    existing = schedules.schedule_id_by_key(conn, app, schedule_key)
+    row = None if existing is None else schedules.get_schedule(conn, existing)
+    if row is None:
+        return said  # taken by a writer whose transaction has not committed
+    if row["state"] in (ScheduleState.CANCELLED, ScheduleState.COMPLETED):
+        return (
+            f"{said} (schedule {existing}, {row['state']}: an ended schedule keeps its key until the "
+            "history retention deletes it; give the new one another key)"
+        )
+    return f"{said} (schedule {existing}, {row['state']})"
 
 
 class InvalidBatchItem(InvalidSchedule):
@@ -316,8 +333,7 @@ def create_schedules(conn: psycopg.Connection[Row], batch: Sequence[NewSchedule]
         if len(created) < len(new):
             first = next(n for n in new if n.id not in created)
             index = keys[(first.app, first.schedule_key)]
-            taken = f"app {first.app!r} already has a schedule with key {first.schedule_key!r}"
-            raise KeyConflict(f"schedules[{index}]: {taken}", index)
+            raise KeyConflict(f"schedules[{index}]: {key_taken(conn, first.app, first.schedule_key)}", index)
         schedules.notify_due(conn)
         rows = {row["id"]: row for row in schedules.schedules_with_keys(conn, ids)}
     return [rows[schedule_id] for schedule_id in ids]

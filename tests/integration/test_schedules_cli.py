@@ -392,6 +392,21 @@ def test_json_is_accepted_by_the_commands_that_always_print_it(cli: Cli, app: st
     assert cli.json("init", "--json")["migrations_applied"] == []
 
 
+def test_a_key_an_ended_schedule_holds_is_said_so_when_it_is_taken_again(cli: Cli, app: str) -> None:
+    first = cli.json(
+        "schedules", "create", "--app", app, "--cron", "0 3 * * *", "--handler", "builtin:noop", "--key", "k"
+    )
+    assert cli("schedules", "cancel", first["id"]).returncode == 0
+    again = cli(
+        "schedules", "create", "--app", app, "--cron", "0 4 * * *", "--handler", "builtin:noop", "--key", "k"
+    )
+    assert again.returncode == 1 and again.stderr.count("\n") == 1, again.stderr
+    assert (
+        f"(schedule {first['id']}, cancelled: an ended schedule keeps its key until the history"
+        in again.stderr
+    )
+
+
 def test_every_schedule_has_a_key_by_which_it_is_found(cli: Cli, app: str) -> None:
     keyed = cli.json(
         "schedules", "create", "--app", app, "--now", "--handler", "builtin:noop", "--key", "invoice-7"
@@ -407,8 +422,10 @@ def test_every_schedule_has_a_key_by_which_it_is_found(cli: Cli, app: str) -> No
     again = cli(
         "schedules", "create", "--app", app, "--now", "--handler", "builtin:noop", "--key", "invoice-7"
     )
-    assert again.returncode == 1
-    assert again.stderr.strip() == f"error: app '{app}' already has a schedule with key 'invoice-7'"
+    assert again.returncode == 1 and again.stderr.count("\n") == 1, again.stderr
+    assert again.stderr.startswith(
+        f"error: app '{app}' already has a schedule with key 'invoice-7' (schedule {keyed['id']}, "
+    ), again.stderr
     assert len(cli.json("schedules", "list", "--app", app, "--json")) == 2
     refused = cli(
         "schedules", "create", "--app", app, "--now", "--handler", "builtin:noop", "--key", "x" * 201
