@@ -84,6 +84,8 @@ def _payload(text: str) -> Any:
     """``--payload``: JSON text, or @FILE; one line (exit 2) for anything that is not a payload."""
     if text.startswith("@"):
         name = text[1:]
+        if not name:
+            fail("--payload: @ takes a file name (@payload.json), or give the JSON itself", code=2)
         try:
             with Path(name).open("rb") as file:
                 raw = file.read(MAX_PAYLOAD_FILE_BYTES + 1)

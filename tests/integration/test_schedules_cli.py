@@ -193,6 +193,10 @@ def test_immediate_and_delayed_schedules(cli: Cli, app: str) -> None:
             ["--app", "billing", "--at", "2027-01-01T09:00:00", "--tz", "Nope/Zone", "--handler", "x:y"],
             "unknown time zone 'Nope/Zone'",
         ),
+        (
+            ["--app", "billing", "--now", "--handler", "builtin:noop", "--payload", "@"],
+            "--payload: @ takes a file name",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(cli: Cli, app: str, args: list[str], message: str) -> None:
