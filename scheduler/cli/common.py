@@ -343,7 +343,10 @@ def first_after_gap(moment: datetime, zone: str) -> str | None:
         tz = time_zone(zone)
     except UnknownTimeZone:
         return None
-    early, late = (moment.replace(tzinfo=tz, fold=f).astimezone(UTC) for f in (1, 0))
+    try:
+        early, late = (moment.replace(tzinfo=tz, fold=f).astimezone(UTC) for f in (1, 0))
+    except OverflowError:  # a time at the ends of the calendar, where no zone changes its offset
+        return None
     if early >= late:
         return None  # the wall time exists (once, or twice in a fall-back)
     # The change of offset lies between the two readings of the skipped time: found to the second.

@@ -378,12 +378,15 @@ def update_schedule(
             raise _refusal(conn, old, "update")
         _app_of(conn, spec)
         columns = spec_columns(spec)
+        # A run_at an earlier release stored on another kind than delayed was never read (and
+        # stored_spec leaves it behind): not a timetable of its own to compare with.
+        seen = old if old["kind"] == ScheduleKind.DELAYED else old | {"run_at": None}
         kept = (
             old["state"] != ScheduleState.ERROR
             and old["next_fire_at"] is not None
-            and all(columns[name] == old[name] for name in TIMETABLE)
+            and all(columns[name] == seen[name] for name in TIMETABLE)
         )
-        if kept and _changes_nothing(old, columns | {"name": spec.name or old["name"]}):
+        if kept and _changes_nothing(seen, columns | {"name": spec.name or old["name"]}):
             # No new version and no audit entry: a client that sends what it read (a PATCH of a
             # form's every field) must not fail a concurrent writer's expected version for nothing.
             return old

@@ -18,8 +18,11 @@ select r.source_topic as topic, r.source_partition as partition, r.source_offset
 -- transaction applies it); an id applied before, or being applied by a concurrent transaction
 -- (the insert waits for it), is a duplicate: its counter grows and claimed is false. `xmax = 0`
 -- holds exactly for rows this statement inserted rather than updated. Copies of one id within the
--- batch are folded into one claim and counted as duplicates as well. Ids are claimed in sorted
--- order, so that two ingestors whose batches share ids wait for each other instead of deadlocking.
+-- ids given are folded into one claim and counted as duplicates as well (the ingestor gives each
+-- run of its batch without a repeated id apart: scheduler/ingest/apply.py). Ids are claimed in
+-- sorted order, so that two ingestors whose batches share ids wait for each other instead of
+-- deadlocking; a batch claimed in several runs may still deadlock with another, which PostgreSQL
+-- ends and the ingestor retries, as any transient failure.
 with command as (
     select c.*,
            count(*) over (partition by c.command_id) as copies,
