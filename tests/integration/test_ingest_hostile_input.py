@@ -5,7 +5,6 @@ whatever batch it lands in."""
 from __future__ import annotations
 
 import re
-import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +27,7 @@ from scheduler.schedule.spec import ScheduleSpec as CliSpec
 from scheduler.store import connect, schedules
 from scheduler.store.ingest import Source
 from scheduler.wiring import Wiring
+from tests.integration.test_ingest_kafka import keyed, running
 from tests.support import read_topic, wait_for
 
 pytestmark = pytest.mark.integration
@@ -53,24 +53,7 @@ def topics(settings: Settings) -> Settings:
 
 @pytest.fixture
 def ingestor(topics: Settings) -> Iterator[Ingestor]:
-    ingestor = Wiring(topics).ingestor()
-    stop = threading.Event()
-    thread = threading.Thread(target=ingestor.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        yield ingestor
-    finally:
-        stop.set()
-        thread.join(30)
-        assert not thread.is_alive(), "the ingestor did not stop"
-
-
-def keyed(settings: Settings) -> dict[str, dict[str, Any]]:
-    with connect(settings.database_url) as conn:
-        rows = conn.execute(
-            "select k.schedule_key, s.* from schedule_keys k join schedules s on s.id = k.schedule_id"
-        ).fetchall()
-    return {str(row["schedule_key"]): row for row in rows}
+    yield from running(topics)
 
 
 def rejected_on_topic(settings: Settings) -> list[ScheduleCommandRejected]:
