@@ -117,6 +117,9 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACEPARENT = re.compile(
     r"(?!ff)([0-9a-f]{2})-(?!0{32})([0-9a-f]{32})-(?!0{16})([0-9a-f]{16})-([0-9a-f]{2})"
 )
+# Version 00 as every client writes it: taken as it is, with one match (every command and job
+# message carries one, so the ingestor and the workers read thousands a second).
+_TRACEPARENT_00 = re.compile(rb"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 TRACEPARENT_LENGTH: Final = 55
 
 
@@ -127,6 +130,8 @@ def valid_traceparent(value: str | bytes | None) -> str | None:
     or copied onward; only its first 56 characters are read."""
     if value is None:
         return None
+    if isinstance(value, bytes) and len(value) == TRACEPARENT_LENGTH and _TRACEPARENT_00.fullmatch(value):
+        return value.decode("ascii")
     head = value[: TRACEPARENT_LENGTH + 1]
     text = head.decode("ascii", errors="replace") if isinstance(head, bytes) else head
     match = _TRACEPARENT.match(text)
