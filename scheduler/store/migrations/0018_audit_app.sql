@@ -4,7 +4,8 @@
 -- of it for an app whose entries are few (two million entries of another app: 2.5 s a page).
 -- Entries recorded before are given theirs as the listing found it: through the schedule or run
 -- they name, else the app they recorded. An entry none of these tells stays null, listed only
--- unscoped (as it was: it matched no app).
+-- unscoped (as it was: it matched no app). About 12 s per million entries (docs/deploy.md,
+-- Upgrading).
 alter table audit_log add column app text;
 
 -- An id that is no uuid (an entry written by hand) names no schedule or run: the case keeps the
