@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scheduler.config import Settings, load_settings
-from scheduler.domain.cron import UnknownTimeZone, time_zone
+from scheduler.domain.cron import UnknownTimeZone, skipped_until, time_zone
 from scheduler.kafka.transport import KafkaUnavailable
 from scheduler.schedule.service import AppConflict, InvalidTransition, KeyConflict, ScheduleNotFound
 from scheduler.schedule.spec import InvalidSchedule
@@ -343,20 +343,8 @@ def first_after_gap(moment: datetime, zone: str) -> str | None:
         tz = time_zone(zone)
     except UnknownTimeZone:
         return None
-    try:
-        early, late = (moment.replace(tzinfo=tz, fold=f).astimezone(UTC) for f in (1, 0))
-    except OverflowError:  # a time at the ends of the calendar, where no zone changes its offset
-        return None
-    if early >= late:
-        return None  # the wall time exists (once, or twice in a fall-back)
-    # The change of offset lies between the two readings of the skipped time: found to the second.
-    while (late - early).total_seconds() > 1:
-        middle = early + (late - early) / 2
-        if middle.astimezone(tz).utcoffset() == early.astimezone(tz).utcoffset():
-            early = middle
-        else:
-            late = middle
-    return late.replace(microsecond=0).astimezone(tz).isoformat()
+    after = skipped_until(moment, tz)
+    return None if after is None else after.astimezone(tz).isoformat()
 
 
 def in_zone(moment: datetime, zone: str) -> str | None:

@@ -38,6 +38,7 @@ __all__ = [
     "UnknownTimeZone",
     "fire_times",
     "next_fire_after",
+    "skipped_until",
     "time_zone",
 ]
 
@@ -465,6 +466,18 @@ def _transition(zone: ZoneInfo, earlier: datetime, later: datetime) -> datetime:
         else:
             low = middle
     return datetime.fromtimestamp(high, UTC)
+
+
+def skipped_until(wall: datetime, zone: ZoneInfo) -> datetime | None:
+    """When the naive wall time ``wall`` is one a spring-forward gap of ``zone`` skips, the first
+    instant after the gap (UTC): where a fixed-time schedule at that wall time fires that day
+    (Vixie's rule, as :meth:`CronSchedule.next_fire_after` applies it). None when it exists, and at
+    the ends of the calendar, where no zone changes its offset."""
+    try:
+        first, second = _occurrences(wall, zone)
+    except OverflowError:
+        return None
+    return _transition(zone, second, first) if first > second else None
 
 
 def _hash_seed(schedule_id: str | uuid.UUID) -> str:

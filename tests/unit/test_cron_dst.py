@@ -8,7 +8,7 @@ from itertools import islice
 
 import pytest
 
-from scheduler.domain.cron import fire_times, next_fire_after
+from scheduler.domain.cron import fire_times, next_fire_after, skipped_until, time_zone
 
 
 def fires(expression: str, tz: str, after: str, count: int) -> list[str]:
@@ -198,3 +198,13 @@ def test_results_do_not_depend_on_how_after_is_expressed() -> None:
     assert next_fire_after("*/30 * * * *", "Europe/Berlin", in_utc) == next_fire_after(
         "*/30 * * * *", "Europe/Berlin", in_berlin
     )
+
+
+def test_a_skipped_wall_time_is_taken_to_the_first_instant_after_its_gap_as_a_fire_is() -> None:
+    berlin = time_zone("Europe/Berlin")
+    skipped = datetime(2027, 3, 28, 2, 30)
+    assert skipped_until(skipped, berlin) == datetime(2027, 3, 28, 1, 0, tzinfo=UTC)
+    assert fires("30 2 * * *", "Europe/Berlin", "2027-03-27T12:00:00+00:00", 1) == ["2027-03-28T01:00:00Z"]
+    assert skipped_until(datetime(2027, 10, 31, 2, 30), berlin) is None  # repeated, not skipped
+    assert skipped_until(datetime(2027, 6, 1, 2, 30), berlin) is None
+    assert skipped_until(datetime(9999, 12, 31, 23, 0), time_zone("America/New_York")) is None
