@@ -68,7 +68,7 @@ def test_migration_0018_gives_the_entries_before_it_their_app(conn: psycopg.Conn
     )
     conn.execute("update audit_log set app = null")  # as they were before 0018
     migration = next(m for m in available() if m.version == 18).sql()
-    backfill = migration[migration.index("update audit_log a") :]
+    backfill = migration[migration.index("update audit_log set app") :]
     conn.execute(backfill[: backfill.index(";") + 1])
     rows = api.audit_page(
         conn, apps=[APP], entity=None, entity_id=None, actor=None, since=None, before_id=None, limit=50
