@@ -197,6 +197,12 @@ GOOD: dict[str, tuple[str, Any]] = {
 
 @pytest.fixture
 def topics(settings: Settings) -> Settings:
+    return command_topics(settings)
+
+
+def command_topics(settings: Settings) -> Settings:
+    """The commands' topics of one partition, as `scheduler init` makes them (messages of up to
+    8 MiB), and the app APP."""
     admin = TopicAdmin(settings.kafka)
     config = {"max.message.bytes": str(TOPIC_BYTES)}
     admin.ensure_topics([settings.schedules_topic, settings.rejected_topic], 1, config=config)

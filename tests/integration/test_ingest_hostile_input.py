@@ -21,12 +21,12 @@ from scheduler.ingest.commands import Consumed
 from scheduler.ingest.ingestor import Ingestor
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import ScheduleCommand, ScheduleCommandRejected
-from scheduler.kafka.transport import TopicAdmin
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec as CliSpec
-from scheduler.store import connect, schedules
+from scheduler.store import connect
 from scheduler.store.ingest import Source
 from scheduler.wiring import Wiring
+from tests.integration.test_bad_input import command_topics
 from tests.integration.test_ingest_kafka import keyed, running
 from tests.support import read_topic, wait_for
 
@@ -40,15 +40,7 @@ TRACEPARENT_RE = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 @pytest.fixture
 def topics(settings: Settings) -> Settings:
-    # As `scheduler init` creates them: messages of up to 8 MiB.
-    config = {"max.message.bytes": str(8 * 1024 * 1024)}
-    TopicAdmin(settings.kafka).ensure_topics(
-        [settings.schedules_topic, settings.rejected_topic], 1, config=config
-    )
-    with connect(settings.database_url) as conn:
-        schedules.create_app(conn, APP, 1)
-        conn.commit()
-    return settings
+    return command_topics(settings)
 
 
 @pytest.fixture
