@@ -127,7 +127,9 @@ def valid_traceparent(value: str | bytes | None) -> str | None:
     """A ``traceparent`` that came from outside (a client's command, a job message) as this process
     keeps and passes it on: version 00's 55 characters; None when ``value`` is missing or is no
     traceparent. Whatever else a header holds (a NUL, megabytes, another format) is never stored
-    or copied onward; only its first 56 characters are read."""
+    or copied onward; only its first 56 characters are read. Read here, by the format's pattern,
+    rather than by OpenTelemetry's propagator (:func:`context_from_traceparent`) and composed
+    again: that took 4.9 µs a header against 0.35, and the ingestor reads one per command."""
     if value is None:
         return None
     if isinstance(value, bytes) and len(value) == TRACEPARENT_LENGTH and _TRACEPARENT_00.fullmatch(value):
