@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bench.chaos_stack import free_port
@@ -65,9 +65,7 @@ def read_records(
     try:
         metadata = consumer.list_topics(topic, timeout=10)
         partitions: list[int] = list(metadata.topics[topic].partitions)
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions
-        }
+        ends = {p: watermarks(consumer, TopicPartition(topic, p))[1] for p in partitions}
         remaining = {p for p, end in ends.items() if end > 0}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         messages: list[tuple[bytes | None, bytes, int, dict[str, bytes]]] = []
@@ -85,6 +83,30 @@ def read_records(
         return messages
     finally:
         consumer.close()
+
+
+# What a broker answers while a partition's leadership is still settling (just after the topic was
+# created, or a broker restarted): the question is asked again rather than failing the test.
+_SETTLING = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._TIMED_OUT,
+    KafkaError.REQUEST_TIMED_OUT,
+}
+
+
+def watermarks(consumer: Consumer, partition: TopicPartition, timeout_s: float = 60.0) -> tuple[int, int]:
+    """(low, high) watermark of ``partition``, asked again while its leadership settles."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(partition, timeout=10)
+            return low, high
+        except KafkaException as exc:
+            if exc.args[0].code() not in _SETTLING or time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
 
 
 def header_bytes(

@@ -30,6 +30,7 @@ from tests.support import (
     read_records,
     read_topic,
     wait_for,
+    watermarks,
 )
 
 pytestmark = pytest.mark.e2e
@@ -264,7 +265,7 @@ def test_sigterm_lets_running_jobs_finish_publish_and_commit(
     try:
         partitions = [TopicPartition(topic, p) for p in range(4)]
         committed = {tp.partition: tp.offset for tp in reader.committed(partitions, timeout=10)}
-        ends = {tp.partition: reader.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions}
+        ends = {tp.partition: watermarks(reader, tp)[1] for tp in partitions}
     finally:
         reader.close()
     assert {p: max(o, 0) for p, o in committed.items() if ends[p]} == {p: e for p, e in ends.items() if e}

@@ -27,7 +27,7 @@ from scheduler.kafka.transport import (
     consumer_config,
     producer_config,
 )
-from tests.support import wait_for
+from tests.support import wait_for, watermarks
 
 pytestmark = pytest.mark.integration
 
@@ -48,10 +48,7 @@ def high_watermarks(settings: Settings, topic: str, partitions: int) -> int:
     raw = RawConsumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": f"g-{uuid.uuid4()}"})
     try:
         return sum(
-            high - low
-            for low, high in (
-                raw.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in range(partitions)
-            )
+            high - low for low, high in (watermarks(raw, TopicPartition(topic, p)) for p in range(partitions))
         )
     finally:
         raw.close()

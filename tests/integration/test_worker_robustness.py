@@ -41,7 +41,7 @@ from scheduler.wiring import Wiring
 from scheduler.worker.handlers import HandlerRegistry, JobContext
 from scheduler.worker.metrics import REGISTRY
 from scheduler.worker.worker import LOOP_STALL_S, Worker, WorkerTopics
-from tests.support import Component, read_records, wait_for
+from tests.support import Component, read_records, wait_for, watermarks
 from tests.unit.handler_fixtures import EXECUTED
 
 pytestmark = pytest.mark.integration
@@ -127,7 +127,7 @@ def group_offsets(settings: Settings) -> tuple[dict[int, int], dict[int, int]]:
     try:
         partitions = [TopicPartition(topic, p) for p in range(partitions_of(settings))]
         committed = {tp.partition: max(tp.offset, 0) for tp in reader.committed(partitions, timeout=10)}
-        ends = {tp.partition: reader.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions}
+        ends = {tp.partition: watermarks(reader, tp)[1] for tp in partitions}
     finally:
         reader.close()
     return committed, ends
