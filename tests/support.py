@@ -170,9 +170,22 @@ def components(env: dict[str, str], log_dir: Path, *names: str) -> Iterator[list
     try:
         yield started
     finally:
-        for component in started:
+        stop_all(started)
+
+
+def stop_all(started: Sequence[Component]) -> None:
+    """Stop every one of ``started``, and only then fail for those that did not exit 0: one that
+    failed must not leave the others running (into the next tests, against a dropped database)."""
+    failures = []
+    for component in started:
+        try:
             code = component.stop()
-            assert code == 0, f"{component.name} exited {code}:\n{component.output()[-3000:]}"
+        except AssertionError as exc:  # still running past its timeout: killed
+            failures.append(str(exc))
+            continue
+        if code != 0:
+            failures.append(f"{component.name} exited {code}:\n{component.output()[-3000:]}")
+    assert not failures, "\n".join(failures)
 
 
 class PostgreSQLPort:

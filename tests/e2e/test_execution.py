@@ -29,6 +29,7 @@ from tests.support import (
     components,
     read_records,
     read_topic,
+    stop_all,
     wait_for,
     watermarks,
 )
@@ -50,8 +51,7 @@ def pipeline(settings: Settings, settings_env: dict[str, str], tmp_path: Path) -
         try:
             yield settings
         finally:
-            for w in workers:
-                assert w.stop() == 0, w.output()[-3000:]
+            stop_all(workers)
 
 
 def create(settings: Settings, **fields: Any) -> Any:

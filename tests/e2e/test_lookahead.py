@@ -28,7 +28,15 @@ from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, schedules
 from tests.e2e.health import get, sample_values
-from tests.support import SCHEDULER, Component, attempts_history, components, read_topic, wait_for
+from tests.support import (
+    SCHEDULER,
+    Component,
+    attempts_history,
+    components,
+    read_topic,
+    stop_all,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -133,8 +141,7 @@ def test_fires_dispatched_ahead_start_at_their_instant_never_before(
                 create_delayed(settings, fires[-1], handler=ENTERED_AT)
             done = wait_for(lambda: succeeded(settings, len(fires)), 90, "every run succeeded")
         finally:
-            for worker in workers:
-                assert worker.stop() == 0, worker.output()[-3000:]
+            stop_all(workers)
     assert [r["scheduled_for"] for r in done] == sorted(fires)
     early = [r for r in done if r["started_at"] < r["scheduled_for"]]
     assert early == [], "a job started before its instant"
