@@ -96,6 +96,15 @@ _SETTLING = {
 }
 
 
+def settling(code: str | None) -> bool:
+    """Whether ``code``, a :class:`~scheduler.kafka.transport.TransportError`'s (librdkafka's error
+    name), is what a broker answers while a partition's leadership settles (:data:`_SETTLING`)."""
+    return code in _SETTLING_NAMES
+
+
+_SETTLING_NAMES = frozenset(KafkaError(code).name() for code in _SETTLING)
+
+
 def watermarks(consumer: Consumer, partition: TopicPartition, timeout_s: float = 60.0) -> tuple[int, int]:
     """(low, high) watermark of ``partition``, asked again while its leadership settles."""
     deadline = time.monotonic() + timeout_s

@@ -33,6 +33,7 @@ from scheduler.store import connect, reconcile
 from scheduler.store.database import Database
 from scheduler.store.reconcile import OutcomeEvent
 from scheduler.wiring import Wiring
+from tests.integration.test_reconcile_robustness import group_at_the_end
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
@@ -311,13 +312,13 @@ def test_events_of_a_batch_read_again_after_a_failed_commit_are_checked_against_
         settings,
         [result(run, worker="w-ahead", clock_ahead=timedelta(seconds=30)) for run in dispatched_runs],
     )
-    positions = Wiring(settings).lease_sweeper().positions
+    at_the_end = group_at_the_end(settings)
     reconciler = Wiring(settings).reconciler_service(CommitFailsOnce)
     stop = threading.Event()
     thread = threading.Thread(target=reconciler.run, args=(stop,))
     thread.start()
     try:
-        wait_for(lambda: not positions.unread(positions.ends()), 60, "the offsets committed to the end")
+        wait_for(at_the_end, 60, "the offsets committed to the end")
     finally:
         stop.set()
         thread.join(30)
