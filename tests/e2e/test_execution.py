@@ -17,7 +17,7 @@ from confluent_kafka import TopicPartition
 
 from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
-from scheduler.kafka.messages import JobDeadLetter, JobMessage
+from scheduler.kafka.messages import JobDeadLetter, JobMessage, JobRetry
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
@@ -106,16 +106,28 @@ def test_failing_twice_succeeds_on_the_third_attempt_with_jittered_backoff(pipel
         (1, "retry", "applied"), (2, "retry", "applied"), (3, "succeeded", "applied"),
     ]  # fmt: skip
     retries = [a for a in attempts_of(pipeline, sid) if a["kind"] == "retry"]
-    # Full jitter: the wait after attempt n is drawn from [0, min(max, base * 2^(n-1))].
+    # Full jitter: the wait after attempt n is drawn from [0, min(max, base * 2^(n-1))], as each
+    # retry event says. (The next start comes that long after the failure plus the pipeline's own
+    # way round through four processes: on a loaded machine, seconds; not what is tested here.)
+    codec = AvroCodec()
+    backoffs = {
+        event.attempt: event.backoff_ms
+        for event in (
+            codec.decode(JobRetry, v)
+            for _, v, _ in read_topic(pipeline.kafka_bootstrap, pipeline.retry_topic)
+        )
+        if event.run_id == run["id"]
+    }
     for attempt, ceiling_s in ((1, 0.2), (2, 0.4)):
+        backoff_ms = backoffs[attempt]
+        assert backoff_ms is not None and 0 <= backoff_ms <= ceiling_s * 1000, (attempt, backoff_ms)
         failed = next(a for a in retries if a["attempt"] == attempt)
         next_start = next(
             a["started_at"]
             for a in attempts_of(pipeline, sid)
             if a["attempt"] == attempt + 1 and a["started_at"]
         )
-        waited = (next_start - failed["finished_at"]).total_seconds()
-        assert 0 <= waited <= ceiling_s + 2.0, (attempt, waited)
+        assert next_start >= failed["finished_at"], (attempt, next_start, failed["finished_at"])
 
 
 def test_failing_past_max_attempts_is_dead_on_the_dlq_and_listed(
