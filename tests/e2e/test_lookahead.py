@@ -179,7 +179,8 @@ def holding_worker(
             warm_up(settings)
             at = database_now(settings) + due_in
             create_delayed(settings, at)
-            wait_for(lambda: held_jobs(port) == 1, 8, "the worker to hold the job")
+            # Held until it is due, and only then: no use waiting longer.
+            wait_for(lambda: held_jobs(port) == 1, due_in.total_seconds(), "the worker to hold the job")
             yield holder, at
         finally:
             if holder.proc.poll() is None:
@@ -238,10 +239,11 @@ def test_a_worker_stopped_while_holding_a_job_due_soon_runs_it_before_it_exits(
     settings: Settings, settings_env: dict[str, str], tmp_path: Path
 ) -> None:
     # Dropping it would keep the offsets of the finished jobs after it uncommitted, and the next
-    # owner would run those again: a job due within the first half of the grace is run instead.
+    # owner would run those again: a job due within the first half of the grace (30 s) is run
+    # instead. Due in 10 s: time for the pipeline to bring it to the worker, on a loaded machine too.
     init(settings, settings_env)
     env = settings_env | {"SCHEDULER_LOOKAHEAD_S": "20"}
-    with holding_worker(settings, env, tmp_path, timedelta(seconds=4)) as (holder, at):
+    with holding_worker(settings, env, tmp_path, timedelta(seconds=10)) as (holder, at):
         assert database_now(settings) < at, "the job was no longer held when the worker was stopped"
         assert holder.stop() == 0, holder.output()[-3000:]
         [run] = wait_for(lambda: succeeded(settings, 1), 30, "the held run to be reconciled")
