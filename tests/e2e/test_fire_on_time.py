@@ -139,4 +139,8 @@ def test_a_sleeping_scanner_wakes_at_once_when_a_schedule_is_created(
             def created(n: int = expected) -> bool:
                 return runs_count() == n
 
-            wait_for(created, 10, f"run {expected} created without waiting out the sleep")
+            # The first waits for the scanner process to start (seconds on a loaded machine); the
+            # second, for it to wake: well within the sleep's 60 s.
+            wait_for(
+                created, 60 if expected == 1 else 20, f"run {expected} created without waiting out the sleep"
+            )
