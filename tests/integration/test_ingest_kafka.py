@@ -337,7 +337,7 @@ def test_with_a_schema_registry_commands_and_rejections_use_the_confluent_framin
     producer.produce(
         settings.schedules_topic, b"\x00\x00\x00\x03\xe7" + b"\x02", key=b"x"
     )  # id 999: not registered
-    producer.flush(10)
+    assert producer.flush(30) == 0
     assert {value[:5] for _, value, _ in read_topic(settings.kafka_bootstrap, settings.schedules_topic)} >= {
         b"\x00\x00\x00\x00\x64"  # magic 0, schema id 100 (the stub's first)
     }
