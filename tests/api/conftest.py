@@ -24,7 +24,7 @@ from scheduler.schedule import service
 from scheduler.store import connect
 from tests.api.client import SECRET, GrpcCaller, HttpCaller
 from tests.conftest import StackInfo, fresh_database, stack_env
-from tests.support import Component, wait_for
+from tests.support import Component, stop_all, wait_for
 
 APPS = ("alpha", "beta")
 UNLIMITED = ",".join(f"{name}=1000000/min" for name in DEFAULT_RATE_LIMITS)
@@ -107,10 +107,10 @@ def api_stack(stack: StackInfo, tmp_path_factory: pytest.TempPathFactory) -> Ite
         try:
             yield api
         finally:
-            for process in api.processes:
-                code = process.stop()
-                assert code == 0, f"the API exited {code}:\n{process.component.output()[-3000:]}"
-            admin_client.delete_topics([t for t in admin_client.topics() if t.startswith(f"{prefix}.")])
+            try:
+                stop_all([process.component for process in api.processes])
+            finally:
+                admin_client.delete_topics([t for t in admin_client.topics() if t.startswith(f"{prefix}.")])
 
 
 @pytest.fixture(scope="module")
