@@ -21,7 +21,7 @@ import yaml
 
 from bench.chaos_stack import free_port
 from tests.e2e.health import cli, cli_json, get, wait_for_statuses
-from tests.support import Component, wait_for
+from tests.support import Component, stop_all, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -136,9 +136,7 @@ def pipeline(settings_env: dict[str, str], tmp_path: Path) -> Iterator[dict[str,
             )
         yield started
     finally:
-        for name, scraped in started.items():
-            code = scraped.process.stop()
-            assert code == 0, f"{name} exited {code}:\n{scraped.process.output()[-3000:]}"
+        stop_all([scraped.process for scraped in started.values()])
 
 
 def test_prometheus_scrapes_every_component_and_fires_the_reconciler_alert_when_it_stops(
