@@ -269,8 +269,10 @@ def test_sigterm_lets_running_jobs_finish_publish_and_commit(
     env = settings_env | {"SCHEDULER_MAX_SCAN_SLEEP": "0.2"}
     with components(env, tmp_path, "scanner", "relay", "reconciler"):
         worker = Component("worker", env, tmp_path, "--app", APP, "--concurrency", "50", "--grace", "30")
-        wait_for(lambda: len(runs(settings, "state = 'running'")) == jobs, 60, "every job running")
-        assert worker.stop(timeout_s=40) == 0, worker.output()[-3000:]
+        try:
+            wait_for(lambda: len(runs(settings, "state = 'running'")) == jobs, 60, "every job running")
+        finally:
+            assert worker.stop(timeout_s=40) == 0, worker.output()[-3000:]
         # No other worker exists: every success below was published by the one that was stopped.
         wait_for(lambda: len(runs(settings, "state = 'succeeded'")) == jobs, 30, "every run succeeded")
     executions = [a for a in attempts_history(settings.database_url) if a["kind"] == "succeeded"]

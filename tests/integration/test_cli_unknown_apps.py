@@ -48,9 +48,11 @@ def test_a_worker_whose_app_exists_without_its_topic_starts_and_waits_for_it(
     with psycopg.connect(settings.database_url, autocommit=True) as conn:
         conn.execute("insert into apps (name, partitions) values ('later', 1)")
     worker = Component("worker", settings_env, tmp_path, "--app", "later")
-    wait_for(lambda: STARTED in worker.output(), 30, "the worker's start")
-    assert worker.proc.poll() is None, worker.output()
-    assert worker.stop() == 0, worker.output()[-3000:]
+    try:
+        wait_for(lambda: STARTED in worker.output(), 30, "the worker's start")
+        assert worker.proc.poll() is None, worker.output()
+    finally:
+        assert worker.stop() == 0, worker.output()[-3000:]
     # Said as the rest of its log is: a JSON line (it was plain text before the first of them).
     [note] = [r for r in json_log_lines(worker.output()) if "has no topic" in r["message"]]
     assert note["level"] == "INFO" and note["component"] == "worker", note
@@ -64,9 +66,11 @@ def test_a_worker_without_its_topic_or_a_database_to_ask_starts_and_waits(
     app and topic."""
     env = settings_env | {"SCHEDULER_DATABASE_URL": "postgresql://scheduler@127.0.0.1:1/none"}
     worker = Component("worker", env, tmp_path, "--app", "coming")
-    wait_for(lambda: STARTED in worker.output(), 30, "the worker's start")
-    assert worker.proc.poll() is None, worker.output()
-    assert worker.stop() == 0, worker.output()[-3000:]
+    try:
+        wait_for(lambda: STARTED in worker.output(), 30, "the worker's start")
+        assert worker.proc.poll() is None, worker.output()
+    finally:
+        assert worker.stop() == 0, worker.output()[-3000:]
     [warning] = [r for r in json_log_lines(worker.output()) if "has no topic" in r["message"]]
     assert warning["level"] == "WARNING" and warning["component"] == "worker", warning
     topic = settings.jobs_topic("coming")
