@@ -22,6 +22,7 @@ class Code(StrEnum):
     PERMISSION_DENIED = "PERMISSION_DENIED"
     NOT_FOUND = "NOT_FOUND"  # also for another app's objects, so that ids cannot be probed
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"  # HTTP only: a verb the path does not take
+    UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"  # HTTP only: a body declared as other than JSON
     ALREADY_EXISTS = "ALREADY_EXISTS"  # a schedule key taken in its app
     VERSION_CONFLICT = "VERSION_CONFLICT"  # optimistic locking: the object changed since it was read
     FAILED_PRECONDITION = "FAILED_PRECONDITION"  # e.g. resuming a cancelled schedule
@@ -39,6 +40,7 @@ HTTP_STATUS: dict[Code, int] = {
     Code.PERMISSION_DENIED: 403,
     Code.NOT_FOUND: 404,
     Code.METHOD_NOT_ALLOWED: 405,
+    Code.UNSUPPORTED_MEDIA_TYPE: 415,
     Code.ALREADY_EXISTS: 409,
     Code.VERSION_CONFLICT: 409,
     Code.FAILED_PRECONDITION: 409,
@@ -56,6 +58,7 @@ GRPC_STATUS: dict[Code, grpc.StatusCode] = {
     Code.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     Code.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Code.METHOD_NOT_ALLOWED: grpc.StatusCode.UNIMPLEMENTED,
+    Code.UNSUPPORTED_MEDIA_TYPE: grpc.StatusCode.INVALID_ARGUMENT,  # never answered: gRPC has no media type
     Code.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     Code.VERSION_CONFLICT: grpc.StatusCode.ABORTED,
     Code.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,

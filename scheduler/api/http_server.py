@@ -195,6 +195,7 @@ class _Received:
     unexpected_query: tuple[str, ...] = ()
     """Query parameters the route does not take, or given more than once: refused, never dropped
     (a misspelt ``limt`` would otherwise answer a full page, a filter left out everything)."""
+    content_type: str | None = None
 
 
 class _LargeTurn:
@@ -277,7 +278,25 @@ async def _receive(route: Route, request: Request, turn: _LargeTurn) -> _Receive
         idempotency_key=request.headers.get("idempotency-key"),
         idempotency_keys=len(request.headers.getlist("idempotency-key")),
         unexpected_query=tuple(name for name, n in counts.items() if name not in route.query or n > 1),
+        content_type=request.headers.get("content-type"),
     )
+
+
+def _json_declared(content_type: str | None) -> bool:
+    """Whether a body declared as ``content_type`` may be read as JSON: application/json or a
+    ``+json`` type, in UTF-8 (RFC 8259) if a charset is said. A body with no Content-Type is read
+    as JSON: some clients send none, and what it holds is then checked as JSON anyway."""
+    if content_type is None:
+        return True
+    media, *parameters = content_type.split(";")
+    media = media.strip().lower()
+    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+        return False
+    for parameter in parameters:
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in ("utf-8", "utf8"):
+            return False
+    return True
 
 
 def _request_message(route: Route, received: _Received) -> Message:
@@ -299,6 +318,14 @@ def _request_message(route: Route, received: _Received) -> Message:
     if received.body.strip() and not route.body:
         where = f"; {', '.join(route.query)} go in the query" if route.query else ""
         raise invalid(f"{route.verb} {route.path} takes no body{where}")
+    if received.body.strip() and not _json_declared(received.content_type):
+        # Refused rather than read as JSON whatever it says: a form (curl -d without --json) or
+        # a body in another charset was not meant as this request, and would be misread.
+        shown = (received.content_type or "")[:80]
+        raise ApiError(
+            Code.UNSUPPORTED_MEDIA_TYPE,
+            f"{route.verb} {route.path} takes a JSON body (Content-Type: application/json), not {shown!r}",
+        )
     if received.body.strip():
         try:
             data = json.loads(received.body, object_pairs_hook=_object_of_unique_keys)
@@ -438,16 +465,17 @@ def create_app(
         # A path parameter is one segment up to a colon: /v1/schedules/{id}:pause is never
         # /v1/schedules/{id} with an id ending in ":pause", whatever the method.
         path = route.path.replace("}", ":segment}")
-        app.add_api_route(
-            path, _endpoint(api, executor, route, large), methods=[route.verb], include_in_schema=False
-        )
+        # HEAD answers as GET does, without the body (RFC 9110 9.3.2): uvicorn drops it.
+        verbs = [route.verb, "HEAD"] if route.verb == "GET" else [route.verb]
+        endpoint = _endpoint(api, executor, route, large)
+        app.add_api_route(path, endpoint, methods=verbs, include_in_schema=False)
 
     async def health(request: Request) -> Response:
         # Not on the calls' executor: a probe must not wait behind calls queued for the database.
         ok = await asyncio.to_thread(serving)
         return JSONResponse({"status": "SERVING" if ok else "NOT_SERVING"}, status_code=200 if ok else 503)
 
-    app.add_api_route("/v1/health", health, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/v1/health", health, methods=["GET", "HEAD"], include_in_schema=False)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -72,6 +72,7 @@ ERROR_DESCRIPTIONS = {
     405: "The path does not take this method (see Allow)",
     409: "Conflict: a taken key, a changed version, a state that forbids it, a reused idempotency key",
     413: "Payload or request too large",
+    415: "A body declared as other than JSON (a route that takes one)",
     422: "Not a schedule that can be stored",
     429: "Rate limited (see Retry-After)",
     500: "Internal error",
@@ -270,6 +271,7 @@ def _operation(route: Route, components: dict[str, Any]) -> dict[str, Any]:
                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
                 }
                 for status, text in ERROR_DESCRIPTIONS.items()
+                if status != 415 or route.body
             },
         },
     }

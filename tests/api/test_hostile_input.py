@@ -273,8 +273,8 @@ def test_a_method_a_path_does_not_take_is_405_with_every_method_it_does(http: Ht
     auth = {"Authorization": f"Bearer {token(subject='verbs')}"}
     some_id = "e3e70682-c209-4cac-a29f-6fbed82c07cd"
     for method, path, allowed in (
-        ("PUT", f"/v1/schedules/{some_id}", "DELETE, GET, PATCH"),
-        ("OPTIONS", "/v1/schedules", "GET, POST"),
+        ("PUT", f"/v1/schedules/{some_id}", "DELETE, GET, HEAD, PATCH"),
+        ("OPTIONS", "/v1/schedules", "GET, HEAD, POST"),
         # A colon ends the id: this is the resume path, not an update of an id ending in ":resume".
         ("PATCH", f"/v1/schedules/{some_id}:resume", "POST"),
         ("POST", "/openapi.json", "GET, HEAD"),
