@@ -24,7 +24,13 @@ from grpc_status import rpc_status
 
 from scheduler.api.auth import MAX_TOKEN_BYTES
 from scheduler.api.errors import ApiError, clear_frames, invalid
-from scheduler.api.messages import MAX_BATCH_REQUEST_BYTES, max_request_bytes, too_large
+from scheduler.api.messages import (
+    MAX_BATCH_REQUEST_BYTES,
+    count_values,
+    max_request_bytes,
+    max_request_values,
+    too_large,
+)
 from scheduler.api.service import LARGE_REQUEST_BYTES, METHODS, LargeRequests, SchedulerApi
 from scheduler.v1 import scheduler_pb2 as pb
 
@@ -47,12 +53,13 @@ def status_of(error: ApiError) -> grpc.Status:
     return converted
 
 
-def _parser(message_type: type[Message], limit: int, data: bytes) -> Message:
+def _parser(message_type: type[Message], limit: int, values_limit: int, data: bytes) -> Message:
     """The request in ``data``, parsed only once its caller is authenticated (on the executor, as
     HTTP parses its body): one over ``limit`` is PAYLOAD_TOO_LARGE (refused in the call, so counted as
     its outcome), bytes that are no such request are INVALID_ARGUMENT, and so is a field this API
     does not know, at any depth, as HTTP refuses an unknown JSON field (a field a client adds is
-    never silently dropped, nor part of an idempotency key's request)."""
+    never silently dropped, nor part of an idempotency key's request). Its payloads may hold
+    ``values_limit`` JSON values together, counted before any is converted to JSON data."""
     if len(data) > limit:
         raise too_large(limit)
     try:
@@ -63,6 +70,7 @@ def _parser(message_type: type[Message], limit: int, data: bytes) -> Message:
     message.DiscardUnknownFields()
     if message.ByteSize() != size:
         raise invalid(f"the request has fields a {message_type.__name__} does not have")
+    count_values(message, message_type.DESCRIPTOR, values_limit)
     return message
 
 
@@ -95,7 +103,7 @@ def _unary(
         loop = asyncio.get_running_loop()
         principal = await loop.run_in_executor(executor, api.admit, name, authorization)
         request = await _only_message(context, message_type)
-        parse = partial(_parser, message_type, limit, request)
+        parse = partial(_parser, message_type, limit, max_request_values(name), request)
         call = partial(api.call, name, authorization, parse, len(request), principal)
         if len(request) <= LARGE_REQUEST_BYTES or len(request) > limit:
             return await loop.run_in_executor(executor, call)

@@ -33,7 +33,15 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from scheduler.api.auth import Principal
 from scheduler.api.errors import ApiError, Code, clear_frames, invalid
-from scheduler.api.messages import MAX_PAGE, as_dict, check_times, max_request_bytes, too_large
+from scheduler.api.messages import (
+    MAX_PAGE,
+    as_dict,
+    check_times,
+    count_values,
+    max_request_bytes,
+    max_request_values,
+    too_large,
+)
 from scheduler.api.metrics import REQUESTS
 from scheduler.api.openapi import document
 from scheduler.api.routes import ROUTES, Route
@@ -114,10 +122,12 @@ def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(body, status_code=error.http_status, headers=headers)
 
 
-def parse_message(data: dict[str, Any], message_type: type[Message]) -> Message:
+def parse_message(data: dict[str, Any], message_type: type[Message], values_limit: int) -> Message:
     """``data`` by protobuf's JSON mapping; one line naming the field as the client wrote it
-    (``retry_config.max_attempts``, ``schedules[2].run_at``), never its value, otherwise."""
+    (``retry_config.max_attempts``, ``schedules[2].run_at``), never its value, otherwise. Its
+    payloads may hold ``values_limit`` JSON values together, counted before they are converted."""
     check_times(data, message_type.DESCRIPTOR)
+    count_values(data, message_type.DESCRIPTOR, values_limit)
     message = message_type()
     try:
         json_format.ParseDict(data, message)
@@ -360,7 +370,7 @@ def _request_message(route: Route, received: _Received) -> Message:
         if data.get("idempotency_key", key) != key:
             raise invalid("the Idempotency-Key header and the body's idempotency_key differ")
         data["idempotency_key"] = key
-    return parse_message(data, method.request)
+    return parse_message(data, method.request, max_request_values(route.method))
 
 
 class _RepeatedKey(ValueError):

@@ -49,6 +49,10 @@ MAX_PAYLOAD_BYTES = 1024 * 1024
 # API's protobuf Value, the tightest (protobuf nests at most 100 messages, three per JSON object
 # level, and an audit entry carries a payload two levels below its response).
 MAX_PAYLOAD_DEPTH = 30
+# Every number, string, boolean, null, list and object counts as one value. The bytes alone do not
+# bound a payload's cost: a megabyte of zeros is half a million values, and each costs about 2 µs to
+# turn between JSON and the API's protobuf Value and back (a second a payload; a batch's worth, 40 s).
+MAX_PAYLOAD_VALUES = 100_000
 MAX_NAME_LENGTH = 200
 MAX_CRON_LENGTH = 200
 MAX_DESCRIPTION_LENGTH = 2000
@@ -185,9 +189,16 @@ def _check_payload_value(payload: Any) -> int:
     (a 980 KB payload) made a 42 MB message that Kafka refused. Only a float written with an
     exponent grows; the rest keep their digits."""
     grows = 0
+    values = 0
     stack: list[tuple[Any, int]] = [(payload, 1)]
     while stack:
         value, depth = stack.pop()
+        values += 1
+        if values > MAX_PAYLOAD_VALUES:
+            shown = (
+                f"payload holds more than {MAX_PAYLOAD_VALUES:,} values (numbers, strings, lists, objects...)"
+            )
+            raise InvalidSchedule(shown, "payload")
         if isinstance(value, str):
             check_text(value, "payload")
         elif isinstance(value, float):

@@ -38,7 +38,7 @@ from scheduler.kafka.messages import (
     ScheduleSpec,
 )
 from scheduler.kafka.transport import TopicAdmin
-from scheduler.schedule.spec import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH
+from scheduler.schedule.spec import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH, MAX_PAYLOAD_VALUES
 from scheduler.store import connect, schedules
 from scheduler.wiring import Wiring
 from tests.support import SCHEDULER, read_topic, wait_for
@@ -139,6 +139,11 @@ BAD: dict[str, tuple[bytes, str, str]] = {
         CODEC.encode(create("too-big", payload=blob(MAX_PAYLOAD_BYTES + 1))),
         "invalid",
         f"payload is {MAX_PAYLOAD_BYTES + 1} bytes encoded; the limit is 1048576 (1 MiB)",
+    ),
+    "100,001 values": (
+        CODEC.encode(create("values", payload=[0] * MAX_PAYLOAD_VALUES)),
+        "invalid",
+        "payload holds more than 100,000 values",
     ),
     "numbers that grow as stored": (
         CODEC.encode(create("expand", payload=[1e-300] * 3500)),
@@ -305,6 +310,11 @@ def test_the_cli_refuses_each_bad_payload_and_name_with_one_line(
         "numbers written out": (
             ["--payload", payload_file("expand.json", "[" + ",".join(["1e300"] * 3500) + "]")],
             "bytes with its numbers written out in full",
+        ),
+        # 200 KB, but 100,001 values: each costs the API about 2 µs to convert.
+        "too many values": (
+            ["--payload", payload_file("values.json", json.dumps([0] * MAX_PAYLOAD_VALUES))],
+            "payload holds more than 100,000 values",
         ),
         "NUL": (
             ["--payload", payload_file("nul.json", '{"a": "\\u0000"}')],

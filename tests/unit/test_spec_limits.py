@@ -17,6 +17,7 @@ from scheduler.api.messages import spec_of_create, spec_of_update
 from scheduler.schedule.spec import (
     MAX_ATTEMPTS,
     MAX_DELAY_MS,
+    MAX_PAYLOAD_VALUES,
     MAX_TIMEOUT_MS,
     InvalidSchedule,
     LimitExceeded,
@@ -144,3 +145,11 @@ def test_the_api_says_the_value_given_not_one_rounded_to_six_digits(seconds: flo
     request = pb.CreateScheduleRequest(app="billing", handler="builtin:noop", timeout_seconds=seconds)
     refused = api_refusal(lambda: spec_of_create(request))
     assert refused.message == f"timeout_seconds must be 0.001 to 86400, got {said}"
+
+
+def test_a_payload_of_more_values_than_the_limit_is_refused_naming_the_payload() -> None:
+    """Validation's own rule, for the CLI and the ingestor as for the API."""
+    validate(dataclasses.replace(SPEC, payload=[0] * (MAX_PAYLOAD_VALUES - 1)))
+    with pytest.raises(InvalidSchedule, match="more than 100,000 values") as refused:
+        validate(dataclasses.replace(SPEC, payload={"ids": [0] * (MAX_PAYLOAD_VALUES - 1)}))
+    assert refused.value.field == "payload"
