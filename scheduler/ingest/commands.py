@@ -14,12 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler.domain.storable import capped_text
+from scheduler.domain.storable import capped_text, quoted
 from scheduler.kafka.avro import AvroCodec, MessageDecodeError
 from scheduler.kafka.messages import ScheduleCommand
 from scheduler.kafka.messages import ScheduleSpec as SpecMessage
 from scheduler.schedule.spec import (
     MAX_TIMEOUT_MS,
+    SCHEDULE_KEY_RE,
+    VISIBLE_TEXT_RULE,
     InvalidSchedule,
     ScheduleSpec,
     check_text,
@@ -148,6 +150,11 @@ def _check_identity(command: ScheduleCommand) -> None:
     for what, text in texts.items():
         if text is not None:
             check_text(text, what)
+    # Each is printed on a line of its own (`audit list`, `quarantine list`, the logs in plain text):
+    # a line break, a tab or an invisible character would forge or hide a line, or an entry's actor.
+    for what, text in (("command_id", command.command_id), ("actor", command.actor)):
+        if text and not SCHEDULE_KEY_RE.fullmatch(text):
+            raise InvalidSchedule(f"{what} {quoted(text)} must be {VISIBLE_TEXT_RULE}", what)
     # The spec's own texts (name, handler, cron, tz, payload) are checked by validate, as for the CLI.
     validate_app_name(command.app)
     if command.operation == "create":

@@ -145,10 +145,11 @@ VISIBLE_CHARACTER = (
 SCHEDULE_KEY_RE = re.compile(
     rf"{VISIBLE_CHARACTER}(?:(?:{VISIBLE_CHARACTER}|[ \u200c\u200d])*{VISIBLE_CHARACTER})?"
 )
-SCHEDULE_KEY_RULE = (
-    f"1 to {MAX_KEY_LENGTH} characters: letters, digits, punctuation and symbols, with spaces only "
-    "between them (no tab, line break, control or invisible character)"
+VISIBLE_TEXT_RULE = (
+    "letters, digits, punctuation and symbols, with spaces only between them "
+    "(no tab, line break, control or invisible character)"
 )
+SCHEDULE_KEY_RULE = f"1 to {MAX_KEY_LENGTH} characters: {VISIBLE_TEXT_RULE}"
 
 
 def validate_schedule_key(key: str) -> str:

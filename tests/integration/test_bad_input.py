@@ -14,6 +14,7 @@ ends an argument there), so the CLI meets NUL only in a payload file.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import subprocess
@@ -139,6 +140,18 @@ BAD: dict[str, tuple[bytes, str, str]] = {
         CODEC.encode(create("too-big", payload=blob(MAX_PAYLOAD_BYTES + 1))),
         "invalid",
         f"payload is {MAX_PAYLOAD_BYTES + 1} bytes encoded; the limit is 1048576 (1 MiB)",
+    ),
+    # Each is printed a line at a time by `audit list` and `quarantine list`: a line break could
+    # forge a line, an invisible character hide who made the change.
+    "actor with a line break": (
+        CODEC.encode(dataclasses.replace(create("actor-nl"), actor="ops\n2027-01-01 admin")),
+        "invalid",
+        "actor 'ops\\n2027-01-01 admin' must be letters, digits, punctuation and symbols",
+    ),
+    "command id with a zero-width space": (
+        CODEC.encode(dataclasses.replace(create("id-zw"), command_id="id-\u200bzw")),
+        "invalid",
+        "command_id",
     ),
     "100,001 values": (
         CODEC.encode(create("values", payload=[0] * MAX_PAYLOAD_VALUES)),
