@@ -201,6 +201,10 @@ def producer_config(
     return config | dict(overrides or {})
 
 
+# How many messages a byte-bounded consume takes from librdkafka at a time.
+_BYTES_CHUNK = 64
+
+
 def consumer_config(
     connection: KafkaConnection,
     group_id: str,
@@ -222,6 +226,13 @@ def consumer_config(
         "fetch.wait.max.ms": 500,
         "session.timeout.ms": 10_000,
         "heartbeat.interval.ms": 1_000,
+        # What librdkafka fetches ahead of the application, as C memory outside Python's: 64 MiB by
+        # default, counted per partition (librdkafka issue 4137), so a reconciler assigned the 36
+        # partitions of its three topics prefetched a whole backlog of dead letters (540 MB of
+        # them: 470 MiB resident before its first batch). 1 MiB a partition is thousands of
+        # ordinary messages, or one large one, ready for the next batch.
+        "queued.max.messages.kbytes": 1024,
+        "fetch.max.bytes": 16 * 1024 * 1024,
     }
     return config | dict(overrides or {})
 
@@ -396,23 +407,45 @@ class Consumer:
 
     # -- consuming -------------------------------------------------------------------------------
 
-    def consume(self, max_messages: int, timeout_s: float) -> list[Received]:
-        """Up to ``max_messages`` messages, waiting at most ``timeout_s`` for the first.
+    def consume(self, max_messages: int, timeout_s: float, max_bytes: int | None = None) -> list[Received]:
+        """Up to ``max_messages`` messages, waiting at most ``timeout_s`` for the first; with
+        ``max_bytes``, no more than their values fill (but always one): the rest are kept, in
+        order, for the next calls.
 
         Partition EOF is skipped. Any other error raises :class:`ConsumerError` (or
         :class:`KafkaUnavailable`), but only once the good messages fetched with it were returned:
         the next call raises it.
         """
         self._raise_pending()
-        if self._held:
-            held, self._held = self._held[:max_messages], self._held[max_messages:]
-            return held
-        with _consumer_errors("consume"):
-            messages = self._consumer.consume(max_messages, timeout_s)
-        received = self._received(messages)
-        if not received:
-            self._raise_pending()
-        return received
+        if not self._held:
+            with _consumer_errors("consume"):
+                messages = self._consumer.consume(
+                    max_messages if max_bytes is None else min(max_messages, _BYTES_CHUNK), timeout_s
+                )
+                # Taken from librdkafka a chunk at a time, so that no more than about max_bytes
+                # is copied out of its queue into Python's memory (its queue then refills).
+                size = sum(len(message.value() or b"") for message in messages)
+                while (
+                    max_bytes is not None and messages and size <= max_bytes and len(messages) < max_messages
+                ):
+                    more = self._consumer.consume(min(max_messages - len(messages), _BYTES_CHUNK), 0)
+                    if not more:
+                        break
+                    messages.extend(more)
+                    size += sum(len(message.value() or b"") for message in more)
+            self._held = self._received(messages)
+            if not self._held:
+                self._raise_pending()
+        taken = min(max_messages, len(self._held))
+        if max_bytes is not None:
+            size = 0
+            for index, message in enumerate(self._held[:taken]):
+                size += len(message.value)
+                if size > max_bytes and index > 0:
+                    taken = index
+                    break
+        batch, self._held = self._held[:taken], self._held[taken:]
+        return batch
 
     def poll(self, timeout_s: float) -> None:
         """Serve rebalances and stay in the group without taking work (all partitions paused).

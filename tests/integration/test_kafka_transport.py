@@ -163,6 +163,38 @@ def test_manual_commit_resumes_after_the_committed_offset(settings: Settings) ->
         second.close()
 
 
+def test_a_batch_bounded_in_bytes_ends_past_them_and_the_rest_follows_in_order(settings: Settings) -> None:
+    """The ingestor's and the reconciler's batches end once their bytes pass the bound (holding at
+    least one message, however large); what was read past it comes next, none lost or repeated."""
+    topic = f"{settings.topic_prefix}.bytes"
+    TopicAdmin(settings.kafka).ensure_topics([topic], partitions=1)
+    sizes = [300_000] * 12 + [1_200_000] + [100] * 500
+    Producer(producer_config(settings.kafka, "p")).send(
+        [OutgoingMessage(topic, str(i).encode().ljust(size, b".")) for i, size in enumerate(sizes)]
+    )
+    consumer = Consumer(consumer_config(settings.kafka, f"g-{uuid.uuid4()}", "c"), [topic])
+    batches: list[list[Received]] = []
+
+    def all_read() -> bool:
+        batches.append(consumer.consume(2000, 0.5, 1_000_000))
+        return sum(map(len, batches)) >= len(sizes)
+
+    try:
+        wait_for(all_read, 60, "every message")
+        batches.append(consumer.consume(2000, 0.5, 1_000_000))
+    finally:
+        consumer.close()
+    got = [message for batch in batches for message in batch]
+    assert [message.offset for message in got] == list(range(len(sizes)))
+    assert [len(message.value) for message in got] == sizes
+    for batch in batches:
+        # Within the bound, but for the message that passed it (and a batch of one).
+        assert len(batch) <= 1 or sum(len(m.value) for m in batch[:-1]) <= 1_000_000, [
+            len(m.value) for m in batch
+        ]
+    assert [len(batch) for batch in batches if batch and len(batch[0].value) == 1_200_000] == [1]
+
+
 def test_lag_is_the_distance_from_the_position_to_the_end_of_the_log(settings: Settings) -> None:
     topic = f"{settings.topic_prefix}.lag"
     TopicAdmin(settings.kafka).ensure_topics([topic], partitions=1)
