@@ -5,7 +5,8 @@ an error text (a run's ``last_error``, a dead letter's reason, a rejected comman
 writing, because those texts outlive the process and are read by people who do not hold the secrets:
 
 - :func:`redact_text` masks, in free text, the password of any ``scheme://user:password@host`` URL,
-  every query-string and fragment value of a URL, the token after ``Bearer`` anywhere, the value
+  every query-string and fragment value of a URL (and every query value of a path without a scheme,
+  ``/v1/traces?sig=...``, as HTTP clients word a request), the token after ``Bearer`` anywhere, the value
   of every ``key=value``, ``key: value`` or ``"key": "value"`` whose key is sensitive (after its auth
   scheme, as in ``Authorization: Basic ***``), and the row PostgreSQL quotes in a refusal's
   ``Failing row contains (...)`` (to the end of the text).
@@ -68,6 +69,9 @@ _URL: Final = re.compile(
 # Schemes whose lone userinfo is a role name, never a secret (postgresql://scheduler@host/db).
 _USER_ONLY_SCHEMES: Final = frozenset({"postgresql://", "postgres://"})
 _QUERY_PARAM: Final = re.compile(r"(?P<name>[^&;=]*)(?P<eq>=?)(?P<value>[^&;]*)")
+# A path with a query but no scheme, as HTTP clients word a request (urllib3's "Max retries exceeded
+# with url: /v1/traces?sig=..."): its query values are masked as a whole URL's are.
+_PATH_QUERY: Final = re.compile(r"""(?P<path>/[^\s?#"'<>`]*)\?(?P<query>[^\s#"'<>`]*)""")
 
 # A key, optionally quoted, then ":" or "=" on the same line, then a value: quoted (with escapes), or
 # bare up to a separator. A value that opens an object or a list is left to the keys inside it, and
@@ -157,6 +161,8 @@ class Redactor:
         lowered = text.lower()
         if "://" in text:
             text = _URL.sub(self._url, text)
+        if "?" in text and "/" in text:
+            text = _PATH_QUERY.sub(_path_query, text)
         if ("=" in text or ":" in text) and self._may_hold_key(text, lowered):
             text = self._mask_values(text)
         if "bearer" in lowered:
@@ -235,6 +241,10 @@ class Redactor:
             return text
         out.append(text[done:])
         return "".join(out)
+
+
+def _path_query(match: re.Match[str]) -> str:
+    return f"{match['path']}?{_QUERY_PARAM.sub(_mask_param, match['query'])}"
 
 
 def _mask_param(match: re.Match[str]) -> str:

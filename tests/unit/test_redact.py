@@ -257,3 +257,14 @@ def test_the_row_postgresql_quotes_in_a_refusal_is_masked_to_the_end_of_the_text
     assert "4111" not in redacted and "billing" not in redacted
     assert redacted.startswith('new row for relation "schedules" violates check constraint')
     assert redacted.endswith("Failing row contains (***)")
+
+
+def test_a_path_without_a_scheme_has_its_query_values_masked() -> None:
+    """How HTTP clients word a request they retry (urllib3, under the OTLP exporter): the
+    collector's URL without its scheme, its signature in the query."""
+    text = "Max retries exceeded with url: /v1/traces?sig=sv2026sigQ7zXk4&code=fnkey (Caused by refused)"
+    assert redact_text(text) == (
+        f"Max retries exceeded with url: /v1/traces?sig={MASK}&code={MASK} (Caused by refused)"
+    )
+    assert redact_text("127.0.0.1:4318/v1/traces?sig=abc") == f"127.0.0.1:4318/v1/traces?sig={MASK}"
+    assert redact_text("a ratio of 1/2? no query") == "a ratio of 1/2? no query"
