@@ -5,8 +5,10 @@ non-zero; ``UsageError`` exits 2, ``ClickException`` 1. An argument that is not 
 such an error, for every command's text parameters at once (:func:`text_is_utf8`).
 
 A command's spans (``schedules create`` leaves one) are exported as service ``scheduler-cli`` when
-the ``OTEL_*`` variables ask for it, and flushed when the command ends. ``scheduler run`` is left
-alone: each component configures tracing under its own name, and the first configuration wins.
+the ``OTEL_*`` variables ask for it, and flushed when the command ends, for at most
+:data:`TRACE_EXPORT_TIMEOUT_S`; a collector that does not answer loses them.
+``scheduler run`` is left alone: each component configures tracing under its own name, and the
+first configuration wins.
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ from scheduler.kafka.avro import SCHEMAS_DIR_ENV, SchemaCatalogError, default_ca
 from scheduler.telemetry.tracing import configure_tracing, shutdown_tracing
 
 _GIVEN_ARGS = "scheduler.given_args"  # the command line's arguments, in the root context's meta
+
+TRACE_EXPORT_TIMEOUT_S = 1.0
+"""How long a command may spend exporting its spans as it exits, retries included. The exporter's
+default, OTEL_EXPORTER_OTLP_TIMEOUT's 10 s, kept a ``schedules create`` done in a second waiting
+7 s more on a collector that was down (30 s with a timeout of 60 s); a collector that answers
+takes milliseconds."""
 
 
 class _Scheduler(click.Group):
@@ -110,7 +118,7 @@ def main(ctx: click.Context) -> None:
         _check_schemas()
     if ctx.invoked_subcommand == run.name:
         return
-    configure_tracing("cli")
+    configure_tracing("cli", export_timeout_s=TRACE_EXPORT_TIMEOUT_S)
     ctx.call_on_close(shutdown_tracing)
 
 

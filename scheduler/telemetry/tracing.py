@@ -674,14 +674,16 @@ _configured = False
 _exporting = False
 
 
-def configure_tracing(component: str) -> None:
+def configure_tracing(component: str, *, export_timeout_s: float | None = None) -> None:
     """Set this process's tracer provider once; later calls do nothing.
 
     The resource names the service ``OTEL_SERVICE_NAME`` or ``scheduler-<component>``, with the
     package version. The sampler is the SDK's from ``OTEL_TRACES_SAMPLER`` (parent-based, always
     on, by default). Spans are exported only when ``traces_export_requested`` says so, by a batch
     processor and the OTLP/HTTP exporter, which reads the endpoint, headers, timeout, compression
-    and certificates from the environment itself.
+    and certificates from the environment itself. ``export_timeout_s`` replaces the environment's
+    timeout (``OTEL_EXPORTER_OTLP_TIMEOUT``): the exporter's own bound on one export, its retries
+    included, and so on how long :func:`shutdown_tracing` waits for the collector.
     """
     global _provider, _configured, _exporting
     with _lock:
@@ -711,7 +713,7 @@ def configure_tracing(component: str) -> None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(timeout=export_timeout_s)))
             _exporting = True
             _log.info("tracing: exporting spans of %s over OTLP/HTTP to %s", service, _endpoint(os.environ))
         trace.set_tracer_provider(provider)
@@ -726,8 +728,9 @@ def configure_tracing(component: str) -> None:
 def shutdown_tracing() -> None:
     """Export the spans still queued and stop exporting; for a component's stop. Idempotent.
 
-    It may take up to the exporter's timeout (``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s by default)
-    when the collector does not answer.
+    It may take up to the exporter's timeout (``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s by default, or
+    ``configure_tracing``'s ``export_timeout_s``) when the collector does not answer: the SDK's
+    processor waits out the export under way, and its ``shutdown`` takes no timeout of its own.
     """
     global _provider, _exporting
     with _lock:
