@@ -6,13 +6,14 @@ such an error, for every command's text parameters at once (:func:`text_is_utf8`
 
 A command's spans (``schedules create`` leaves one) are exported as service ``scheduler-cli`` when
 the ``OTEL_*`` variables ask for it, and flushed when the command ends, for at most
-:data:`TRACE_EXPORT_TIMEOUT_S`; a collector that does not answer loses them.
+:data:`TRACE_EXPORT_TIMEOUT_S`; a collector that does not answer loses them, silently.
 ``scheduler run`` is left alone: each component configures tracing under its own name, and the
 first configuration wins.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any, NoReturn
@@ -118,6 +119,11 @@ def main(ctx: click.Context) -> None:
         _check_schemas()
     if ctx.invoked_subcommand == run.name:
         return
+    # The SDK's own lines ("Transient error … retrying in 0.81s.", "Failed to export spans batch …")
+    # would go raw to stderr, which is the user's: the command's output and its one error line.
+    sdk_log = logging.getLogger("opentelemetry")
+    sdk_log.addHandler(logging.NullHandler())
+    sdk_log.propagate = False
     configure_tracing("cli", export_timeout_s=TRACE_EXPORT_TIMEOUT_S)
     ctx.call_on_close(shutdown_tracing)
 
