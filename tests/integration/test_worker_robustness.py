@@ -607,6 +607,44 @@ def test_a_job_due_in_year_one_runs_at_once(topics: Settings, start_worker: Any)
     assert worker.stop() == 0, worker.output()[-3000:]
 
 
+def _start_lags() -> dict[str, float]:
+    """The worker's start lag histogram of the test app: its count, and its count within 30 s."""
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, {"app": APP, **labels}) or 0.0
+
+    return {
+        "count": sample("scheduler_worker_start_lag_seconds_count"),
+        "within_30s": sample("scheduler_worker_start_lag_seconds_bucket", le="30.0"),
+    }
+
+
+def test_the_start_lag_counts_first_attempts_late_as_late_and_leaves_later_attempts_out(
+    topics: Settings,
+) -> None:
+    """A first attempt due a minute ago started a minute late; a retry of a run due an hour ago is
+    late by its backoff's design (as a replay or a lease expiry's next attempt is), and an operator
+    watching the start lag must not read it as lateness."""
+    due = datetime.now(UTC) - timedelta(minutes=1)
+    late = replace(job("builtin:noop"), scheduled_for=due)
+    retried = replace(job("builtin:noop"), scheduled_for=due - timedelta(hours=1), attempt=2)
+    before = _start_lags()
+    worker = in_process_worker(topics, "lag-worker", concurrency=2, grace_s=5)
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,))
+    thread.start()
+    try:
+        publish(topics, [late, retried], partition=0)
+        wanted = {late.run_id, retried.run_id}
+        wait_for(lambda: wanted <= set(read_outcomes(topics).succeeded), 60, "both jobs to succeed")
+    finally:
+        stop.set()
+        thread.join(30)
+    after = _start_lags()
+    assert after["count"] - before["count"] == 1, "the first attempt counted, the retry not"
+    assert after["within_30s"] == before["within_30s"], "the first attempt counted a minute late"
+
+
 def test_a_fenced_worker_rebuilds_its_consumer_and_takes_its_partitions_back(
     topics: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
