@@ -1205,7 +1205,7 @@ class Worker(Service):
         if job.attempt == 1:
             # Later attempts keep the run's scheduled_for: their backoff, or the lease that expired,
             # or the operator's replay, would read as lateness. A start before the instant (a hold
-            # cut short) counts as on time; it is counted on its own.
+            # cut short) counts as 0, on time.
             self._start_lag.observe(max(0.0, time.time() - job.scheduled_for.timestamp()))
         position = (delivery.topic, delivery.partition, delivery.offset)
         self._in_handler[position] = None
