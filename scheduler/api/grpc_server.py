@@ -32,6 +32,7 @@ from scheduler.api.messages import (
     too_large,
 )
 from scheduler.api.service import LARGE_REQUEST_BYTES, METHODS, LargeRequests, SchedulerApi
+from scheduler.telemetry.tracing import TRACEPARENT_HEADER, TRACESTATE_HEADER, caller_context
 from scheduler.v1 import scheduler_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["SchedulerService"].full_name
@@ -97,14 +98,18 @@ def _unary(
     limit = max_request_bytes(name)
 
     async def answer(context: grpc.aio.ServicerContext[Any, Any]) -> Message:
-        authorization = api.authorization_of(
-            name, [str(value) for key, value in context.invocation_metadata() or () if key == "authorization"]
-        )
+        metadata = context.invocation_metadata() or ()
+
+        def values(wanted: str) -> list[str]:
+            return [str(value) for key, value in metadata if key == wanted]
+
+        authorization = api.authorization_of(name, values("authorization"))
         loop = asyncio.get_running_loop()
         principal = await loop.run_in_executor(executor, api.admit, name, authorization)
         request = await _only_message(context, message_type)
         parse = partial(_parser, message_type, limit, max_request_values(name), request)
-        call = partial(api.call, name, authorization, parse, len(request), principal)
+        trace_context = caller_context(values(TRACEPARENT_HEADER), values(TRACESTATE_HEADER))
+        call = partial(api.call, name, authorization, parse, len(request), principal, trace_context)
         if len(request) <= LARGE_REQUEST_BYTES or len(request) > limit:
             return await loop.run_in_executor(executor, call)
         # A large one waits for its turn here, on the loop, holding no call thread.

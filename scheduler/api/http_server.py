@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from google.protobuf import json_format, message_factory
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
+from opentelemetry.context import Context
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -52,6 +53,7 @@ from scheduler.api.service import (
     LargeRequests,
     SchedulerApi,
 )
+from scheduler.telemetry.tracing import TRACEPARENT_HEADER, TRACESTATE_HEADER, caller_context
 
 _INTEGER_RE = re.compile(r"-?[0-9]{1,12}")
 # How long any body may take to arrive from the moment it is first read (a large one: from its turn,
@@ -404,9 +406,12 @@ def _endpoint(
                 # the call.
                 principal = await loop.run_in_executor(executor, api.admit, route.method, authorization)
             received = await _receive(route, request, turn)
+            trace_context = caller_context(
+                request.headers.getlist(TRACEPARENT_HEADER), request.headers.getlist(TRACESTATE_HEADER)
+            )
             # Parsing, the call and the answer's JSON run in one job on the executor, never on the loop
             # both transports share.
-            answer = partial(_answer, api, route, authorization, received, principal)
+            answer = partial(_answer, api, route, authorization, received, principal, trace_context)
             body = await loop.run_in_executor(executor, answer)
         except ApiError as error:
             clear_frames(error)
@@ -425,9 +430,10 @@ def _answer(
     authorization: str | None,
     received: _Received,
     admitted: Principal | None,
+    trace_context: Context | None,
 ) -> bytes:
     parse = partial(_request_message, route, received)
-    response = api.call(route.method, authorization, parse, len(received.body), admitted)
+    response = api.call(route.method, authorization, parse, len(received.body), admitted, trace_context)
     return json.dumps(as_dict(response), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 

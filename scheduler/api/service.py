@@ -4,7 +4,9 @@
 ``Authorization`` value and the request message; it returns the response message or raises
 :class:`~scheduler.api.errors.ApiError`. In order, for every call: authenticate, check the role,
 check the request's strings, take a rate-limit token, then do the work on one pooled connection,
-under the request's idempotency key when it has one. Schedules change only through
+under the request's idempotency key when it has one, in the caller's trace context when it sent
+one (W3C ``traceparent`` and ``tracestate``: a created schedule's ``schedule.create`` span is a child
+of the caller's span, and a one-shot's run goes on in that trace). Schedules change only through
 :mod:`scheduler.schedule.service`, as for the CLI and Kafka commands, so versions, states and the
 audit log follow the same rules whichever way a change came in; the actor is ``api:<subject>``.
 
@@ -26,6 +28,7 @@ from uuid import UUID
 import psycopg
 import psycopg_pool
 from google.protobuf.message import Message
+from opentelemetry.context import Context
 
 from scheduler.api import idempotency
 from scheduler.api import messages as m
@@ -52,6 +55,7 @@ from scheduler.store import api as store
 from scheduler.store import runs as run_store
 from scheduler.store import schedules as schedule_store
 from scheduler.store.schedules import VersionConflict
+from scheduler.telemetry.tracing import continuing
 from scheduler.v1 import scheduler_pb2 as pb
 
 log = logging.getLogger("scheduler.api")
@@ -247,19 +251,22 @@ class SchedulerApi:
         request: Message | Callable[[], Message],
         size: int = 0,
         admitted: Principal | None = None,
+        trace_context: Context | None = None,
     ) -> Message:
         """One call of ``method_name``; see the module docstring for what happens in which order.
         ``request`` may be a function that parses it, called only once the caller is authenticated
         and allowed the method (so that an unauthenticated client's body costs no parsing); ``size``
         is its bytes as received: after a large one the freed memory is given back to the system.
         ``admitted``: what :meth:`admit` answered for this very request, so its token is not
-        verified a second time."""
+        verified a second time. ``trace_context``: the caller's
+        (:func:`~scheduler.telemetry.tracing.caller_context`), current for the call."""
         method = METHODS[method_name]
         started = time.perf_counter()
         code = "OK"
         try:
-            principal = admitted if admitted is not None else self._admitted(method, authorization)
-            return self._authorised_call(method, principal, request)
+            with continuing(trace_context):
+                principal = admitted if admitted is not None else self._admitted(method, authorization)
+                return self._authorised_call(method, principal, request)
         except Exception as exc:
             error = _domain_error(exc)
             if error is None:

@@ -47,7 +47,7 @@ from scheduler.store import ingest, scan, schedules
 from scheduler.store.entities import schedule_from_row
 from scheduler.store.ingest import NewKeyedSchedule
 from scheduler.store.scan import NewRun
-from scheduler.telemetry.tracing import SCHEDULE_CREATE, start_span_from_traceparent, traceparent_of_span
+from scheduler.telemetry.tracing import SCHEDULE_CREATE, child_span, traceparent_of_span
 
 Row = dict[str, Any]
 
@@ -194,7 +194,11 @@ def create_schedule(
 ) -> Row:
     """Create a schedule with its key (the id, when none is given), so that Kafka commands can
     address it; raises :class:`KeyConflict` when the app already has that key. The row returned
-    carries ``schedule_key``. A schedule created disabled is paused."""
+    carries ``schedule_key``. A schedule created disabled is paused.
+
+    Its ``schedule.create`` span is a child of the current span: an API caller's, when the call
+    came with one (:func:`~scheduler.telemetry.tracing.continuing`), else the root of a new trace.
+    The schedule keeps that span's context, which a one-shot's run continues."""
     validate(spec)
     if schedule_key is not None:
         validate_schedule_key(schedule_key)
@@ -204,7 +208,7 @@ def create_schedule(
         "scheduler.schedule_id": str(schedule_id),
         "job.type": spec.handler,
     }
-    with start_span_from_traceparent(SCHEDULE_CREATE, None, attributes=attributes) as span:
+    with child_span(SCHEDULE_CREATE, attributes=attributes) as span:
         key = schedule_key or str(schedule_id)
         return _create(conn, spec, actor, schedule_id, key, traceparent_of_span(span), enabled)
 

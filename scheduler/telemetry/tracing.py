@@ -41,6 +41,7 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Final, Literal
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import (
@@ -73,11 +74,14 @@ __all__ = [
     "JOB_SCHEDULING",
     "SCHEDULE_CREATE",
     "TRACEPARENT_HEADER",
+    "TRACESTATE_HEADER",
     "MessagingOperation",
+    "caller_context",
     "child_span",
     "child_traceparent",
     "configure_tracing",
     "context_from_traceparent",
+    "continuing",
     "current_traceparent",
     "ending",
     "job_attributes",
@@ -104,6 +108,7 @@ _log = logging.getLogger(__name__)
 # --- trace context: the traceparent a message carries -----------------------------------------
 
 TRACEPARENT_HEADER: Final = "traceparent"
+TRACESTATE_HEADER: Final = "tracestate"
 
 # OpenTelemetry's own W3C parser, so a header is valid here exactly when it is for the SDK: it
 # rejects malformed values, the reserved version ff, a fifth field after version 00, and the
@@ -157,6 +162,35 @@ def context_from_traceparent(value: str | bytes | None) -> Context | None:
         return None
     context = _PROPAGATOR.extract({TRACEPARENT_HEADER: value})
     return context if trace.get_current_span(context).get_span_context().is_valid else None
+
+
+def caller_context(traceparents: Sequence[str], tracestates: Sequence[str] = ()) -> Context | None:
+    """The trace context a caller sent with a request (an API call's HTTP headers or gRPC metadata,
+    every value of each name), for :func:`continuing`; None when it sent no valid ``traceparent``,
+    or several. A malformed one is ignored, never refused: the call's spans then start a new trace,
+    as they would without one. ``tracestate`` goes with a valid ``traceparent`` (its lines joined,
+    as W3C allows; the propagator drops one over 512 characters or with a malformed member)."""
+    traceparent = valid_traceparent(traceparents[0]) if len(traceparents) == 1 else None
+    if traceparent is None:
+        return None
+    carrier: dict[str, str | list[str]] = {TRACEPARENT_HEADER: traceparent}
+    if tracestates:
+        carrier[TRACESTATE_HEADER] = list(tracestates)
+    return _PROPAGATOR.extract(carrier)
+
+
+@contextmanager
+def continuing(caller: Context | None) -> Iterator[None]:
+    """Run the block in a caller's trace context (:func:`caller_context`), so that the spans
+    :func:`child_span` starts in it are children of the caller's span; None: in the current one."""
+    if caller is None:
+        yield
+        return
+    token = otel_context.attach(caller)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 def span_context_from_traceparent(value: str | bytes | None) -> SpanContext | None:

@@ -32,8 +32,11 @@ from scheduler.telemetry.tracing import (
     JOB_EXECUTION,
     JOB_FAILURE,
     JOB_SCHEDULING,
+    SCHEDULE_CREATE,
+    caller_context,
     child_span,
     context_from_traceparent,
+    continuing,
     current_traceparent,
     job_attributes,
     job_outcome_attributes,
@@ -305,6 +308,47 @@ def test_with_a_no_op_tracer_spans_still_carry_one_valid_trace(monkeypatch: pyte
     with start_span_from_traceparent(JOB_EXECUTION, PARENT):
         assert ids(current_traceparent())[0] == TRACE_ID
         assert ids(child_traceparent(PARENT))[0] == TRACE_ID
+
+
+def test_an_api_callers_span_is_the_parent_of_the_spans_of_its_call(finished: Finished) -> None:
+    # The API's transports hand over every value of each header (or gRPC metadata) name.
+    caller = caller_context([PARENT], ["vendor=a1", "other=b2"])
+    with continuing(caller), child_span(SCHEDULE_CREATE) as create:
+        stored = traceparent_of_span(create)
+    span = only(finished(), SCHEDULE_CREATE)
+    assert hex_trace(span) == TRACE_ID == ids(stored)[0]
+    assert span.parent is not None and span.parent.is_remote and hex_span_of(span.parent) == SPAN_ID
+    assert span.context is not None and dict(span.context.trace_state) == {"vendor": "a1", "other": "b2"}
+    assert trace.get_current_span().get_span_context().is_valid is False, "the caller's context stays"
+
+
+@pytest.mark.parametrize(
+    ("traceparents", "tracestates"),
+    [
+        ([], []),
+        (["garbage"], ["vendor=a1"]),
+        ([f"00-{'0' * 32}-{SPAN_ID}-01"], []),
+        ([PARENT, f"00-{'1' * 32}-{SPAN_ID}-01"], []),  # two: which one is the caller's is not known
+        ([PARENT + "\x00" * 10_000], []),
+    ],
+)
+def test_a_call_without_one_valid_traceparent_starts_a_new_trace(
+    traceparents: list[str], tracestates: list[str], finished: Finished
+) -> None:
+    caller = caller_context(traceparents, tracestates)
+    assert caller is None
+    with continuing(caller), child_span(SCHEDULE_CREATE):
+        pass
+    span = only(finished(), SCHEDULE_CREATE)
+    assert span.parent is None and hex_trace(span) != TRACE_ID
+
+
+def test_a_malformed_tracestate_is_dropped_and_the_traceparent_still_continued(finished: Finished) -> None:
+    with continuing(caller_context([PARENT], ["not a tracestate", "x" * 600])), child_span(SCHEDULE_CREATE):
+        pass
+    span = only(finished(), SCHEDULE_CREATE)
+    assert span.parent is not None and hex_span_of(span.parent) == SPAN_ID
+    assert span.context is not None and not span.context.trace_state
 
 
 # --- attributes ---------------------------------------------------------------------------------
