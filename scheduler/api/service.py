@@ -263,22 +263,23 @@ class SchedulerApi:
         method = METHODS[method_name]
         started = time.perf_counter()
         code = "OK"
-        try:
-            with continuing(trace_context):
+        # Current for the whole call, so that its log lines (an INTERNAL error's too) name the trace.
+        with continuing(trace_context):
+            try:
                 principal = admitted if admitted is not None else self._admitted(method, authorization)
                 return self._authorised_call(method, principal, request)
-        except Exception as exc:
-            error = _domain_error(exc)
-            if error is None:
-                log.exception("%s failed", method.name)
-                error = ApiError(Code.INTERNAL, "internal error; the server's log has the details")
-            code = error.code.value
-            raise error from None
-        finally:
-            REQUESTS.labels(method.name, code).inc()
-            REQUEST_SECONDS.labels(method.name).observe(time.perf_counter() - started)
-            if size > LARGE_REQUEST_BYTES:
-                _give_back_memory()
+            except Exception as exc:
+                error = _domain_error(exc)
+                if error is None:
+                    log.exception("%s failed", method.name)
+                    error = ApiError(Code.INTERNAL, "internal error; the server's log has the details")
+                code = error.code.value
+                raise error from None
+            finally:
+                REQUESTS.labels(method.name, code).inc()
+                REQUEST_SECONDS.labels(method.name).observe(time.perf_counter() - started)
+                if size > LARGE_REQUEST_BYTES:
+                    _give_back_memory()
 
     def authorization_of(self, method_name: str, values: Sequence[str]) -> str | None:
         """The one ``Authorization`` value a request carries; two are refused (UNAUTHENTICATED),

@@ -169,7 +169,7 @@ def caller_context(traceparents: Sequence[str], tracestates: Sequence[str] = ())
     every value of each name), for :func:`continuing`; None when it sent no valid ``traceparent``,
     or several. A malformed one is ignored, never refused: the call's spans then start a new trace,
     as they would without one. ``tracestate`` goes with a valid ``traceparent`` (its lines joined,
-    as W3C allows; the propagator drops one over 512 characters or with a malformed member)."""
+    as W3C allows; the propagator drops one over 8,192 characters or with a malformed member)."""
     traceparent = valid_traceparent(traceparents[0]) if len(traceparents) == 1 else None
     if traceparent is None:
         return None
