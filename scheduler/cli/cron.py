@@ -13,7 +13,7 @@ from uuid import UUID
 
 import click
 
-from scheduler.cli.common import UTC_NAMES, fail, in_zone, uuid_arg
+from scheduler.cli.common import UTC_NAMES, fail, first_after_gap, in_zone, uuid_arg
 from scheduler.domain.cron import CronSchedule, InvalidCronExpression, UnknownTimeZone
 from scheduler.schedule.spec import EARLIEST, LATEST, MAX_CRON_LENGTH
 
@@ -74,9 +74,13 @@ def _parse_after(text: str, zone: str) -> datetime:
     if moment.tzinfo is None and zone not in UTC_NAMES:
         # Read as UTC it would be an hour or more off what its reader meant (02:30 in that zone),
         # as `schedules create --at` refuses it too.
+        # A wall time the zone skips that day has no offset of its own: the example is the first
+        # instant after the gap, as `schedules create --start` suggests, never 02:30 at the old offset.
+        after_gap = first_after_gap(moment, zone)
+        skipped = "" if after_gap is None else f" (the clocks skip {moment.strftime('%H:%M')} that day)"
         fail(
-            f"--after {text!r} has no UTC offset; with --tz {zone} give one "
-            f"(e.g. {in_zone(moment, zone)}, or Z for UTC)",
+            f"--after {text!r} has no UTC offset; with --tz {zone} give one{skipped} "
+            f"(e.g. {after_gap or in_zone(moment, zone)}, or Z for UTC)",
             code=2,
         )
     # A time without an offset is read as UTC, not as this machine's local time.
