@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,17 @@ def peak_rss(component: Component) -> int:
     raise AssertionError("no VmHWM in /proc/<pid>/status")
 
 
+def peak_until(component: Component, done: Callable[[], bool], what: str) -> int:
+    """``component``'s peak resident memory once ``done()``; it is stopped, and must exit 0."""
+    try:
+        wait_for(done, 240, what, interval_s=0.5)
+        peak = peak_rss(component)
+    finally:
+        code = component.stop()
+    assert code == 0, component.output()[-3000:]
+    return peak
+
+
 def count(settings: Settings, table_and_filter: str) -> int:
     with connect(settings.database_url) as conn:
         row = conn.execute(f"select count(*) as n from {table_and_filter}").fetchone()
@@ -103,18 +115,11 @@ def test_the_ingestor_applies_a_bulk_of_large_commands_within_its_containers_mem
     with ScheduleClient.from_settings(settings) as client:
         for i in range(commands):
             client.create(key=f"bulk-{i}", app=APP, cron="0 0 1 1 *", handler="builtin:noop", payload=payload)
-    ingestor = Component("ingestor", settings_env, tmp_path)
-    try:
-        wait_for(
-            lambda: count(settings, "schedules") >= commands,
-            240,
-            "every command applied",
-            interval_s=0.5,
-        )
-        peak = peak_rss(ingestor)
-    finally:
-        code = ingestor.stop()
-    assert code == 0, ingestor.output()[-3000:]
+    peak = peak_until(
+        Component("ingestor", settings_env, tmp_path),
+        lambda: count(settings, "schedules") >= commands,
+        "every command applied",
+    )
     assert peak <= limit, (
         f"the ingestor peaked at {peak / MIB:.0f} MiB applying {commands} commands of "
         f"{PAD_CHARS // 1000} KB; {where}: Kubernetes kills it (OOMKilled), and the restarted one "
@@ -163,18 +168,11 @@ def test_the_reconciler_applies_a_backlog_of_large_dead_letters_within_its_conta
         consumer.close()
         codes = {component.name: component.stop() for component in pipeline}
     assert set(codes.values()) == {0}, codes
-    reconciler = Component("reconciler", settings_env, tmp_path)
-    try:
-        wait_for(
-            lambda: count(settings, "runs where state = 'dead'") >= letters,
-            240,
-            "every dead letter applied",
-            interval_s=0.5,
-        )
-        peak = peak_rss(reconciler)
-    finally:
-        code = reconciler.stop()
-    assert code == 0, reconciler.output()[-3000:]
+    peak = peak_until(
+        Component("reconciler", settings_env, tmp_path),
+        lambda: count(settings, "runs where state = 'dead'") >= letters,
+        "every dead letter applied",
+    )
     assert peak <= limit, (
         f"the reconciler peaked at {peak / MIB:.0f} MiB applying {letters} dead letters of jobs of "
         f"{PAD_CHARS // 1000} KB; {where}: Kubernetes kills it (OOMKilled), and the restarted one reads "
