@@ -201,6 +201,11 @@ def producer_config(
     return config | dict(overrides or {})
 
 
+def _of_partitions(message: Message, partitions: set[Partition]) -> bool:
+    topic, partition = message.topic(), message.partition()
+    return topic is not None and partition is not None and Partition(topic, partition) in partitions
+
+
 # How many messages a byte-bounded consume takes from librdkafka at a time.
 _BYTES_CHUNK = 64
 
@@ -369,6 +374,8 @@ class Consumer:
         self._pending_errors: list[TransportError] = []
         # A message that arrived during poll(): handed out by the next consume().
         self._held: list[Received] = []
+        # What a byte-bounded consume has taken from librdkafka so far, chunk by chunk.
+        self._collecting: list[Message] = []
         self._closed = False
         with _consumer_errors("subscribe"):
             self._consumer.subscribe(
@@ -396,6 +403,7 @@ class Consumer:
         # A held message of a partition we give up is its next owner's to read.
         leaving = set(gone)
         self._held = [m for m in self._held if Partition(m.topic, m.partition) not in leaving]
+        self._collecting = [m for m in self._collecting if not _of_partitions(m, leaving)]
         try:
             if callback is not None:
                 callback(gone)
@@ -425,14 +433,25 @@ class Consumer:
                 # Taken from librdkafka a chunk at a time, so that no more than about max_bytes
                 # is copied out of its queue into Python's memory (its queue then refills).
                 size = sum(len(message.value() or b"") for message in messages)
-                while (
-                    max_bytes is not None and messages and size <= max_bytes and len(messages) < max_messages
-                ):
-                    more = self._consumer.consume(min(max_messages - len(messages), _BYTES_CHUNK), 0)
-                    if not more:
-                        break
-                    messages.extend(more)
-                    size += sum(len(message.value() or b"") for message in more)
+                # A rebalance served by a later chunk drops what the earlier ones took of the
+                # partitions it revokes (_let_go), as librdkafka does within one call.
+                self._collecting = messages
+                try:
+                    while (
+                        max_bytes is not None
+                        and self._collecting
+                        and size <= max_bytes
+                        and len(self._collecting) < max_messages
+                    ):
+                        more = self._consumer.consume(
+                            min(max_messages - len(self._collecting), _BYTES_CHUNK), 0
+                        )
+                        if not more:
+                            break
+                        self._collecting.extend(more)
+                        size += sum(len(message.value() or b"") for message in more)
+                finally:
+                    messages, self._collecting = self._collecting, []
             self._held = self._received(messages)
             if not self._held:
                 self._raise_pending()
