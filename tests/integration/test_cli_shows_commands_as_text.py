@@ -12,6 +12,8 @@ import pytest
 from scheduler.config import Settings
 from scheduler.ingest.apply import apply_batch
 from scheduler.ingest.commands import decode_command
+from scheduler.schedule import service
+from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, schedules
 from tests.integration.test_ingest_apply import CODEC, Topic, command, spec
 from tests.integration.test_schedules_cli import Cli
@@ -34,11 +36,18 @@ def cli(settings: Settings, settings_env: dict[str, str]) -> Cli:
     batch = [
         topic.message(command(MARKUP, MARKUP, "pause")),  # not found: a rejection naming both
         topic.message(command("c", "k", spec=spec(name=MARKUP), actor=MARKUP)),
-        topic.message(command("c2", "k2", spec=spec(name=CONTROLS), actor=CONTROLS)),
+        # An actor with controls is refused at ingestion (a command's actor is visible text); one
+        # from a token's subject reaches the audit log through the API.
+        topic.message(command("c2", "k2", spec=spec(name=CONTROLS))),
     ]
     with connect(settings.database_url) as conn:
         result = apply_batch(conn, settings, [decode_command(CODEC, m) for m in batch])
     assert result.applied == 2 and len(result.rejected) == 1
+    with connect(settings.database_url) as conn:
+        # An API caller's token subject is its actor, and the API takes it as the token says.
+        spec_of_api = ScheduleSpec(app="billing", handler="builtin:noop", kind="cron", cron="0 3 * * *")
+        service.create_schedule(conn, spec_of_api, f"api:{CONTROLS}")
+        conn.commit()
     return Cli(settings_env | {"COLUMNS": "400"})  # wide enough for every cell whole
 
 
