@@ -206,6 +206,20 @@ def _of_partitions(message: Message, partitions: set[Partition]) -> bool:
     return topic is not None and partition is not None and Partition(topic, partition) in partitions
 
 
+def _batch_length(held: Sequence[Received], max_messages: int, max_bytes: int | None) -> int:
+    """How many of ``held`` the next batch takes: up to ``max_messages``, and with ``max_bytes``
+    only as many as that holds, but always one."""
+    taken = min(max_messages, len(held))
+    if max_bytes is None:
+        return taken
+    size = 0
+    for index, message in enumerate(held[:taken]):
+        size += len(message.value)
+        if size > max_bytes and index > 0:
+            return index
+    return taken
+
+
 # How many messages a byte-bounded consume takes from librdkafka at a time.
 _BYTES_CHUNK = 64
 
@@ -427,44 +441,36 @@ class Consumer:
         self._raise_pending()
         if not self._held:
             with _consumer_errors("consume"):
-                messages = self._consumer.consume(
-                    max_messages if max_bytes is None else min(max_messages, _BYTES_CHUNK), timeout_s
+                messages = (
+                    self._consumer.consume(max_messages, timeout_s)
+                    if max_bytes is None
+                    else self._consume_bytes(max_messages, timeout_s, max_bytes)
                 )
-                # Taken from librdkafka a chunk at a time, so that no more than about max_bytes
-                # is copied out of its queue into Python's memory (its queue then refills).
-                size = sum(len(message.value() or b"") for message in messages)
-                # A rebalance served by a later chunk drops what the earlier ones took of the
-                # partitions it revokes (_let_go), as librdkafka does within one call.
-                self._collecting = messages
-                try:
-                    while (
-                        max_bytes is not None
-                        and self._collecting
-                        and size <= max_bytes
-                        and len(self._collecting) < max_messages
-                    ):
-                        more = self._consumer.consume(
-                            min(max_messages - len(self._collecting), _BYTES_CHUNK), 0
-                        )
-                        if not more:
-                            break
-                        self._collecting.extend(more)
-                        size += sum(len(message.value() or b"") for message in more)
-                finally:
-                    messages, self._collecting = self._collecting, []
             self._held = self._received(messages)
             if not self._held:
                 self._raise_pending()
-        taken = min(max_messages, len(self._held))
-        if max_bytes is not None:
-            size = 0
-            for index, message in enumerate(self._held[:taken]):
-                size += len(message.value)
-                if size > max_bytes and index > 0:
-                    taken = index
-                    break
+        taken = _batch_length(self._held, max_messages, max_bytes)
         batch, self._held = self._held[:taken], self._held[taken:]
         return batch
+
+    def _consume_bytes(self, max_messages: int, timeout_s: float, max_bytes: int) -> list[Message]:
+        """Up to ``max_messages`` messages from librdkafka, a chunk at a time until they pass
+        ``max_bytes``: no more than about that is copied out of its queue into Python's memory (its
+        queue then refills). A rebalance served by a later chunk drops what the earlier ones took of
+        the partitions it revokes (:meth:`_let_go` filters ``_collecting``), as librdkafka does
+        within one call."""
+        self._collecting = self._consumer.consume(min(max_messages, _BYTES_CHUNK), timeout_s)
+        try:
+            size = sum(len(message.value() or b"") for message in self._collecting)
+            while self._collecting and size <= max_bytes and len(self._collecting) < max_messages:
+                more = self._consumer.consume(min(max_messages - len(self._collecting), _BYTES_CHUNK), 0)
+                if not more:
+                    break
+                self._collecting.extend(more)
+                size += sum(len(message.value() or b"") for message in more)
+            return self._collecting
+        finally:
+            self._collecting = []
 
     def poll(self, timeout_s: float) -> None:
         """Serve rebalances and stay in the group without taking work (all partitions paused).
