@@ -72,15 +72,20 @@ def peak_rss(component: Component) -> int:
     raise AssertionError("no VmHWM in /proc/<pid>/status")
 
 
-def peak_until(component: Component, done: Callable[[], bool], what: str) -> int:
-    """``component``'s peak resident memory once ``done()``; it is stopped, and must exit 0."""
+def within_limit(component: Component, done: Callable[[], bool], what: str, load: str) -> None:
+    """Run ``component`` until ``done()`` (``what``), stop it (it must exit 0), and hold its peak
+    resident memory to the limit every overlay gives its Deployment."""
+    limit, where = memory_limit(f"scheduler-{component.name}")
     try:
         wait_for(done, 240, what, interval_s=0.5)
         peak = peak_rss(component)
     finally:
         code = component.stop()
     assert code == 0, component.output()[-3000:]
-    return peak
+    assert peak <= limit, (
+        f"the {component.name} peaked at {peak / MIB:.0f} MiB applying {load}; {where}: Kubernetes "
+        "kills it (OOMKilled), and the restarted one reads the same batch again"
+    )
 
 
 def count(settings: Settings, table_and_filter: str) -> int:
@@ -108,22 +113,17 @@ def test_the_ingestor_applies_a_bulk_of_large_commands_within_its_containers_mem
     The ingestor decodes the next batch while it applies the one before: when its batches were
     bounded by count only (2,000), its memory grew with the commands' bytes, to 569 MiB at its peak,
     over the 384Mi both overlays give its container. They are bounded in bytes too (16 MiB)."""
-    limit, where = memory_limit("scheduler-ingestor")
     commands = 100
     init_app(settings_env)
     payload = {"pad": "x" * PAD_CHARS}
     with ScheduleClient.from_settings(settings) as client:
         for i in range(commands):
             client.create(key=f"bulk-{i}", app=APP, cron="0 0 1 1 *", handler="builtin:noop", payload=payload)
-    peak = peak_until(
+    within_limit(
         Component("ingestor", settings_env, tmp_path),
         lambda: count(settings, "schedules") >= commands,
         "every command applied",
-    )
-    assert peak <= limit, (
-        f"the ingestor peaked at {peak / MIB:.0f} MiB applying {commands} commands of "
-        f"{PAD_CHARS // 1000} KB; {where}: Kubernetes kills it (OOMKilled), and the restarted one "
-        "reads the same batch again"
+        f"{commands} commands of {PAD_CHARS // 1000} KB",
     )
 
 
@@ -136,7 +136,6 @@ def test_the_reconciler_applies_a_backlog_of_large_dead_letters_within_its_conta
     Read in batches bounded by count only (2,000), with librdkafka prefetching 64 MiB a partition,
     the backlog took the reconciler to 590-740 MiB, over the 512Mi its container had; batches of
     16 MiB and a prefetch of 1 MiB a partition peak near 540 MiB, within the 768Mi it has now."""
-    limit, where = memory_limit("scheduler-reconciler")
     letters = 600
     init_app(settings_env)
     payload = {"times": 1, "retryable": False, "pad": "x" * PAD_CHARS}
@@ -168,15 +167,11 @@ def test_the_reconciler_applies_a_backlog_of_large_dead_letters_within_its_conta
         consumer.close()
         codes = {component.name: component.stop() for component in pipeline}
     assert set(codes.values()) == {0}, codes
-    peak = peak_until(
+    within_limit(
         Component("reconciler", settings_env, tmp_path),
         lambda: count(settings, "runs where state = 'dead'") >= letters,
         "every dead letter applied",
-    )
-    assert peak <= limit, (
-        f"the reconciler peaked at {peak / MIB:.0f} MiB applying {letters} dead letters of jobs of "
-        f"{PAD_CHARS // 1000} KB; {where}: Kubernetes kills it (OOMKilled), and the restarted one reads "
-        "the same batch again"
+        f"{letters} dead letters of jobs of {PAD_CHARS // 1000} KB",
     )
 
 
