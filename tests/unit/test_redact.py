@@ -268,3 +268,21 @@ def test_a_path_without_a_scheme_has_its_query_values_masked() -> None:
     )
     assert redact_text("127.0.0.1:4318/v1/traces?sig=abc") == f"127.0.0.1:4318/v1/traces?sig={MASK}"
     assert redact_text("a ratio of 1/2? no query") == "a ratio of 1/2? no query"
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("(url: /v1/traces?sig=abc)", f"(url: /v1/traces?sig={MASK})"),
+        (
+            "failed: https://collector:4318/v1/traces?sig=abc.",
+            f"failed: https://collector:4318/v1/traces?sig={MASK}.",
+        ),
+        ("(https://h/p?a=1&b=2), then", f"(https://h/p?a={MASK}&b={MASK}), then"),
+        ("at /p?k=v);", f"at /p?k={MASK});"),
+        # Punctuation inside a value is the value's: masked with it.
+        ("/p?k=a)b c", f"/p?k={MASK} c"),
+    ],
+)
+def test_the_punctuation_that_ends_a_query_stays_outside_the_mask(text: str, masked: str) -> None:
+    assert redact_text(text) == masked
