@@ -288,7 +288,8 @@ class UnknownBatchApp(InvalidBatchItem, UnknownApp):
 def create_schedules(conn: psycopg.Connection[Row], batch: Sequence[NewSchedule], actor: str) -> list[Row]:
     """Create every schedule of ``batch`` in one transaction, or none: a bulk load in a few
     statements whatever its size (apps, the inserts of schedules, keys and audit rows, the rows
-    created). Raises :class:`InvalidBatchItem` or :class:`KeyConflict` naming the first refused."""
+    created), under one ``schedule.create`` span whose context every schedule keeps. Raises
+    :class:`InvalidBatchItem` or :class:`KeyConflict` naming the first refused."""
     if not 1 <= len(batch) <= MAX_BATCH:
         raise InvalidSchedule(f"a batch holds 1 to {MAX_BATCH} schedules, got {len(batch)}")
     keys: dict[tuple[str, str], int] = {}
@@ -305,8 +306,16 @@ def create_schedules(conn: psycopg.Connection[Row], batch: Sequence[NewSchedule]
         if key in keys:
             raise KeyConflict(f"schedules[{index}]: key {key[1]!r} of app {key[0]!r} is given twice", index)
         keys[key] = index
-    with conn.transaction():
-        declared = ingest.known_apps(conn, {item.spec.app for item in batch})
+    # One span for the batch, as one call: its context, stored on every schedule of it, is what each
+    # one-shot's run continues (a caller's trace when the call carried one, as CreateSchedule's).
+    apps = sorted({item.spec.app for item in batch})
+    attributes = {"scheduler.app": apps[0]} if len(apps) == 1 else {}
+    with (
+        child_span(SCHEDULE_CREATE, attributes=attributes | {"scheduler.schedules": len(batch)}) as span,
+        conn.transaction(),
+    ):
+        traceparent = traceparent_of_span(span)
+        declared = ingest.known_apps(conn, set(apps))
         now = schedules.db_now(conn)
         new: list[NewKeyedSchedule] = []
         for index, (item, schedule_id) in enumerate(zip(batch, ids, strict=True)):
@@ -331,6 +340,7 @@ def create_schedules(conn: psycopg.Connection[Row], batch: Sequence[NewSchedule]
                     next_fire_at=next_fire_at,
                     actor=actor,
                     enabled=item.enabled,
+                    traceparent=traceparent,
                 )
             )
         created = ingest.create_keyed_schedules(conn, new)

@@ -83,6 +83,17 @@ def test_a_schedule_created_through_the_api_runs_in_the_callers_trace(
         assert answer.status_code == 200, answer.text
         return str(answer.json()["id"])
 
+    def batch_over_http(traceparent: str) -> list[str]:
+        answer = httpx.post(
+            f"http://127.0.0.1:{http_port}/v1/schedules:batchCreate",
+            json={"schedules": [{"app": APP, "handler": "builtin:noop"}] * 2},
+            headers={"Authorization": f"Bearer {token()}", "traceparent": traceparent},
+            timeout=30,
+            trust_env=False,
+        )
+        assert answer.status_code == 200, answer.text
+        return [str(created["id"]) for created in answer.json()["schedules"]]
+
     def over_grpc(traceparent: str) -> str:
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             stub: Any = scheduler_pb2_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
@@ -105,6 +116,8 @@ def test_a_schedule_created_through_the_api_runs_in_the_callers_trace(
             "grpc": over_grpc("00-{}-{}-01".format(*callers["grpc"])),
             "malformed": over_http("00-{}-{}-01".format(*callers["http"]).upper()),
         }
+        batch_caller = (secrets.token_hex(16), secrets.token_hex(8))
+        batch_ids = batch_over_http("00-{}-{}-01".format(*batch_caller))
 
         def span(spans: list[ReceivedSpan], name: str, schedule_id: str) -> ReceivedSpan | None:
             return next(
@@ -122,7 +135,7 @@ def test_a_schedule_created_through_the_api_runs_in_the_callers_trace(
             )
 
         def executed(spans: list[ReceivedSpan]) -> bool:
-            return all(span(spans, "job.execution", sid) for sid in schedule_ids.values())
+            return all(span(spans, "job.execution", sid) for sid in [*schedule_ids.values(), *batch_ids])
 
         spans = receiver.wait_for(executed, 90)
         for transport, (caller_trace, caller_span) in callers.items():
@@ -140,6 +153,19 @@ def test_a_schedule_created_through_the_api_runs_in_the_callers_trace(
                 partial(processed_in, caller_trace),
                 30,
                 f"the reconciler's processing of the outcome in the {transport} caller's trace",
+            )
+        # A CreateSchedules batch is one call: one schedule.create, the caller's child, whose trace
+        # every one-shot run of the batch goes on in (the batch's schedules were once in none).
+        batch_creates = [
+            s for s in spans if s["name"] == "schedule.create" and s["trace_id"] == batch_caller[0]
+        ]
+        assert [(s["parent_span_id"], s["attributes"].get("scheduler.schedules")) for s in batch_creates] == [
+            (batch_caller[1], 2)
+        ], "a batch's schedule.create is not one child of its caller's span"
+        for schedule_id in batch_ids:
+            execution = span(spans, "job.execution", schedule_id)
+            assert execution is not None and execution["trace_id"] == batch_caller[0], (
+                "a one-shot of a batch ran outside its caller's trace"
             )
         create = span(spans, "schedule.create", schedule_ids["malformed"])
         execution = span(spans, "job.execution", schedule_ids["malformed"])
