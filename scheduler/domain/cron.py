@@ -7,7 +7,8 @@ first) or six (seconds first, as in Quartz and Spring), names, ranges, steps, ``
 matches wall-clock times; this module owns everything croniter gets wrong for us: the
 seconds-first order, ``H`` and the aliases (croniter hashes ``@daily`` when given an id, and does
 so with a CRC correlated across fields), equal ranges such as ``5-5`` (croniter reads them as the
-whole field), Quartz's ``5L``, ``LW`` and ``L-n``, Vixie's day-of-month/day-of-week rule, and above
+whole field), a day-of-week step from a start such as ``5/1`` (croniter stops it at 6, short of
+Sunday as 7), Quartz's ``5L``, ``LW`` and ``L-n``, Vixie's day-of-month/day-of-week rule, and above
 all daylight saving time. Wall times are walked naively with croniter and mapped to instants here,
 with Vixie cron's two rules for fixed-time schedules and real-time semantics for wildcard ones.
 """
@@ -97,6 +98,7 @@ _HASH_ITEM = re.compile(r"^h(?:\((\d+)-(\d+)\))?(?:/(\d+))?$", re.IGNORECASE | r
 _RANDOM_ITEM = re.compile(r"^r(?:\(|/|$)", re.IGNORECASE | re.ASCII)
 _EQUAL_RANGE_ITEM = re.compile(r"^([^-/]+)-([^-/]+)(?:/\d+)?$", re.ASCII)
 _LAST_WEEKDAY_OF_MONTH_ITEM = re.compile(r"^([0-7]|sun|mon|tue|wed|thu|fri|sat)l$", re.IGNORECASE | re.ASCII)
+_WEEKDAY_STEP_ITEM = re.compile(r"^([0-7]|sun|mon|tue|wed|thu|fri|sat)/(\d+)$", re.IGNORECASE | re.ASCII)
 _LAST_DAY_OFFSET_FIELD = re.compile(r"^l-(\d+)$", re.IGNORECASE | re.ASCII)
 _LAST_WORKDAY_FIELD = re.compile(r"^(?:lw|wl)$", re.IGNORECASE | re.ASCII)
 
@@ -511,6 +513,10 @@ def _resolve_field(text: str, index: int, field: str, hash_seed: str | None) -> 
             # croniter widens "5-5" and "5-5/10" to the whole field; cron means just 5.
             items.append(equal_range[1])
             continue
+        weekday_step = _WEEKDAY_STEP_ITEM.match(item) if index == _DAY_OF_WEEK else None
+        if weekday_step:
+            items.append(_resolve_weekday_step(text, field, weekday_step))
+            continue
         last_weekday = _LAST_WEEKDAY_OF_MONTH_ITEM.match(item) if index == _DAY_OF_WEEK else None
         if last_weekday:
             # Quartz writes the last Friday "5L" or "FRIL"; croniter only knows "L5".
@@ -519,6 +525,25 @@ def _resolve_field(text: str, index: int, field: str, hash_seed: str | None) -> 
             continue
         items.append(item)
     return ",".join(items)
+
+
+def _resolve_weekday_step(text: str, field: str, step_item: re.Match[str]) -> str:
+    """A day-of-week step from a start, ``n/k``, as the values of ``n-7/k`` with 7 read as Sunday.
+
+    The field runs 0-7, both ends Sunday (Vixie cron and cronie read ``*`` as 0-7 and set Sunday for
+    either), so a start with a step runs to 7 as ``n-7/k`` does: ``5/1`` is Friday to Sunday, ``1/3``
+    Monday, Thursday and Sunday, ``6/1`` Saturday and Sunday, ``7/1`` Sunday alone, ``0/1`` every
+    day; ``*/2`` is unchanged (0-7/2: Sunday, Tuesday, Thursday, Saturday). Vixie cron and cronie
+    refuse a bare start with a step, so theirs is the range form; croniter stops such a step at 6
+    (``5/1`` misses Sunday) and reads ``7/1`` as every day.
+    """
+    day = step_item[1].lower()
+    start = int(day) if day.isdigit() else _WEEKDAY_NUMBERS[day]
+    step = int(step_item[2])
+    if step == 0:
+        raise InvalidCronExpression(text, f"day-of-week field {quoted(field)}: a step must be at least 1")
+    # Explicit values: croniter's own step and range handling is what we are working around.
+    return ",".join(str(value) for value in sorted({value % 7 for value in range(start, 8, step)}))
 
 
 def _resolve_hash(text: str, index: int, field: str, hashed: re.Match[str], hash_seed: str | None) -> str:

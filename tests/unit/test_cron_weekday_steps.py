@@ -12,7 +12,7 @@ from itertools import islice
 
 import pytest
 
-from scheduler.domain.cron import fire_times
+from scheduler.domain.cron import CronExpression, InvalidCronExpression, fire_times
 
 
 def days_fired(expression: str, weeks: int = 2) -> list[date]:
@@ -43,3 +43,25 @@ def test_a_weekday_step_from_a_start_reaches_sunday_as_seven(expression: str, we
 def test_the_same_days_written_as_a_range_already_do() -> None:
     assert days_fired("0 0 * * 5-7") == calendar_days({5, 6, 0})
     assert days_fired("0 0 * * 1-7/3") == calendar_days({1, 4, 0})
+
+
+@pytest.mark.parametrize(
+    ("expression", "weekdays"),
+    [
+        ("0 0 * * 7/1", {0}),  # 7 alone: Sunday, not every day
+        ("0 0 * * 6/1", {6, 0}),  # 6, 7
+        ("0 0 * * 0/1", {0, 1, 2, 3, 4, 5, 6}),  # 0-7: every day, Sunday once
+        ("0 0 * * 0/7", {0}),  # 0 and 7, both Sunday
+        ("0 0 * * 6/2", {6}),  # 6; 8 is past the field
+        ("0 0 * * */2", {0, 2, 4, 6}),  # 0-7/2 stops at 6: unchanged
+        ("0 0 * * fri/1", {5, 6, 0}),  # a name starts a step as its number does
+        ("0 0 * * 5/1,1", {5, 6, 0, 1}),  # in a list
+    ],
+)
+def test_the_ends_of_the_field_and_the_wildcard_step(expression: str, weekdays: set[int]) -> None:
+    assert days_fired(expression) == calendar_days(weekdays)
+
+
+def test_a_weekday_step_of_zero_is_refused() -> None:
+    with pytest.raises(InvalidCronExpression, match="a step must be at least 1"):
+        CronExpression.parse("0 0 * * 5/0")
