@@ -43,6 +43,8 @@ __all__ = [
     "SkippedFire",
     "fires_of",
     "lookahead_of",
+    "next_fire_on_resume",
+    "next_fire_under_loaded_rules",
     "overlap_action",
     "plan_fires",
 ]
@@ -127,25 +129,48 @@ def fires_of(
     )
 
 
-def next_fire_on_resume(schedule: Schedule, now: datetime) -> datetime | None:
-    """The next fire time a paused schedule resumes with at ``now``.
+def next_fire_on_resume(
+    schedule: Schedule, now: datetime, latest_fire: datetime | None = None
+) -> datetime | None:
+    """The next fire time a paused schedule resumes with at ``now``; ``latest_fire`` is the
+    schedule's latest fire already made (a run; with the look-ahead it may be after ``now``).
 
     A cron schedule's fires due while it was paused are misfires however short the pause: the
     catch-up window forgives an outage of the scanner, not a pause someone asked for. ``fire_all``
     keeps them all (the scanner runs each), ``fire_once`` only the latest (the scanner runs it at
     once), ``skip`` none (the next fire after ``now``). The fires left out are not recorded as
-    skipped runs. A one-shot, or a schedule with nothing missed, keeps its next fire time. None:
-    nothing is left to fire (``skip``, and no fire after ``now`` within its end bound): the
-    schedule is completed, as the scanner completes one."""
+    skipped runs. A cron schedule with nothing missed has its next fire computed again, after
+    ``now`` and ``latest_fire``: its stored one may come from zone rules that have changed since
+    (a tzdata update), and the wall time is what was asked for. A one-shot keeps its time. None:
+    nothing is left to fire (no fire after ``now`` within its end bound, for ``skip`` or a schedule
+    with nothing missed): the schedule is completed, as the scanner completes one."""
     due = schedule.next_fire_at
-    if schedule.kind is not ScheduleKind.CRON or due is None or due > now:
+    if schedule.kind is not ScheduleKind.CRON or due is None:
         return due
+    if due > now:
+        return next_fire_under_loaded_rules(schedule, max(now, latest_fire or now))
     if schedule.misfire_policy is MisfirePolicy.FIRE_ALL or schedule.cron is None:
         return due
     cron = CronSchedule.of(schedule.cron, schedule.tz, schedule_id=schedule.id)
     if schedule.misfire_policy is MisfirePolicy.FIRE_ONCE:
         return _latest_fire_at_or_before(cron, due, now)
     following = _next_or_none(cron, now)
+    if following is None or (schedule.end_at is not None and following > schedule.end_at):
+        return None
+    return following
+
+
+def next_fire_under_loaded_rules(schedule: Schedule, after: datetime) -> datetime | None:
+    """A cron schedule's first fire after ``after`` (and from its ``start_at``) under the zone rules
+    this process loaded; None when it has none within its end bound. ``after`` must be at least its
+    latest fire, so that no fire is made twice."""
+    if schedule.cron is None:
+        raise ValueError(f"cron schedule {schedule.id} has no cron expression")
+    if schedule.start_at is not None:
+        # start_at is inclusive, as at create.
+        after = max(after, schedule.start_at - timedelta(microseconds=1))
+    cron = CronSchedule.of(schedule.cron, schedule.tz, schedule_id=schedule.id)
+    following = _next_or_none(cron, after)
     if following is None or (schedule.end_at is not None and following > schedule.end_at):
         return None
     return following

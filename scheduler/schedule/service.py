@@ -495,10 +495,14 @@ def _transition(
         if old["state"] == ScheduleState.ERROR and target == ScheduleState.ACTIVE:
             _check_computes(conn, old, action)
         # A paused schedule keeps its next fire time; on resume its misfire policy judges what was
-        # missed meanwhile, before the scanner sees it.
+        # missed meanwhile, before the scanner sees it, and a fire still ahead is computed again
+        # under the zone rules loaded now (a tzdata update may have moved its wall time).
         next_fire_at = None if target == ScheduleState.CANCELLED else old["next_fire_at"]
         if old["state"] == ScheduleState.PAUSED and target == ScheduleState.ACTIVE:
-            next_fire_at = next_fire_on_resume(schedule_from_row(old), schedules.db_now(conn))
+            fired = schedules.latest_fire(conn, schedule_id) if old["kind"] == ScheduleKind.CRON else None
+            next_fire_at = next_fire_on_resume(
+                schedule_from_row(old), schedules.db_now(conn), fired["scheduled_for"] if fired else None
+            )
             if next_fire_at is None:  # skipped what it missed, and has nothing more to fire
                 target = ScheduleState.COMPLETED
         new = schedules.set_schedule_state(conn, schedule_id, old["version"], target, next_fire_at)

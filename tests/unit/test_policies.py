@@ -405,6 +405,21 @@ class TestResumedAfterAPause:
         ahead = schedule(ScheduleKind.CRON, at(0, 40), misfire_policy=MisfirePolicy.SKIP)
         assert next_fire_on_resume(ahead, self.NOW) == at(0, 40)
 
+    def test_a_fire_still_ahead_is_computed_again_under_the_rules_loaded_now(self) -> None:
+        """Stored at 12:00:45 by other zone rules (an offset 5 s apart, say), where the rules
+        loaded now put the fire at 12:00:40: the wall time asked for wins."""
+        stale = schedule(ScheduleKind.CRON, at(0, 45))
+        assert next_fire_on_resume(stale, self.NOW) == at(0, 40)
+
+    def test_a_fire_made_ahead_of_now_is_not_made_again(self) -> None:
+        """The look-ahead leased 12:00:40 before the pause: the fire after it is the next."""
+        ahead = schedule(ScheduleKind.CRON, at(0, 50))
+        assert next_fire_on_resume(ahead, self.NOW, latest_fire=at(0, 40)) == at(0, 50)
+
+    def test_a_fire_the_rules_loaded_now_put_past_its_end_leaves_nothing_to_fire(self) -> None:
+        stale = schedule(ScheduleKind.CRON, at(0, 45), cron="50 * * * * *", end_at=at(0, 46))
+        assert next_fire_on_resume(stale, self.NOW) is None
+
     def test_a_one_shot_keeps_its_time(self) -> None:
         one_shot = schedule(ScheduleKind.DELAYED, self.NEXT, misfire_policy=MisfirePolicy.SKIP)
         assert next_fire_on_resume(one_shot, self.NOW) == self.NEXT
