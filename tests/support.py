@@ -173,6 +173,14 @@ class Component:
         return self.log.read_text(errors="replace")
 
 
+def peak_rss(component: Component) -> int:
+    """The process's peak resident memory so far (``VmHWM``), in bytes."""
+    for line in Path(f"/proc/{component.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/<pid>/status")
+
+
 @contextmanager
 def components(env: dict[str, str], log_dir: Path, *names: str) -> Iterator[list[Component]]:
     started = [Component(name, env, log_dir) for name in names]

@@ -33,7 +33,7 @@ from scheduler.store import connect
 from scheduler.v1 import scheduler_pb2_grpc
 from tests.api.client import SECRET, token
 from tests.deploy.manifests import K8S, OVERLAYS, main_container, named, render
-from tests.support import SCHEDULER, Component, wait_for, watermarks
+from tests.support import SCHEDULER, Component, peak_rss, wait_for, watermarks
 
 pytestmark = pytest.mark.integration
 
@@ -62,14 +62,6 @@ def memory_limit(deployment: str) -> tuple[int, str]:
             )
         )
     return min(limits)
-
-
-def peak_rss(component: Component) -> int:
-    """The process's peak resident memory so far, in bytes."""
-    for line in Path(f"/proc/{component.proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM in /proc/<pid>/status")
 
 
 def within_limit(component: Component, done: Callable[[], bool], what: str, load: str) -> None:
