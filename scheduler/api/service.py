@@ -82,19 +82,27 @@ class LargeRequests:
     def __init__(self) -> None:
         self._gate = asyncio.Semaphore(1)
 
-    async def take(self, method_name: str) -> None:
-        try:
-            await asyncio.wait_for(self._gate.acquire(), LARGE_REQUEST_WAIT_S)
-        except TimeoutError:
-            REQUESTS.labels(method_name, Code.UNAVAILABLE.value).inc()
-            raise ApiError(
-                Code.UNAVAILABLE,
-                f"busy with other requests over {LARGE_REQUEST_BYTES // (1024 * 1024)} MiB "
-                f"for {LARGE_REQUEST_WAIT_S:.0f} s; retry, or send smaller batches",
-            ) from None
+    async def take(self, method_name: str, wait_s: float = LARGE_REQUEST_WAIT_S) -> None:
+        """``wait_s``: what is left of the request's LARGE_REQUEST_WAIT_S (a gRPC call may have waited
+        for room to be read in, see grpc_server)."""
+        await take_within(self._gate, method_name, wait_s)
 
     def give_back(self) -> None:
         self._gate.release()
+
+
+async def take_within(gate: asyncio.Semaphore, method_name: str, wait_s: float) -> None:
+    """Acquire ``gate`` for a large request, or answer ``UNAVAILABLE`` (counted as the call's outcome)
+    once it has waited ``wait_s``."""
+    try:
+        await asyncio.wait_for(gate.acquire(), max(wait_s, 0.0))
+    except TimeoutError:
+        REQUESTS.labels(method_name, Code.UNAVAILABLE.value).inc()
+        raise ApiError(
+            Code.UNAVAILABLE,
+            f"busy with other requests over {LARGE_REQUEST_BYTES // (1024 * 1024)} MiB "
+            f"for {LARGE_REQUEST_WAIT_S:.0f} s; retry, or send smaller batches",
+        ) from None
 
 
 AUDIT_ENTITIES = ("app", "schedule", "run")

@@ -8,13 +8,16 @@ once took it to 1,257 MiB, forty to 1,861 MiB, past the 1280Mi its container has
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from scheduler.api.grpc_server import SERVICE
+from scheduler.api.grpc_server import READ_BATCHES, SERVICE
+from scheduler.api.service import LARGE_BODY_READ_S as BOUND_S
 from scheduler.v1 import scheduler_pb2 as pb
 from tests.api.client import GrpcCaller, Outcome, grpc_error, token
 from tests.api.conftest import ApiStack
@@ -26,6 +29,7 @@ BATCHES = 16
 # (about 320 MB for a 28 MiB batch) and a few received. Held whole while waiting, 16 took 994 MiB.
 ALLOWANCE_BYTES = 640 * MIB
 SCHEDULE = {"app": "alpha", "handler": "builtin:noop", "cron_expression": "0 6 * * *", "enabled": False}
+METHOD = f"/{SERVICE}/CreateSchedules"
 OPTIONS = [("grpc.max_send_message_length", 64 * MIB), ("grpc.max_receive_message_length", 64 * MIB)]
 
 
@@ -36,7 +40,7 @@ def large_batch(tag: str) -> bytes:
 
 
 def send(channel: grpc.Channel, message: bytes, bearer: str) -> Outcome:
-    call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(f"/{SERVICE}/CreateSchedules")
+    call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(METHOD)
     try:
         call(message, metadata=(("authorization", f"Bearer {bearer}"),), timeout=120)
     except grpc.RpcError as error:
@@ -83,3 +87,43 @@ def test_large_grpc_batches_at_once_hold_the_apis_memory_and_small_calls_are_ans
         f"{BATCHES} gRPC batches of 26 MiB at once took the API {grown / MIB:.0f} MiB above its idle "
         f"{before / MIB:.0f} MiB at its peak"
     )
+
+
+def test_batch_creates_whose_messages_stall_are_refused_and_give_their_room_back(api_stack: ApiStack) -> None:
+    """A batch create's message is read only once there is room for it, and must then come within
+    20 s (as a large HTTP body must once its turn is taken): callers that take all the room and
+    never send their message are answered INVALID_ARGUMENT, and give their room back."""
+    api = api_stack.start()
+    bearer = token(subject="staller")
+    release = threading.Event()
+
+    def never_sent() -> Iterator[bytes]:
+        release.wait(BOUND_S + 40)
+        yield from ()
+
+    def stall(channel: grpc.Channel) -> Outcome:
+        call: grpc.StreamUnaryMultiCallable[bytes, bytes] = channel.stream_unary(METHOD)
+        try:
+            call(
+                never_sent(),
+                metadata=(("authorization", f"Bearer {bearer}"),),
+                timeout=BOUND_S + 30,
+            )
+        except grpc.RpcError as error:
+            return grpc_error(error)
+        return Outcome("OK")
+
+    small = GrpcCaller(api.grpc_target)
+    channels = [grpc.insecure_channel(api.grpc_target, options=OPTIONS) for _ in range(READ_BATCHES)]
+    try:
+        with ThreadPoolExecutor(len(channels)) as pool:
+            stalled = list(pool.map(stall, channels))
+            after = small.call("CreateSchedules", {"schedules": [SCHEDULE | {"name": "after-stall"}]}, bearer)
+    finally:
+        release.set()
+        for channel in channels:
+            channel.close()
+        small.close()
+    assert {o.code for o in stalled} == {"INVALID_ARGUMENT"}, stalled
+    assert all(f"did not arrive within {BOUND_S:.0f} s" in o.body["message"] for o in stalled)
+    assert after.ok, after

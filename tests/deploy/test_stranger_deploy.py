@@ -173,10 +173,10 @@ def test_the_api_takes_concurrent_large_grpc_batches_within_its_containers_memor
     """A loader creates schedules in batches of 30 with payloads of 900 KB (27 MiB a message, under
     the 32 MiB gRPC takes), 20 at once on one channel, as docs/api.md allows an admitted caller.
 
-    Over 4 MiB, batches are applied one at a time, but over gRPC each waiting one is held received
-    (docs/api.md, "Operating it"), so the API's memory grows with the callers: 940-970 MiB at its
-    peak, over the 768Mi its container had (set from eight at once over HTTP, whose bodies wait
-    unread), within the 1280Mi it has now."""
+    Over 4 MiB, batches are applied one at a time, and over gRPC at most four wait received, the
+    others unread (docs/api.md, "Operating it"). When each waiting one was held received, the API's
+    memory grew with the callers: 940-1,257 MiB at its peak, over the 768Mi its container had (set
+    from eight at once over HTTP, whose bodies wait unread); it no longer does."""
     limit, where = memory_limit("scheduler-api")
     batches = 20
     init_app(settings_env)
