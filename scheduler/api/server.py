@@ -197,6 +197,11 @@ class RetentionSweep(Service):
         self.session = Session(database)
         self.every_s = every_s
 
+    def checks(self) -> Sequence[Check]:
+        # The API server probes PostgreSQL too (one probe for both): declared here as well, so that
+        # a sweep waiting on a PostgreSQL that stopped answering is not judged wedged by /live.
+        return (self.session.database.check(),)
+
     def step(self) -> bool:
         conn = self.session.conn
         with conn.transaction():

@@ -1,9 +1,12 @@
 """The health and metrics endpoints of a component process, on its own port.
 
 - ``/live``: the loop of every service in the process turned recently (a wedged loop is restarted
-  by whoever probes this; a loop backing off from a failed dependency is still turning). The
-  worker's job loop counts too: an async handler that blocks it past the timeout wedges the worker.
-- ``/startup``: every service completed a first step.
+  by whoever probes this; a loop backing off from a failed dependency is still turning), or waits
+  on a dependency that stalls steps and does not answer (a PostgreSQL that stopped answering: see
+  :class:`Check`), which a restart cannot cure. The worker's job loop counts too: an async handler
+  that blocks it past the timeout wedges the worker.
+- ``/startup``: every service took a first step, done or failed: the process has started itself,
+  and waits out a dependency's outage unready, not unstarted (a startup probe would kill it).
 - ``/ready``: started, not stopping, and every dependency answers (PostgreSQL, Kafka, and for
   consumers an assigned or joining group).
 - ``/health``: the JSON document operators read: ``status``, ``timestamp``, ``components`` (each
@@ -72,9 +75,13 @@ class Health:
         self.live_timeout_s = live_timeout_s
         self.started_at = time.monotonic()
         checks: dict[str, Check] = {}
+        # Per service, the dependencies its steps can wait on for good (see Check.stalls_steps).
+        self._stalling: dict[str, list[str]] = {}
         for service in services:
             for check in service.checks():
                 checks.setdefault(check.name, check)  # one PostgreSQL probe for the whole process
+                if check.stalls_steps:
+                    self._stalling.setdefault(service.name, []).append(check.name)
         self.checks = list(checks.values())
         self._cache: tuple[float, dict[str, Probe]] | None = None
         self._lock = threading.Lock()
@@ -90,15 +97,37 @@ class Health:
         """The ``/metrics`` exposition: the component's registry, then the readiness gauges."""
         return generate_latest(self.registry) + generate_latest(self.readiness)
 
+    def overdue(self) -> tuple[list[str], dict[str, tuple[str, Probe]]]:
+        """The services that have not turned within the live timeout: those wedged, and those
+        waiting on a dependency that stalls their steps and does not answer (each with its name and
+        probe). The dependencies are probed only when a loop is overdue: a turning loop costs none.
+
+        A loop stuck in its own code during such an outage is taken for a waiting one until the
+        dependency answers again; a live timeout later it is wedged."""
+        late = [s.name for s in self.services if s.seconds_since_turn() >= self.live_timeout_s]
+        if not any(name in self._stalling for name in late):
+            return late, {}
+        probes = self.probes()
+        wedged: list[str] = []
+        waiting: dict[str, tuple[str, Probe]] = {}
+        for name in late:
+            down = [d for d in self._stalling.get(name, ()) if probes[d].status == "down"]
+            if down:
+                waiting[name] = (down[0], probes[down[0]])
+            else:
+                wedged.append(name)
+        return wedged, waiting
+
     def wedged(self) -> list[str]:
-        """The services that have not turned within the live timeout."""
-        return [s.name for s in self.services if s.seconds_since_turn() >= self.live_timeout_s]
+        """The services that have not turned within the live timeout and wait on no outage."""
+        return self.overdue()[0]
 
     def live(self) -> bool:
         return not self.wedged()
 
     def started(self) -> bool:
-        return all(s.status.started for s in self.services)
+        """``/startup``: every service took a first step, done or failed (see the module's docstring)."""
+        return all(s.status.stepped for s in self.services)
 
     def probes(self) -> dict[str, Probe]:
         with self._lock:
@@ -131,7 +160,7 @@ class Health:
         return self._serving() and all(p.status == "up" for p in probes.values()), probes
 
     def _serving(self) -> bool:
-        return self.started() and not any(s.status.stopping for s in self.services)
+        return all(s.status.started and not s.status.stopping for s in self.services)
 
     def document(self) -> dict[str, Any]:
         components: dict[str, dict[str, Any]] = {}
@@ -139,6 +168,7 @@ class Health:
             components[name] = {"status": probe.status, "latency_ms": round(probe.latency_ms, 2)}
             if probe.detail:
                 components[name]["detail"] = probe.detail
+        waiting = self.overdue()[1]
         for service in self.services:
             st = service.status
             since_turn = service.seconds_since_turn()
@@ -152,6 +182,8 @@ class Health:
             }
             if st.last_error:
                 entry["last_error"] = st.last_error
+            if service.name in waiting:
+                entry["waiting_on"] = waiting[service.name][0]
             components[f"loop:{service.name}"] = entry
         healthy = self.live() and self.ready()
         return {

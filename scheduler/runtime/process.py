@@ -33,7 +33,7 @@ log = logging.getLogger("scheduler.process")
 EXIT_MARGIN_S = 5.0
 # How soon the main thread notices a signal (see run_component's handler).
 SIGNAL_POLL_S = 0.1
-# How often a component under ``run all`` checks that it is live (see run_component).
+# How often a component checks that it is live, or waits on an outage (see run_component).
 LIVE_CHECK_S = 1.0
 
 
@@ -133,6 +133,11 @@ def run_component(
     Under ``run all`` a process that stops being live (a service loop wedged past
     ``live_timeout_s``, as ``/live`` judges it) stops itself and exits 1, so that the supervisor,
     which watches only for exits, restarts it as a liveness probe would have.
+
+    A loop that has not turned for ``live_timeout_s`` because it waits on a dependency that does
+    not answer (a PostgreSQL that stopped answering holds its statement: see ``Check``) is not
+    wedged: the process says so once, a warning naming the dependency, and once more when the loop
+    turns again. Nothing else would: the loop neither fails nor retries while it waits.
     """
     stop = threading.Event()
     # The handler only notes the signal: it runs on the main thread between two of its bytecodes,
@@ -190,13 +195,28 @@ def run_component(
     for thread in threads:
         thread.start()
     next_live_check = time.monotonic() + LIVE_CHECK_S
+    said_waiting: set[str] = set()  # the loops whose wait on an outage was said, until they turn
     while not stop.is_set() and not received and any(t.is_alive() for t in threads):
         stop.wait(SIGNAL_POLL_S)
         heartbeat.beat()
-        if supervised and time.monotonic() >= next_live_check:
+        if time.monotonic() >= next_live_check:
             next_live_check = time.monotonic() + LIVE_CHECK_S
-            wedged = health.wedged()
-            if wedged:
+            wedged, waiting = health.overdue()
+            for name, (dependency, probe) in waiting.items():
+                if name not in said_waiting:
+                    said_waiting.add(name)
+                    log.warning(
+                        "%s has not turned for %.0f s: it waits on %s, which does not answer (%s); "
+                        "not ready, and live, until it answers",
+                        name,
+                        live_timeout_s,
+                        dependency,
+                        probe.detail,
+                    )
+            for name in sorted(said_waiting - set(waiting) - set(wedged)):
+                said_waiting.discard(name)
+                log.info("%s turned again", name)
+            if supervised and wedged:
                 log.error(
                     "not live: %s has not turned for %.0f s; stopping, for run all to restart the process",
                     " and ".join(wedged),

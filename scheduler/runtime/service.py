@@ -69,13 +69,15 @@ class ServiceStatus:
     def __init__(self) -> None:
         self.started_at = time.monotonic()
         self.last_turn = self.started_at
-        self.started = False  # a first step completed: /startup
+        self.stepped = False  # a first step done, or failed and retried: /startup
+        self.started = False  # a first step completed: /ready
         self.stopping = False
         self.failures = 0  # consecutive transient failures
         self.last_error: str | None = None
 
     def turned(self) -> None:
         self.last_turn = time.monotonic()
+        self.stepped = True
 
     def succeeded(self) -> None:
         self.turned()
@@ -96,10 +98,15 @@ class ServiceStatus:
 class Check:
     """A dependency the service needs to be ready: ``probe`` raises when it does not answer, and
     returns a short detail otherwise. Probes run on the health server's thread, so they must use
-    their own clients (never the service's) and bound their own time."""
+    their own clients (never the service's) and bound their own time.
+
+    ``stalls_steps``: a step can wait on this dependency for as long as it does not answer, its
+    client having no bound of its own (PostgreSQL: see :meth:`Database.check`). While its probe
+    fails, a loop that does not turn is waiting on it, which ``/live`` does not count as wedged."""
 
     name: str
     probe: Callable[[], str | None]
+    stalls_steps: bool = False
 
 
 class Service(ABC):

@@ -111,14 +111,24 @@ class Database:
         return Wakeup(self.conninfo, channel)
 
     def check(self) -> Check:
-        """A readiness probe on a connection of its own: one round trip, bounded in time."""
+        """A readiness probe on a connection of its own: one round trip, bounded in time.
+
+        It stalls steps: a PostgreSQL that stops answering without closing anything (its processes
+        stopped, a frozen VM, a storage stall) holds a statement under way for good. Its kernel
+        still acknowledges the bytes sent and answers keepalives, so neither keepalives nor
+        ``tcp_user_timeout`` end the connection, and ``statement_timeout`` is the frozen server's
+        to enforce; psycopg has no client-side bound. Cutting such a statement off from another
+        thread would need a deadline on every statement, longer than the longest legitimate one,
+        and gain nothing: the retry would wait on the same server. So the service's loop is left
+        waiting, and ``/live`` is told that it waits on PostgreSQL (while this probe fails) rather
+        than wedged, which a restart could not cure."""
 
         def probe() -> str | None:
             with psycopg.connect(self.conninfo, connect_timeout=PROBE_TIMEOUT_S, autocommit=True) as conn:
                 conn.execute("select 1")
             return None
 
-        return Check("postgresql", probe)
+        return Check("postgresql", probe, stalls_steps=True)
 
     def __repr__(self) -> str:
         return f"Database({self.display})"

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from bench.chaos_stack import free_port
+from scheduler.config import Settings
+from scheduler.kafka.transport import TopicAdmin
 from tests.e2e.health import get, status
 from tests.support import Component, PostgreSQLPort, wait_for
 
@@ -27,10 +29,13 @@ pytestmark = pytest.mark.e2e
 
 @pytest.mark.parametrize("component", ["scanner", "relay", "reconciler", "ingestor"])
 def test_a_component_started_during_a_postgresql_outage_passes_its_startup_probe_and_is_not_ready(
-    component: str, settings_env: dict[str, str], database_url: str, tmp_path: Path
+    component: str, settings: Settings, settings_env: dict[str, str], database_url: str, tmp_path: Path
 ) -> None:
     """``/startup`` answers 503 until PostgreSQL answers ("every service completed a first step"),
     so the kubelet kills the pod 5 minutes into the outage, and each one it starts again."""
+    # The topics `scheduler init` would have made, had PostgreSQL answered it: the reconciler and
+    # the ingestor consume from them, and are not ready without them.
+    TopicAdmin(settings.kafka_bootstrap).ensure_topics(settings.core_topics)
     port = PostgreSQLPort(database_url)  # down: refuses every connection
     metrics_port = free_port()
     env = settings_env | {

@@ -195,6 +195,42 @@ def test_live_does_not_probe_the_dependencies(serve: Serve) -> None:
     assert probe.calls == 0
 
 
+def test_a_loop_waiting_on_a_dependency_that_stalls_steps_is_live_while_it_does_not_answer(
+    serve: Serve, no_probe_cache: None
+) -> None:
+    """A PostgreSQL that stopped answering holds the step's statement: the loop does not turn, but
+    it waits on the outage, which a restart cannot cure. Once PostgreSQL answers, a loop that still
+    does not turn is wedged."""
+    postgres = FakeProbe()
+    service = started(FakeService("scan", [Check("postgresql", postgres, stalls_steps=True)]))
+    client = serve([service])
+    postgres.error = ConnectionError("timeout expired")
+    service.status.last_turn = time.monotonic() - 10 * health_module.LIVE_TIMEOUT_S
+
+    assert client.get("/live").status_code == 200
+    assert client.get("/ready").status_code == 503
+    loop = client.get("/health").json()["components"]["loop:scan"]
+    assert (loop["status"], loop["waiting_on"]) == ("down", "postgresql")
+
+    postgres.error = None
+    assert client.get("/live").status_code == 503
+    assert "waiting_on" not in client.get("/health").json()["components"]["loop:scan"]
+
+
+def test_a_wedged_loop_is_not_live_though_a_dependency_that_cannot_stall_it_is_down(
+    serve: Serve, no_probe_cache: None
+) -> None:
+    """Only a dependency that stalls steps excuses a loop that does not turn: Kafka's client bounds
+    its own calls, and another service's PostgreSQL is not this loop's."""
+    kafka, postgres = FakeProbe(), FakeProbe()
+    kafka.error = postgres.error = ConnectionError("down")
+    worker = started(FakeService("worker", [Check("kafka", kafka)]))
+    scanner = started(FakeService("scan", [Check("postgresql", postgres, stalls_steps=True)]))
+    client = serve([worker, scanner])
+    worker.status.last_turn = time.monotonic() - 10 * health_module.LIVE_TIMEOUT_S
+    assert client.get("/live").status_code == 503
+
+
 def test_a_failing_loop_that_keeps_retrying_is_still_live(serve: Serve) -> None:
     service = FakeService("scan")
     client = serve([service], live_timeout_s=0.2)
@@ -207,7 +243,9 @@ def test_a_failing_loop_that_keeps_retrying_is_still_live(serve: Serve) -> None:
 # /startup -----------------------------------------------------------------------------------------
 
 
-def test_startup_only_after_the_first_successful_step(serve: Serve) -> None:
+def test_startup_after_the_first_step_even_a_failed_one(serve: Serve) -> None:
+    """A first step that failed on a dependency's outage is a process that started and waits the
+    outage out, unready: a startup probe must not kill it for the outage."""
     service = FakeService("scan")
     client = serve([service])
 
@@ -216,12 +254,14 @@ def test_startup_only_after_the_first_successful_step(serve: Serve) -> None:
     assert response.json() == {"status": "not started"}
 
     service.status.failed(ConnectionError("still down"))
-    assert client.get("/startup").status_code == 503
-
-    service.status.succeeded()
     response = client.get("/startup")
     assert response.status_code == 200
     assert response.json() == {"status": "started"}
+    assert client.get("/ready").status_code == 503
+
+    service.status.succeeded()
+    assert client.get("/startup").status_code == 200
+    assert client.get("/ready").status_code == 200
 
 
 def test_startup_needs_every_service(serve: Serve) -> None:

@@ -10,6 +10,7 @@ heartbeat pipe it hands over in ``SCHEDULER_HEARTBEAT_FD``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -35,9 +36,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from scheduler.runtime.process import run_component
-from scheduler.runtime.service import Service
+from scheduler.runtime.service import Check, Service
 
 mode, turns_file, port = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+# In mode "waiting", the dependency answers once this file exists.
+answers = turns_file.parent / "answers"
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
 
 
@@ -51,7 +54,17 @@ class Loop(Service):
         turns_file.write_text(str(self.turns))
         if mode == "wedged" and self.turns == 3:
             time.sleep(600)  # a loop stuck for good: it never turns again, nor sees the stop
+        while mode == "waiting" and self.turns == 3 and not answers.exists():
+            time.sleep(0.05)  # a statement held by a PostgreSQL that stopped answering
         return False
+
+    def checks(self):
+        def probe():
+            if not answers.exists():
+                raise TimeoutError("timeout expired")
+            return None
+
+        return [Check("postgresql", probe, stalls_steps=True)] if mode == "waiting" else []
 
     def idle(self, stop) -> None:
         stop.wait(0.1)
@@ -126,6 +139,40 @@ def test_a_supervised_component_that_keeps_turning_stays_up_until_told_to_stop(t
         proc.send_signal(signal.SIGTERM)
     code, err = finish(proc)
     assert code == 0 and "not live" not in err, err
+
+
+def test_a_supervised_component_waiting_on_a_postgresql_that_does_not_answer_says_so_once_and_stays(
+    tmp_path: Path,
+) -> None:
+    """A loop held by a PostgreSQL that stopped answering is not wedged: a restart cannot cure the
+    outage. The process names the outage once, and once more when the loop turns again."""
+    proc = start(tmp_path, "waiting", supervised=True)
+    assert proc.stderr is not None
+    os.set_blocking(proc.stderr.fileno(), False)
+    said = bytearray()
+
+    def log_so_far() -> str:
+        with contextlib.suppress(BlockingIOError):
+            said.extend(os.read(proc.stderr.fileno(), 65536) if proc.stderr else b"")
+        return said.decode(errors="replace")
+
+    try:
+        wait_for(lambda: turns(tmp_path) >= 3, 30, "the loop to reach its held step")
+        held_since = time.monotonic()
+        # Three live timeouts held: three chances to be wrongly stopped, and to say it again.
+        wait_for(lambda: time.monotonic() - held_since >= 3 * LIVE_TIMEOUT_S, 30, "the outage to last")
+        assert proc.poll() is None
+        (tmp_path / "answers").touch()
+        wait_for(lambda: "loop turned again" in log_so_far(), 30, "the loop to turn again")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, rest = finish(proc)
+    err = said.decode(errors="replace") + rest
+    assert code == 0 and "not live" not in err, err
+    waiting = "loop has not turned for 2 s: it waits on postgresql, which does not answer"
+    assert err.count(waiting) == 1, err
+    assert "TimeoutError: timeout expired" in err, err
+    assert err.count("loop turned again") == 1, err
 
 
 def test_an_unsupervised_wedged_component_is_left_to_its_liveness_probe(tmp_path: Path) -> None:
