@@ -103,7 +103,11 @@ class Spec:
 
 
 @st.composite
-def field(draw: st.DrawFn, low: int, high: int, star_weight: int = 1) -> tuple[str, frozenset[int]]:
+def field(
+    draw: st.DrawFn, low: int, high: int, star_weight: int = 1, step_end: int | None = None
+) -> tuple[str, frozenset[int]]:
+    """A field's text and its values; ``step_end``: where a step from a start ends when not at
+    ``high`` (the day of week's ``n/k`` runs to 7, Sunday again), its values folded into the field."""
     kind = draw(st.sampled_from(["star"] * star_weight + ["star_step", "one", "list", "range", "start_step"]))
     full = range(low, high + 1)
     if kind == "star":
@@ -123,7 +127,8 @@ def field(draw: st.DrawFn, low: int, high: int, star_weight: int = 1) -> tuple[s
         return f"{first}-{last}", frozenset(range(first, last + 1))
     start = draw(st.integers(low, high))
     step = draw(st.integers(2, max(2, (high - low) // 2)))
-    return f"{start}/{step}", frozenset(range(start, high + 1, step))
+    end = high if step_end is None else step_end
+    return f"{start}/{step}", frozenset(value % (high + 1) for value in range(start, end + 1, step))
 
 
 @st.composite
@@ -132,7 +137,7 @@ def specs(draw: st.DrawFn) -> Spec:
     hour_text, hours = draw(field(0, 23))
     day_text, days = draw(field(1, 31, star_weight=12))
     month_text, months = draw(field(1, 12, star_weight=12))
-    weekday_text, weekdays = draw(field(0, 6, star_weight=12))
+    weekday_text, weekdays = draw(field(0, 6, star_weight=12, step_end=7))
     text = " ".join([minute_text, hour_text, day_text, month_text, weekday_text])
     return Spec(
         text=text,
