@@ -1,0 +1,92 @@
+"""What a user finds on the dead-letter topic and in `scheduler dlq list` for jobs that failed: each
+letter's attempt history against the run's attempts in PostgreSQL, through a replay; and the letter
+of a job no worker could decode, found by the error class its worker gave it."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.config import Settings
+from scheduler.kafka.avro import AvroCodec
+from scheduler.kafka.messages import JobDeadLetter
+from scheduler.schedule import service
+from scheduler.schedule.spec import ScheduleSpec
+from scheduler.store import connect
+from tests.integration.test_schedules_cli import Cli
+from tests.support import SCHEDULER, Component, attempts_history, components, read_topic, stop_all, wait_for
+
+pytestmark = pytest.mark.e2e
+
+APP = "payments"
+
+
+@pytest.fixture
+def cli(settings: Settings, settings_env: dict[str, str], tmp_path: Path) -> Iterator[Cli]:
+    """Core topics, an app, and every component running (one worker of the app)."""
+    subprocess.run([SCHEDULER, "init"], env=settings_env, check=True, capture_output=True)
+    cli = Cli(settings_env)
+    assert cli("apps", "create", APP, "--partitions", "1").returncode == 0
+    env = settings_env | {"SCHEDULER_MAX_SCAN_SLEEP": "0.2"}
+    with components(env, tmp_path, "scanner", "relay", "reconciler"):
+        worker = Component("worker", env, tmp_path, "--app", APP)
+        try:
+            yield cli
+        finally:
+            stop_all([worker])
+
+
+def letters(settings: Settings) -> list[JobDeadLetter]:
+    codec = AvroCodec()
+    topic = read_topic(settings.kafka_bootstrap, settings.dlq_topic)
+    return [codec.decode(JobDeadLetter, value) for _, value, _ in topic]
+
+
+def dead_run(settings: Settings, schedule_id: Any, attempt: int) -> dict[str, Any] | None:
+    with connect(settings.database_url) as conn:
+        row: dict[str, Any] | None = conn.execute(
+            "select * from runs where schedule_id = %s and state = 'dead' and attempt = %s",
+            (schedule_id, attempt),
+        ).fetchone()
+        return row
+
+
+def test_the_dead_letter_of_a_replayed_run_holds_every_attempt_of_the_run(
+    cli: Cli, settings: Settings
+) -> None:
+    """A job that fails every time, 2 attempts a budget: dead at attempt 2, replayed, dead again at
+    attempt 4. Its second letter on the dead-letter topic must list every attempt of the run, as the
+    schema says ("Every attempt of the run, oldest first, the last one included") and as PostgreSQL
+    has them (`scheduler runs get`). It lists 1, 3 and 4: the attempt that died before the replay is
+    missing, because the replayed job message is built with no previous attempts and a retry's
+    history is read from the retries only."""
+    with connect(settings.database_url) as conn:
+        spec = ScheduleSpec(
+            app=APP,
+            handler="builtin:fail",
+            kind="immediate",
+            payload={"times": 100, "retryable": True},
+            max_attempts=2,
+            backoff_base_ms=10,
+            backoff_max_ms=50,
+        )
+        schedule_id = service.create_schedule(conn, spec, "test")["id"]
+    first = wait_for(lambda: dead_run(settings, schedule_id, 2), 60, "the run dead at attempt 2")
+    replay = cli("dlq", "replay", "--run", str(first["id"]))
+    assert replay.returncode == 0 and replay.stdout.startswith("replayed 1 run in "), replay
+    wait_for(lambda: dead_run(settings, schedule_id, 4), 60, "the replayed run dead at attempt 4")
+
+    in_postgresql = sorted(
+        a["attempt"] for a in attempts_history(settings.database_url, "id = %s", first["id"])
+    )
+    assert in_postgresql == [1, 2, 3, 4], in_postgresql
+    last = wait_for(
+        lambda: next((d for d in letters(settings) if d.run_id == first["id"] and d.attempt == 4), None),
+        60,
+        "the dead letter of attempt 4 on the topic",
+    )
+    assert [a.attempt for a in last.attempts] == in_postgresql
