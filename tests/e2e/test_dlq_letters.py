@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer as RawProducer
 
 from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
@@ -90,3 +91,23 @@ def test_the_dead_letter_of_a_replayed_run_holds_every_attempt_of_the_run(
         "the dead letter of attempt 4 on the topic",
     )
     assert [a.attempt for a in last.attempts] == in_postgresql
+
+
+def test_an_undecodable_job_is_listed_by_the_error_class_its_letter_has(cli: Cli, settings: Settings) -> None:
+    """Bytes on the job topic that are no job: the worker dead-letters them with an error class
+    (on the topic), and `dlq list` lists the letter (kind undecodable). Filtering the list by that
+    class (`--error-class`, "only dead letters whose error is of this class") must find it; it finds
+    nothing, as the class is dropped when the letter is mirrored into PostgreSQL, and the filter
+    reads the text before the letter's first ':' instead (here "unknown framing (first byte 0xff)")."""
+    producer = RawProducer({"bootstrap.servers": settings.kafka_bootstrap})
+    producer.produce(settings.jobs_topic(APP), b"\xff not a job", partition=0)
+    assert producer.flush(30) == 0
+    listed = wait_for(
+        lambda: [d for d in cli.json("dlq", "list", "--app", APP, "--json") if d["kind"] == "undecodable"],
+        60,
+        "the undecodable letter listed",
+    )
+    (letter,) = [d for d in letters(settings) if d.cause == "undecodable"]
+    assert listed[0]["id"] == str(letter.event_id)
+    by_class = cli.json("dlq", "list", "--app", APP, "--error-class", letter.error_class, "--json")
+    assert [d["id"] for d in by_class] == [str(letter.event_id)], (letter.error_class, listed)
