@@ -51,7 +51,8 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class FailedAttempt:
-    """An attempt that failed retryably: the history a run's later attempts carry to its dead letter."""
+    """An attempt that failed (retryably, or for good before a replay): the history a run's later
+    attempts carry to its dead letter."""
 
     attempt: int
     worker: str | None

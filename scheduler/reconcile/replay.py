@@ -174,6 +174,7 @@ class Replayer:
             scheduled_for=run.scheduled_for,
             attempt=attempt,
             deadline=attempt_deadline(dead.now, job.timeout_ms),
+            previous_attempts=dead.history,
             traceparent=dead.creation_traceparent,
         )
         # No lease: like any dispatched attempt, it gets one when a worker starts it.

@@ -12,9 +12,9 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-from scheduler.domain.run import Run
+from scheduler.domain.run import FailedAttempt, Run
 from scheduler.domain.schedule import ExecutionSettings
-from scheduler.store.entities import execution_from_row, run_from_row
+from scheduler.store.entities import execution_from_row, failed_attempts_from_json, run_from_row
 from scheduler.store.scan import NextAttempt
 from scheduler.store.sql import query
 
@@ -56,6 +56,9 @@ class ResendableRun:
     """Its schedule's settings, with the run's own attempt budget."""
     budget: int
     """The schedule's max_attempts: how many more attempts a replay grants."""
+    history: tuple[FailedAttempt, ...]
+    """The attempts that ended so far, oldest first (those that died before a replay included): its
+    next job message carries them, for the dead letter's history."""
     now: datetime
     creation_traceparent: str | None = None
     """A one-shot schedule's creation trace, which every attempt of its run continues."""
@@ -77,7 +80,12 @@ def dead_runs_for_replay(
     ).fetchall()
     return [
         ResendableRun(
-            run_from_row(row), execution_from_row(row), row["budget"], row["now"], row["creation_traceparent"]
+            run=run_from_row(row),
+            job=execution_from_row(row),
+            budget=row["budget"],
+            history=failed_attempts_from_json(row["history"]),
+            now=row["now"],
+            creation_traceparent=row["creation_traceparent"],
         )
         for row in rows
     ]
@@ -106,7 +114,12 @@ def lost_runs_for_redispatch(
     ).fetchall()
     return [
         ResendableRun(
-            run_from_row(row), execution_from_row(row), row["budget"], row["now"], row["creation_traceparent"]
+            run=run_from_row(row),
+            job=execution_from_row(row),
+            budget=row["budget"],
+            history=failed_attempts_from_json(row["history"]),
+            now=row["now"],
+            creation_traceparent=row["creation_traceparent"],
         )
         for row in rows
     ]

@@ -93,6 +93,34 @@ def test_the_dead_letter_of_a_replayed_run_holds_every_attempt_of_the_run(
     assert [a.attempt for a in last.attempts] == in_postgresql
 
 
+def test_the_dead_letter_of_a_run_replayed_after_dying_at_once_lists_both_deaths(
+    cli: Cli, settings: Settings
+) -> None:
+    """A job whose handler no worker runs dies at its first attempt (non-retryable, so no retry
+    row); replayed, it dies again at attempt 2. Its second letter lists both attempts, as
+    PostgreSQL has them, not the last one alone."""
+    with connect(settings.database_url) as conn:
+        spec = ScheduleSpec(app=APP, handler="sys:exit", kind="immediate", max_attempts=3)
+        schedule_id = service.create_schedule(conn, spec, "test")["id"]
+    first = wait_for(lambda: dead_run(settings, schedule_id, 1), 60, "the run dead at attempt 1")
+    replay = cli("dlq", "replay", "--run", str(first["id"]))
+    assert replay.returncode == 0, replay
+    wait_for(lambda: dead_run(settings, schedule_id, 2), 60, "the replayed run dead at attempt 2")
+    in_postgresql = sorted(
+        a["attempt"] for a in attempts_history(settings.database_url, "id = %s", first["id"])
+    )
+    assert in_postgresql == [1, 2], in_postgresql
+    last = wait_for(
+        lambda: next((d for d in letters(settings) if d.run_id == first["id"] and d.attempt == 2), None),
+        60,
+        "the dead letter of attempt 2 on the topic",
+    )
+    assert [(a.attempt, a.error_class) for a in last.attempts] == [
+        (1, "HandlerNotRegistered"),
+        (2, "HandlerNotRegistered"),
+    ]
+
+
 def test_an_undecodable_job_is_listed_by_the_error_class_its_letter_has(cli: Cli, settings: Settings) -> None:
     """Bytes on the job topic that are no job: the worker dead-letters them with an error class
     (on the topic), and `dlq list` lists the letter (kind undecodable). Filtering the list by that

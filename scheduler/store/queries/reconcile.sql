@@ -317,7 +317,7 @@ select w.id, w.schedule_id, w.app, w.attempt, w.max_attempts, w.state, w.schedul
                    'finished_at', a.finished_at, 'error', a.error, 'error_class', a.error_class)
                    order by a.attempt), '[]'::jsonb)
           from attempts a
-         where a.run_id = w.id and a.kind = 'retry' and a.outcome = 'applied') as history
+         where a.run_id = w.id and a.kind in ('retry', 'dead') and a.outcome = 'applied') as history
   from swept w
   join schedules s on s.id = w.schedule_id;
 
