@@ -50,6 +50,7 @@ class UndecodableLetter:
     app: str
     cause: str
     error: str
+    error_class: str
     original_bytes: bytes
     topic: str | None
     partition: int | None
@@ -211,6 +212,7 @@ def record_undecodable(conn: psycopg.Connection[Row], letters: Sequence[Undecoda
             "apps": [x.app for x in letters],
             "causes": [x.cause for x in letters],
             "errors": [x.error for x in letters],
+            "error_classes": [x.error_class for x in letters],
             "original_bytes": [x.original_bytes for x in letters],
             "topics": [x.topic for x in letters],
             "partitions": [x.partition for x in letters],

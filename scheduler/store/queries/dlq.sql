@@ -1,7 +1,8 @@
 -- name: list_dead
 -- Dead runs (mirrored from .dlq or swept), newest first, with the undecodable letters beside them;
--- `apps` (the API's scope) null: any app. An error class is the error's text before its first ':',
--- as dead_runs_for_replay reads it.
+-- `apps` (the API's scope) null: any app. A run's error class is its error's text before the first
+-- ':' (`<error_class>: <error>`, as dead_runs_for_replay reads it); an undecodable letter's is the
+-- class on the letter, kept apart (its text has none before a ':').
 select * from (
     select r.id::text as id, 'run' as kind, r.app, r.schedule_id, r.attempt, r.error,
            r.finished_at as dead_at, r.worker
@@ -17,7 +18,7 @@ select * from (
     select d.event_id, 'undecodable', d.app, null, null, d.error, d.received_at, null
       from dead_letters d
      where %(schedule_id)s::uuid is null
-       and (%(error_class)s::text is null or split_part(d.error, ':', 1) = %(error_class)s::text)
+       and (%(error_class)s::text is null or d.error_class = %(error_class)s::text)
        and (%(app)s::text is null or d.app = %(app)s::text)
        and (%(apps)s::text[] is null or d.app = any(%(apps)s::text[]))
        and (%(since)s::timestamptz is null or d.received_at >= %(since)s::timestamptz)
