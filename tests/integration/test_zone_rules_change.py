@@ -13,11 +13,15 @@ from __future__ import annotations
 import importlib.resources
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
 
+from scheduler.config import Settings
+from scheduler.store import connect
 from tests.integration.test_schedules_cli import Cli, app, cli  # noqa: F401 (fixtures)
+from tests.support import Component, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -31,6 +35,15 @@ def new_york_keeps_edt(folder: Path) -> dict[str, str]:
     fixed = importlib.resources.files("tzdata").joinpath("zoneinfo/Etc/GMT+4").read_bytes()
     (folder / "America" / "New_York").write_bytes(fixed)
     return {"PYTHONTZPATH": str(folder)}
+
+
+def zone_database(folder: Path, release: str | None) -> dict[str, str]:
+    """As :func:`new_york_keeps_edt`, the folder a zone database of IANA release ``release``
+    (its ``tzdata.zi`` says so, as every copy's does), or of no release that can be told."""
+    env = new_york_keeps_edt(folder)
+    if release is not None:
+        (folder / "tzdata.zi").write_text(f"# version {release}\n# the zones' files are beside it\n")
+    return env
 
 
 def test_a_stored_next_fire_follows_the_zones_new_rules(cli: Cli, app: str, tmp_path: Path) -> None:  # noqa: F811
@@ -62,3 +75,107 @@ def test_a_stored_next_fire_follows_the_zones_new_rules(cli: Cli, app: str, tmp_
             f"next fire {next_fire.astimezone(PERMANENT_EDT).isoformat()} on New York's new clocks, "
             f"where `cron next` previews {nine_edt.isoformat()}"
         )
+
+
+def schedule_row(settings: Settings, schedule_id: str) -> dict[str, Any]:
+    with connect(settings.database_url, autocommit=True) as conn:
+        row = conn.execute(
+            "select next_fire_at, version, state from schedules where id = %s", (schedule_id,)
+        ).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+def recorded_zone_rules(settings: Settings) -> dict[str, Any]:
+    with connect(settings.database_url, autocommit=True) as conn:
+        row = conn.execute("select version, done_at from zone_rules").fetchone()
+    assert row is not None
+    return dict(row)
+
+
+def test_a_scanner_under_newer_zone_rules_moves_the_stored_fires_beyond_its_look_ahead(
+    cli: Cli,  # noqa: F811
+    app: str,  # noqa: F811
+    settings: Settings,
+    tmp_path: Path,
+) -> None:
+    """A scanner started under a newer zone database (release 2999a, where New York keeps EDT)
+    computes the stored next fires again: `0 9 1 12 *` moves from 14:00Z to 13:00Z, 09:00 on the new
+    clocks, without a new version (no user changed it). A fire within the look-ahead (60 s here) is
+    left as it is, however the new rules would have it: it may be leased or made already. The
+    release is recorded once the pass is done."""
+    far = cli.json(
+        "schedules", "create", "--app", app, "--cron", "0 9 1 12 *", "--tz", "America/New_York",
+        "--handler", "builtin:noop",
+    )  # fmt: skip
+    near = cli.json(
+        "schedules", "create", "--app", app, "--cron", "* * * * *", "--tz", "America/New_York",
+        "--handler", "builtin:noop", "--overlap", "skip",
+    )  # fmt: skip
+    # Due 50 s from now, at an instant no rules give (not a whole minute): computed again, it would
+    # move. Overlap skip: the scanner leases it only at its instant, well after the pass.
+    with connect(settings.database_url, autocommit=True) as conn:
+        conn.execute(
+            "update schedules set next_fire_at = now() + interval '50.5 seconds' where id = %s", (near["id"],)
+        )
+    near_before = schedule_row(settings, near["id"])
+    before = datetime.fromisoformat(far["next_fire_at"])
+    nine_edt = datetime(before.year, 12, 1, 9, tzinfo=PERMANENT_EDT)
+    assert before == nine_edt + timedelta(hours=1), "stored under today's rules: 09:00 EST"
+    assert recorded_zone_rules(settings)["version"] is None, "no release recorded before"
+
+    env = cli.env | zone_database(tmp_path / "zoneinfo", "2999a") | {"SCHEDULER_LOOKAHEAD_S": "60"}
+    scanner = Component("scanner", env, tmp_path)
+    try:
+        recorded = wait_for(
+            lambda: (r := recorded_zone_rules(settings))["done_at"] is not None and r,
+            60,
+            "the scanner to record the zone rules it computed the fires under",
+        )
+    finally:
+        assert scanner.stop() == 0, scanner.output()[-3000:]
+    assert recorded["version"] == "2999a"
+    moved = schedule_row(settings, far["id"])
+    assert moved["next_fire_at"] == nine_edt, (
+        f"next fire {moved['next_fire_at'].astimezone(PERMANENT_EDT).isoformat()} on New York's new "
+        f"clocks, where the new rules give {nine_edt.isoformat()}"
+    )
+    assert (moved["version"], moved["state"]) == (far["version"], "active")
+    assert schedule_row(settings, near["id"]) == near_before, "a fire within the look-ahead is left"
+    assert "1 fires moved" in scanner.output(), scanner.output()[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("release", "said"),
+    [("1999a", "newer than those loaded"), (None, "no release that can be told")],
+    ids=["older-release", "no-release"],
+)
+def test_a_process_under_older_or_unknown_zone_rules_leaves_the_stored_fires(
+    cli: Cli,  # noqa: F811
+    app: str,  # noqa: F811
+    settings: Settings,
+    tmp_path: Path,
+    release: str | None,
+    said: str,
+) -> None:
+    """The fires follow release 2025a, recorded. A scanner of an older image still running during a
+    rolling update (release 1999a), or one whose zone folder says no release, must not move them
+    back to the rules it has: New York keeping EDT there, `0 9 1 12 *` stays at 14:00Z, and the
+    record stays 2025a. It says why, once."""
+    far = cli.json(
+        "schedules", "create", "--app", app, "--cron", "0 9 1 12 *", "--tz", "America/New_York",
+        "--handler", "builtin:noop",
+    )  # fmt: skip
+    with connect(settings.database_url, autocommit=True) as conn:
+        conn.execute("update zone_rules set version = '2025a', claimed_at = now(), done_at = now()")
+    before = schedule_row(settings, far["id"])
+    recorded = recorded_zone_rules(settings)
+
+    scanner = Component("scanner", cli.env | zone_database(tmp_path / "zoneinfo", release), tmp_path)
+    try:
+        wait_for(lambda: said in scanner.output(), 60, f"the scanner to say {said!r}")
+    finally:
+        assert scanner.stop() == 0, scanner.output()[-3000:]
+    assert schedule_row(settings, far["id"]) == before
+    assert recorded_zone_rules(settings) == recorded
+    assert scanner.output().count(said) == 1, scanner.output()[-3000:]
