@@ -39,6 +39,7 @@ from scheduler.relay.relay import Relay
 from scheduler.runtime.service import Check, Service
 from scheduler.scan.dispatch import JobDispatcher
 from scheduler.scan.scanner import Scanner
+from scheduler.scan.zone_rules import ZoneRulesRecompute
 from scheduler.store.database import Database
 from scheduler.worker.handlers import HandlerRegistry
 from scheduler.worker.worker import Worker, WorkerTopics
@@ -132,6 +133,15 @@ class Wiring:
 
     def scanner(self) -> Scanner:
         return Scanner(self.settings, self.database, self.dispatcher)
+
+    def scanner_process(self) -> list[Service]:
+        """The scanner, and beside it the pass that moves stored next fires to newer zone rules
+        (the scanner's rules advance every fire, so its process is where they are judged): one
+        process."""
+        return [self.scanner(), self.zone_rules_recompute()]
+
+    def zone_rules_recompute(self) -> ZoneRulesRecompute:
+        return ZoneRulesRecompute(self.database, self.settings.lookahead_s)
 
     def relay(self) -> Relay:
         name = instance_name("relay", unique=True)

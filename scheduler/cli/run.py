@@ -98,8 +98,8 @@ def run() -> None:
 @run.command()
 @metrics_port_option
 def scanner(metrics_port: int | None) -> None:
-    """Turn due schedules and retries into runs and outbox rows."""
-    _serve("scanner", lambda w: [w.scanner()], metrics_port)
+    """Turn due schedules and retries into runs and outbox rows; move stored fires to newer zone rules."""
+    _serve("scanner", lambda w: w.scanner_process(), metrics_port)
 
 
 @run.command()

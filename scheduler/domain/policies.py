@@ -41,6 +41,7 @@ __all__ = [
     "FirePlan",
     "OverlapAction",
     "SkippedFire",
+    "cron_fire_after",
     "fires_of",
     "lookahead_of",
     "next_fire_on_resume",
@@ -166,12 +167,23 @@ def next_fire_under_loaded_rules(schedule: Schedule, after: datetime) -> datetim
     latest fire, so that no fire is made twice."""
     if schedule.cron is None:
         raise ValueError(f"cron schedule {schedule.id} has no cron expression")
-    if schedule.start_at is not None:
-        # start_at is inclusive, as at create.
-        after = max(after, schedule.start_at - timedelta(microseconds=1))
-    cron = CronSchedule.of(schedule.cron, schedule.tz, schedule_id=schedule.id)
+    return cron_fire_after(
+        CronSchedule.of(schedule.cron, schedule.tz, schedule_id=schedule.id),
+        after,
+        schedule.start_at,
+        schedule.end_at,
+    )
+
+
+def cron_fire_after(
+    cron: CronSchedule, after: datetime, start_at: datetime | None, end_at: datetime | None
+) -> datetime | None:
+    """``cron``'s first fire after ``after``, from ``start_at`` (inclusive, as at create) and up to
+    ``end_at``; None when it has none within them."""
+    if start_at is not None:
+        after = max(after, start_at - timedelta(microseconds=1))
     following = _next_or_none(cron, after)
-    if following is None or (schedule.end_at is not None and following > schedule.end_at):
+    if following is None or (end_at is not None and following > end_at):
         return None
     return following
 
