@@ -65,3 +65,20 @@ def test_the_ends_of_the_field_and_the_wildcard_step(expression: str, weekdays: 
 def test_a_weekday_step_of_zero_is_refused() -> None:
     with pytest.raises(InvalidCronExpression, match="a step must be at least 1"):
         CronExpression.parse("0 0 * * 5/0")
+
+
+@pytest.mark.parametrize(
+    ("expression", "weekdays"),
+    [
+        # The field takes a day with a leading zero ("05" is Friday, "05-07" Friday to Sunday), and
+        # a step from such a start runs to 7 as its bare form does.
+        ("0 0 * * 05/1", {5, 6, 0}),
+        ("0 0 * * 01/3", {1, 4, 0}),
+        ("0 0 * * 07/1", {0}),
+    ],
+)
+def test_a_weekday_step_from_a_start_with_a_leading_zero_is_the_same_step(
+    expression: str, weekdays: set[int]
+) -> None:
+    assert days_fired("0 0 * * 05") == calendar_days({5})  # a leading zero is accepted elsewhere
+    assert days_fired(expression) == calendar_days(weekdays)
