@@ -286,3 +286,16 @@ def test_a_path_without_a_scheme_has_its_query_values_masked() -> None:
 )
 def test_the_punctuation_that_ends_a_query_stays_outside_the_mask(text: str, masked: str) -> None:
     assert redact_text(text) == masked
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("failed: https://h/p?sig=!!!", f"failed: https://h/p?sig={MASK}"),
+        ("failed: /p?code=.;:!", f"failed: /p?code={MASK}"),
+    ],
+)
+def test_a_query_value_of_punctuation_alone_is_masked_not_shown(text: str, masked: str) -> None:
+    # The punctuation that ends a query is left outside the mask as the text's own; a value made of
+    # nothing else is then shown whole, after a mask that hides nothing ("sig=***!!!").
+    assert redact_text(text) == masked
