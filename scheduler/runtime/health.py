@@ -18,7 +18,9 @@
   endpoint answered, and it answers while PostgreSQL or Kafka does not; alerts read these.
 
 Every other path answers 404. Dependency probes are cached for a second, so that a probe storm
-(several kubelets, Prometheus, a person with curl) costs the dependencies one probe a second.
+(several kubelets, Prometheus, a person with curl) costs the dependencies one probe a second, and
+each is waited for at most PROBE_UNDER_WAY_S, so that a dependency that never answers (its probe
+hung) makes an endpoint say it down, never leaves the endpoint without an answer.
 """
 
 from __future__ import annotations
@@ -43,10 +45,13 @@ from scheduler import __version__
 from scheduler.runtime.service import Check, Service
 
 PROBE_CACHE_S = 1.0
-# A scrape waits this long for the probes (its own, or another request's under way), then says every
-# dependency down: a probe that takes longer is one that does not answer, and a scrape held by it
-# past Prometheus's timeout would blank every metric of the target.
-PROBE_UNDER_WAY_S = 5.0
+# Every endpoint (and the main thread's live check) waits this long for a dependency's probe, its own
+# or one under way, then says that dependency down: a probe that takes longer is one that does not
+# answer. Under the manifests' probe timeout (3 s), so that a kubelet always has its answer, and a
+# scrape held past Prometheus's timeout would blank every metric of the target. A probe may hang for
+# good (a PostgreSQL frozen behind a pooler, which accepts the connection, holds its "select 1"):
+# it runs on a thread of its own, one at a time per dependency, so it holds that thread only.
+PROBE_UNDER_WAY_S = 2.5
 # A loop that has not turned for this long is wedged. Generous: one step may wait on Kafka's
 # acknowledgement of a batch for most of a relay claim (45 s by default).
 LIVE_TIMEOUT_S = 90.0
@@ -83,11 +88,7 @@ class Health:
                 if check.stalls_steps:
                     self._stalling.setdefault(service.name, []).append(check.name)
         self.checks = list(checks.values())
-        self._cache: tuple[float, dict[str, Probe]] | None = None
-        self._lock = threading.Lock()
-        # The scrapes' probing thread: one at a time, so that a hung probe holds one thread only.
-        self._scrape_probe: threading.Thread | None = None
-        self._scrape_lock = threading.Lock()
+        self._probing = [_Probing(check) for check in self.checks]
         # Its own registry, served after the component's: a component's registry is a module's,
         # which a process (a test's) may hand to several Health objects in turn.
         self.readiness = CollectorRegistry()
@@ -130,13 +131,12 @@ class Health:
         return all(s.status.stepped for s in self.services)
 
     def probes(self) -> dict[str, Probe]:
-        with self._lock:
-            now = time.monotonic()
-            if self._cache is not None and now - self._cache[0] < PROBE_CACHE_S:
-                return self._cache[1]
-            results = {check.name: _probe(check) for check in self.checks}
-            self._cache = (time.monotonic(), results)
-            return results
+        """Each dependency's probe, at most :data:`PROBE_CACHE_S` old, waited for at most
+        :data:`PROBE_UNDER_WAY_S` (all of them at once)."""
+        for probing in self._probing:
+            probing.start()
+        deadline = time.monotonic() + PROBE_UNDER_WAY_S
+        return {probing.check.name: probing.result(deadline) for probing in self._probing}
 
     def ready(self) -> bool:
         if not self._serving():
@@ -144,19 +144,8 @@ class Health:
         return all(p.status == "up" for p in self.probes().values())
 
     def scraped(self) -> tuple[bool, dict[str, Probe]]:
-        """What ``/metrics`` says: :meth:`ready` and the probes, waited for at most
-        :data:`PROBE_UNDER_WAY_S` (see there); the probes run on a thread of their own."""
-        with self._scrape_lock:
-            if self._scrape_probe is None or not self._scrape_probe.is_alive():
-                self._scrape_probe = threading.Thread(target=self.probes, name="metrics-probe", daemon=True)
-                self._scrape_probe.start()
-            probing = self._scrape_probe
-        probing.join(PROBE_UNDER_WAY_S)
-        cached = self._cache
-        if probing.is_alive() or cached is None:
-            probes = {c.name: Probe("down", 0.0, "its probe did not answer in time") for c in self.checks}
-        else:
-            probes = cached[1]
+        """What ``/metrics`` says: :meth:`ready` and the probes."""
+        probes = self.probes()
         return self._serving() and all(p.status == "up" for p in probes.values()), probes
 
     def _serving(self) -> bool:
@@ -228,6 +217,48 @@ def _dependency_family() -> GaugeMetricFamily:
         "1 while the dependency (PostgreSQL, Kafka, the consumer group) answers its probe",
         labels=["dependency"],
     )
+
+
+class _Probing:
+    """One dependency's probe: run on a thread of its own, one at a time, its result kept for
+    :data:`PROBE_CACHE_S`, so that a probe storm (several kubelets, Prometheus, a person with curl)
+    costs the dependency one probe a second and a hung probe holds one thread, never a caller."""
+
+    def __init__(self, check: Check) -> None:
+        self.check = check
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._started = 0.0  # when the probe under way, or the last one, began
+        self._done: tuple[float, Probe] | None = None  # when the last probe ended, and its result
+
+    def start(self) -> None:
+        """Starts a probe unless one is under way or the last one is recent."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            if self._done is not None and time.monotonic() - self._done[0] < PROBE_CACHE_S:
+                return
+            self._thread = threading.Thread(target=self._run, name=f"probe-{self.check.name}", daemon=True)
+            self._started = time.monotonic()
+            self._thread.start()
+
+    def result(self, deadline: float) -> Probe:
+        """The probe under way once it ends, else the recent one; down if it has not ended by
+        ``deadline``, or within :data:`PROBE_UNDER_WAY_S` of its start (a hung probe is said down
+        at once to every caller after the first)."""
+        with self._lock:
+            thread, started = self._thread, self._started
+        if thread is not None:
+            thread.join(max(0.0, min(deadline, started + PROBE_UNDER_WAY_S) - time.monotonic()))
+        with self._lock:
+            if (thread is None or not thread.is_alive()) and self._done is not None:
+                return self._done[1]
+        return Probe("down", PROBE_UNDER_WAY_S * 1000, f"it did not answer within {PROBE_UNDER_WAY_S} s")
+
+    def _run(self) -> None:
+        probe = _probe(self.check)
+        with self._lock:
+            self._done = (time.monotonic(), probe)
 
 
 def _probe(check: Check) -> Probe:
