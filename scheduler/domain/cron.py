@@ -97,8 +97,10 @@ _WEEKDAY_NUMBERS = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, 
 _HASH_ITEM = re.compile(r"^h(?:\((\d+)-(\d+)\))?(?:/(\d+))?$", re.IGNORECASE | re.ASCII)
 _RANDOM_ITEM = re.compile(r"^r(?:\(|/|$)", re.IGNORECASE | re.ASCII)
 _EQUAL_RANGE_ITEM = re.compile(r"^([^-/]+)-([^-/]+)(?:/\d+)?$", re.ASCII)
-_LAST_WEEKDAY_OF_MONTH_ITEM = re.compile(r"^([0-7]|sun|mon|tue|wed|thu|fri|sat)l$", re.IGNORECASE | re.ASCII)
-_WEEKDAY_STEP_ITEM = re.compile(r"^([0-7]|sun|mon|tue|wed|thu|fri|sat)/(\d+)$", re.IGNORECASE | re.ASCII)
+# A day's number may have leading zeros ("05"), as everywhere in a field.
+_WEEKDAY = r"(0*[0-7]|sun|mon|tue|wed|thu|fri|sat)"
+_LAST_WEEKDAY_OF_MONTH_ITEM = re.compile(rf"^{_WEEKDAY}l$", re.IGNORECASE | re.ASCII)
+_WEEKDAY_STEP_ITEM = re.compile(rf"^{_WEEKDAY}/(\d+)$", re.IGNORECASE | re.ASCII)
 _LAST_DAY_OFFSET_FIELD = re.compile(r"^l-(\d+)$", re.IGNORECASE | re.ASCII)
 _LAST_WORKDAY_FIELD = re.compile(r"^(?:lw|wl)$", re.IGNORECASE | re.ASCII)
 

@@ -82,3 +82,4 @@ def test_a_weekday_step_from_a_start_with_a_leading_zero_is_the_same_step(
 ) -> None:
     assert days_fired("0 0 * * 05") == calendar_days({5})  # a leading zero is accepted elsewhere
     assert days_fired(expression) == calendar_days(weekdays)
+    assert days_fired("0 0 * * 05L") == days_fired("0 0 * * 5L")  # Quartz's last Friday, likewise
