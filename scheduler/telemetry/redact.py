@@ -254,6 +254,9 @@ def _masked_query(query: str) -> str:
     # Split in code, not in the patterns: a lazy query before the punctuation backtracks
     # quadratically on a long run of it (seconds for 20,000 characters).
     params = query.rstrip(_QUERY_END)
+    if params.endswith("="):
+        # The last value is that punctuation alone: it is the value, masked with it.
+        params = query
     return _QUERY_PARAM.sub(_mask_param, params) + query[len(params) :]
 
 
