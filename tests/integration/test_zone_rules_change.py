@@ -19,9 +19,11 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from scheduler.config import Settings
-from scheduler.store import connect
+from scheduler.schedule import service
+from scheduler.schedule.spec import ScheduleSpec
+from scheduler.store import connect, schedules
 from tests.integration.test_schedules_cli import Cli, app, cli  # noqa: F401 (fixtures)
-from tests.support import Component, wait_for
+from tests.support import Component, stop_all, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -179,3 +181,46 @@ def test_a_process_under_older_or_unknown_zone_rules_leaves_the_stored_fires(
     assert schedule_row(settings, far["id"]) == before
     assert recorded_zone_rules(settings) == recorded
     assert scanner.output().count(said) == 1, scanner.output()[-3000:]
+
+
+def test_scanners_started_together_under_new_zone_rules_make_one_pass(
+    settings: Settings, settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Scanners run as several replicas ("any number"), and a rollout of a new image starts them
+    within seconds of each other. The docs: "The first scanner of a release ... makes one such
+    pass", and `done_at` is "null while a pass is under way (a pass cut short is made again by the
+    next scanner under the same rules)". A second scanner that starts while the first one's pass is
+    under way (not cut short: its process is alive, its batches commit) must leave it to it. It
+    claims the release again (the claim compares the release only) and makes a whole pass of its
+    own beside it: every active cron schedule read, locked and computed twice, and each further
+    replica, or one idle for 30 s (JUDGE_EVERY_S) during a long pass, adds another."""
+    with connect(settings.database_url, autocommit=True) as conn:
+        schedules.create_app(conn, "billing", 1)
+        spec = ScheduleSpec(
+            app="billing", handler="builtin:noop", kind="cron", cron="0 9 1 12 *", tz="America/New_York"
+        )
+        first = service.create_schedule(conn, spec, "test")
+        # 50,000 schedules as the first, each under a name of its own: a pass of several seconds.
+        conn.execute(
+            "insert into schedules (id, name, app, kind, cron, tz, handler, payload, max_attempts,"
+            " backoff_base_ms, backoff_max_ms, timeout_ms, misfire_policy, overlap_policy, jitter_ms, state,"
+            " next_fire_at, version, created_at, updated_at)"
+            " select gen_random_uuid(), 'nightly-' || n, app, kind, cron, tz, handler, payload, max_attempts,"
+            "        backoff_base_ms, backoff_max_ms, timeout_ms, misfire_policy, overlap_policy, jitter_ms,"
+            "        state, next_fire_at, version, now(), now()"
+            "   from schedules, generate_series(1, 50000) n where id = %s",
+            (first["id"],),
+        )
+    env = settings_env | zone_database(tmp_path / "zoneinfo", "2999a")
+    passing = "computing stored next fires again"
+    one = Component("scanner", env, tmp_path)
+    two: Component | None = None
+    try:
+        wait_for(lambda: passing in one.output(), 60, "the first scanner to start its pass")
+        assert recorded_zone_rules(settings)["done_at"] is None, "the first pass is under way"
+        two = Component("scanner", env, tmp_path)
+        wait_for(lambda: recorded_zone_rules(settings)["done_at"] is not None, 120, "the pass to be done")
+        wait_for(lambda: "stored next fires follow" in two.output(), 120, "the second scanner to judge")
+    finally:
+        stop_all([one] if two is None else [one, two])
+    assert passing not in two.output(), "the second scanner made a pass of its own beside the first's"
