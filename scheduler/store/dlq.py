@@ -57,8 +57,8 @@ class ResendableRun:
     budget: int
     """The schedule's max_attempts: how many more attempts a replay grants."""
     history: tuple[FailedAttempt, ...]
-    """The attempts that ended so far, oldest first (those that died before a replay included): its
-    next job message carries them, for the dead letter's history."""
+    """The newest 100 attempts that ended so far, oldest first (those that died before a replay
+    included): its next job message carries them, for the dead letter's history."""
     now: datetime
     creation_traceparent: str | None = None
     """A one-shot schedule's creation trace, which every attempt of its run continues."""

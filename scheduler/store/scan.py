@@ -105,7 +105,7 @@ class DueRetry:
     job: ExecutionSettings
     """Its schedule's settings, with the run's own attempt budget."""
     history: tuple[FailedAttempt, ...]
-    """The attempts that failed so far, oldest first."""
+    """The newest 100 attempts that failed so far, oldest first."""
     now: datetime
     creation_traceparent: str | None = None
     """A one-shot schedule's creation trace, which every attempt of its run continues."""

@@ -59,13 +59,9 @@ with leased as (
 )
 select l.*,
        -- The attempts ended so far, the deaths a replay takes the run back from included: its
-       -- next job message carries them to the dead letter's history, as a retry's does.
-       (select coalesce(jsonb_agg(jsonb_build_object(
-                   'attempt', a.attempt, 'worker', a.worker, 'started_at', a.started_at,
-                   'finished_at', a.finished_at, 'error', a.error, 'error_class', a.error_class)
-                   order by a.attempt), '[]'::jsonb)
-          from attempts a
-         where a.run_id = l.id and a.kind in ('retry', 'dead') and a.outcome = 'applied') as history
+       -- next job message carries them to the dead letter's history, as a retry's does (the
+       -- newest 100: a run replayed again and again would outgrow the message, migration 0021).
+       failed_attempt_history(l.id) as history
   from (select leased.*,
                sum(payload_bytes) over (order by finished_at, id rows unbounded preceding)
                    - payload_bytes as bytes_before
@@ -121,12 +117,7 @@ select r.*, s.handler, s.payload, s.timeout_ms, s.max_attempts as budget, s.back
        s.backoff_max_ms, now() as now,
        case when s.kind <> 'cron' then s.traceparent end as creation_traceparent,
        -- The attempts ended so far, which the lost message carried: its copy carries them too.
-       (select coalesce(jsonb_agg(jsonb_build_object(
-                   'attempt', a.attempt, 'worker', a.worker, 'started_at', a.started_at,
-                   'finished_at', a.finished_at, 'error', a.error, 'error_class', a.error_class)
-                   order by a.attempt), '[]'::jsonb)
-          from attempts a
-         where a.run_id = r.id and a.kind in ('retry', 'dead') and a.outcome = 'applied') as history
+       failed_attempt_history(r.id) as history
   from runs r
   join schedules s on s.id = r.schedule_id
  where r.state in ('pending', 'dispatched')

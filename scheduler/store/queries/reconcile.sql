@@ -314,12 +314,7 @@ select w.id, w.schedule_id, w.app, w.attempt, w.max_attempts, w.state, w.schedul
        w.started_at, s.handler, s.payload, s.timeout_ms, s.backoff_base_ms, s.backoff_max_ms,
        coalesce(%(now)s::timestamptz, now()) as now,
        case when s.kind <> 'cron' then s.traceparent end as creation_traceparent,
-       (select coalesce(jsonb_agg(jsonb_build_object(
-                   'attempt', a.attempt, 'worker', a.worker, 'started_at', a.started_at,
-                   'finished_at', a.finished_at, 'error', a.error, 'error_class', a.error_class)
-                   order by a.attempt), '[]'::jsonb)
-          from attempts a
-         where a.run_id = w.id and a.kind in ('retry', 'dead') and a.outcome = 'applied') as history
+       failed_attempt_history(w.id) as history
   from swept w
   join schedules s on s.id = w.schedule_id;
 

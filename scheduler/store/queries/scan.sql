@@ -124,14 +124,10 @@ with leased as (
        for update of r skip locked
 )
 select l.*, coalesce(%(now)s::timestamptz, now()) as scan_now,
-       -- The attempts ended so far travel with the job, for the dead letter's history: every one
-       -- that failed, a death before a replay included (a plain success or start has no row).
-       (select coalesce(jsonb_agg(jsonb_build_object(
-                   'attempt', a.attempt, 'worker', a.worker, 'started_at', a.started_at,
-                   'finished_at', a.finished_at, 'error', a.error, 'error_class', a.error_class)
-                   order by a.attempt), '[]'::jsonb)
-          from attempts a
-         where a.run_id = l.id and a.kind in ('retry', 'dead') and a.outcome = 'applied') as history
+       -- The attempts ended so far travel with the job, for the dead letter's history: those that
+       -- failed, a death before a replay included (a plain success or start has no row), the
+       -- newest 100 of them (migration 0021 says why).
+       failed_attempt_history(l.id) as history
   from (select leased.*,
                sum(payload_bytes) over (order by next_attempt_at, id rows unbounded preceding)
                    - payload_bytes as bytes_before
