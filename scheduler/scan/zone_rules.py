@@ -17,9 +17,13 @@ meanwhile must not wait for it.
 
 One pass, by batches of :data:`BATCH` schedules, each one transaction:
 
-1. The scanner records its release first (a compare-and-set on what it read), and each batch holds
-   that record (FOR SHARE) until it commits: once a process under newer rules claims, no batch under
-   older rules writes again.
+1. The scanner records its release first (a compare-and-set on what it read) and a pass of its
+   own; each batch's first statement renews the pass's lease (:data:`PASS_LEASE_S`) and stores
+   where the pass has got to, holding the record until the batch commits: once a process under
+   newer rules claims, no batch under older rules writes again. One pass per release: a scanner
+   under the same rules that finds the pass leased leaves it to its owner (every replica starts
+   within seconds during a rollout), and takes it over, from where it stopped, only once the lease
+   has run out.
 2. The next active cron schedules by id (keyset); of those, the ones whose next fire is after the
    horizon (now plus the look-ahead) are locked, SKIP LOCKED: a fire within the horizon may be
    leased or made already and stays as it is; one a scanner's batch or a user's change holds is
@@ -31,13 +35,15 @@ One pass, by batches of :data:`BATCH` schedules, each one transaction:
    fire read; a schedule left with no fire within its end bound is completed.
 
 Then the record says the pass is done, and one log line gives the counts. A pass cut short (the
-process stopped) is done again by the next scanner under the same rules.
+process stopped) is taken over by a scanner under the same rules once its lease has run out, within
+:data:`JUDGE_EVERY_S` after.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,21 +57,26 @@ from scheduler.domain.zone_rules import LoadedZoneRules, ZoneRulesVersion, loade
 from scheduler.runtime.service import Check, Service
 from scheduler.store import zone_rules as store
 from scheduler.store.database import Database, Session
-from scheduler.store.zone_rules import NO_ID, MovedFire, StoredFire
+from scheduler.store.zone_rules import NO_ID, MovedFire, RecordedZoneRules, StoredFire
 
 Row = dict[str, Any]
 # Schedules per transaction: computing 500 next fires takes about 33 ms of a core, the time their
 # rows stay locked (none of them due within the look-ahead, so no scan waits for them).
 BATCH = 500
 # How often the record is read again once nothing is to be done: a pass another scanner under the
-# same rules left unfinished (it stopped) is taken over within this. Well under /live's 90 s, which
-# the loop's turns are held to.
+# same rules left unfinished (it stopped) is taken over within this after its lease ran out. Well
+# under /live's 90 s, which the loop's turns are held to.
 JUDGE_EVERY_S = 30.0
+# How long a pass is its owner's after its last batch began: a batch takes tens of milliseconds, so
+# a pass without one for this long was cut short (its scanner stopped, or lost PostgreSQL for as
+# long; a batch of its after that finds the pass taken over ends its own).
+PASS_LEASE_S = 120.0
 
 
 @dataclass
 class _Pass:
     version: ZoneRulesVersion
+    pass_id: UUID
     started: float = field(default_factory=time.monotonic)
     after: UUID = NO_ID
     held: list[UUID] = field(default_factory=list)
@@ -75,6 +86,14 @@ class _Pass:
     completed: int = 0
     failed: int = 0
     held_at_end: int = 0
+
+    def resume_after(self) -> UUID:
+        """The schedule id up to which every fire was moved (or left) by the batches so far: the
+        keyset's position, less the ids held by other transactions, which come again after a
+        takeover. Those are kept in id order, so the first is the least."""
+        if not self.held:
+            return self.after
+        return UUID(int=max(0, self.held[0].int - 1))
 
 
 class ZoneRulesRecompute(Service):
@@ -121,6 +140,7 @@ class ZoneRulesRecompute(Service):
                 f"'# version' line in a tzdata.zi): stored next fires are left as they are"
             )
             return None
+        pass_id = uuid.uuid4()
         while True:  # until judged on a record no other process changed meanwhile
             with conn.transaction():
                 recorded = store.recorded_zone_rules(conn)
@@ -137,24 +157,46 @@ class ZoneRulesRecompute(Service):
                 if seen == mine and recorded.done:
                     self._say(f"stored next fires follow the zone rules loaded ({mine}, {source})")
                     return None
-                if store.claim_zone_rules(conn, str(mine), recorded.version):
+                if seen == mine and recorded.leased:
+                    self._say(
+                        f"another scanner is moving the stored next fires to the zone rules loaded "
+                        f"({mine}, {source}): left to it while it renews its lease"
+                    )
+                    return None
+                claimed = store.claim_zone_rules(conn, str(mine), pass_id, recorded, PASS_LEASE_S)
+                if claimed is not None:
                     break
-        was = "rules nobody recorded" if recorded.version is None else f"zone rules {recorded.version}"
         self._said = None
         self.log.info(
-            "computing stored next fires again under zone rules %s (%s), from %s", mine, source, was
+            "computing stored next fires again under zone rules %s (%s), %s",
+            mine,
+            source,
+            self._whence(recorded, str(mine), claimed.resume_after),
         )
-        return _Pass(mine)
+        return _Pass(mine, pass_id, after=claimed.resume_after or NO_ID)
+
+    @staticmethod
+    def _whence(recorded: RecordedZoneRules, mine: str, resume_after: UUID | None) -> str:
+        """Where the pass starts from, for its first log line."""
+        if recorded.version is None:
+            return "in place of rules nobody recorded"
+        if recorded.version != mine:
+            return f"in place of zone rules {recorded.version}"
+        ran_out = "" if recorded.lease_until is None else f" at {recorded.lease_until.isoformat()}"
+        start = "the first schedule" if resume_after is None else f"after schedule {resume_after}"
+        return f"taking over the pass a scanner left unfinished (its lease ran out{ran_out}), from {start}"
 
     def _batch(self, conn: psycopg.Connection[Row], job: _Pass) -> bool:
-        """One batch of the pass; False once the pass has ended (done, or taken by newer rules)."""
+        """One batch of the pass; False once the pass has ended (done, taken by newer rules, or
+        taken over after its lease ran out)."""
         with conn.transaction():
-            recorded = store.zone_rules_for_batch(conn)
-            if recorded != str(job.version):
+            if not store.renew_zone_rules_pass(conn, job.pass_id, job.resume_after(), PASS_LEASE_S):
+                recorded = store.recorded_zone_rules(conn)
                 self.log.info(
-                    "zone rules %s were recorded while computing fires under %s: this pass stops",
-                    recorded,
+                    "the pass under zone rules %s is no longer the record's (another scanner claimed it, "
+                    "under zone rules %s): this pass stops",
                     job.version,
+                    recorded.version,
                 )
                 self._pass = None
                 return False
@@ -168,7 +210,7 @@ class ZoneRulesRecompute(Service):
                 job.retrying = True
                 return True
             if not ids:
-                store.finish_zone_rules(conn, str(job.version))
+                store.finish_zone_rules(conn, job.pass_id)
                 self._finished(job)
                 return False
             fires = store.lock_fires_to_recompute(conn, ids, self.lookahead_s)

@@ -22,11 +22,23 @@ NO_ID = UUID(int=0)
 
 @dataclass(frozen=True, slots=True)
 class RecordedZoneRules:
-    """The release the stored fires follow (None: none recorded yet), and whether a scanner
-    finished moving them to it."""
+    """The release the stored fires follow (None: none recorded yet), whether a scanner finished
+    moving them to it, and the pass that moves them."""
 
     version: str | None
     done: bool
+    pass_id: UUID | None = None
+    leased: bool = False
+    """Whether the pass's owner renewed its lease in time: a pass under way, not to be taken over."""
+    lease_until: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedPass:
+    """A pass this scanner now owns: where it resumes (the schedule id up to which an earlier owner's
+    batches moved every fire), None to start from the first schedule."""
+
+    resume_after: UUID | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,23 +68,44 @@ def recorded_zone_rules(conn: psycopg.Connection[Row]) -> RecordedZoneRules:
     row = conn.execute(query("recorded_zone_rules")).fetchone()
     if row is None:
         return RecordedZoneRules(None, False)
-    return RecordedZoneRules(row["version"], row["done"])
+    return RecordedZoneRules(row["version"], row["done"], row["pass_id"], row["leased"], row["lease_until"])
 
 
-def claim_zone_rules(conn: psycopg.Connection[Row], version: str, seen: str | None) -> bool:
-    """Record ``version`` as the release the fires are being moved to, if the record is still
-    ``seen``; False when another process changed it meanwhile."""
-    return conn.execute(query("claim_zone_rules"), {"version": version, "seen": seen}).fetchone() is not None
+def claim_zone_rules(
+    conn: psycopg.Connection[Row],
+    version: str,
+    pass_id: UUID,
+    seen: RecordedZoneRules,
+    lease_s: float,
+) -> ClaimedPass | None:
+    """Record ``version`` as the release the fires are being moved to, by the pass ``pass_id``, if
+    the record is still ``seen`` (and, for the same release, its pass is neither done nor leased);
+    None when not."""
+    row = conn.execute(
+        query("claim_zone_rules"),
+        {
+            "version": version,
+            "pass_id": pass_id,
+            "lease_s": lease_s,
+            "seen": seen.version,
+            "seen_pass_id": seen.pass_id,
+        },
+    ).fetchone()
+    return None if row is None else ClaimedPass(row["resume_after"])
 
 
-def finish_zone_rules(conn: psycopg.Connection[Row], version: str) -> None:
-    conn.execute(query("finish_zone_rules"), {"version": version})
+def renew_zone_rules_pass(
+    conn: psycopg.Connection[Row], pass_id: UUID, resume_after: UUID, lease_s: float
+) -> bool:
+    """Renew the pass's lease and store its position, holding the record until the transaction
+    ends (a claim waits for it); False when the pass is no longer the record's (done, or another
+    claimed since)."""
+    params = {"pass_id": pass_id, "resume_after": resume_after, "lease_s": lease_s}
+    return conn.execute(query("renew_zone_rules_pass"), params).fetchone() is not None
 
 
-def zone_rules_for_batch(conn: psycopg.Connection[Row]) -> str | None:
-    """The recorded release, held until the transaction ends (a claim waits for it)."""
-    row = conn.execute(query("zone_rules_for_batch")).fetchone()
-    return None if row is None else row["version"]
+def finish_zone_rules(conn: psycopg.Connection[Row], pass_id: UUID) -> None:
+    conn.execute(query("finish_zone_rules"), {"pass_id": pass_id})
 
 
 def cron_schedules_after(

@@ -11,6 +11,7 @@ the new offset by hand, never by the scheduler's functions.
 from __future__ import annotations
 
 import importlib.resources
+import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -224,3 +225,38 @@ def test_scanners_started_together_under_new_zone_rules_make_one_pass(
     finally:
         stop_all([one] if two is None else [one, two])
     assert passing not in two.output(), "the second scanner made a pass of its own beside the first's"
+
+
+def test_a_pass_whose_scanner_stopped_is_taken_over_from_where_it_stopped(
+    cli: Cli,  # noqa: F811
+    app: str,  # noqa: F811
+    settings: Settings,
+    tmp_path: Path,
+) -> None:
+    """A scanner under release 2999a moved the fires of the schedules up to the first one's id,
+    renewed its pass's lease with its last batch, and stopped (its pod evicted): the lease has run
+    out, the pass is not done. The next scanner under the same rules takes the pass over from where
+    it stopped: the fire after that position moves to 09:00 on New York's new clocks, the one before
+    it is not computed again (left as the record says it was moved), and the pass is done."""
+    create = ("schedules", "create", "--app", app, "--cron", "0 9 1 12 *", "--tz", "America/New_York")
+    made = [cli.json(*create, "--handler", "builtin:noop", "--name", f"nightly-{n}") for n in range(2)]
+    before, after = sorted(made, key=lambda s: uuid.UUID(s["id"]))
+    with connect(settings.database_url, autocommit=True) as conn:
+        conn.execute(
+            "update zone_rules set version = '2999a', pass_id = gen_random_uuid(),"
+            " claimed_at = now() - interval '10 minutes', lease_until = now() - interval '1 minute',"
+            " resume_after = %s, done_at = null",
+            (before["id"],),
+        )
+    stored = datetime.fromisoformat(before["next_fire_at"])
+    nine_edt = datetime(stored.year, 12, 1, 9, tzinfo=PERMANENT_EDT)
+
+    scanner = Component("scanner", cli.env | zone_database(tmp_path / "zoneinfo", "2999a"), tmp_path)
+    try:
+        wait_for(lambda: recorded_zone_rules(settings)["done_at"] is not None, 60, "the pass to be done")
+    finally:
+        assert scanner.stop() == 0, scanner.output()[-3000:]
+    assert schedule_row(settings, after["id"])["next_fire_at"] == nine_edt
+    assert schedule_row(settings, before["id"])["next_fire_at"] == stored
+    assert "taking over the pass a scanner left unfinished" in scanner.output(), scanner.output()[-3000:]
+    assert "1 active cron schedules checked" in scanner.output(), scanner.output()[-3000:]

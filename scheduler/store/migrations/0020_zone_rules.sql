@@ -5,12 +5,22 @@
 -- One row. `version` is null until a scanner of this release records one: the fires stored before
 -- were computed under rules nobody recorded. `done_at` is null while a scanner moves the fires to
 -- `version` (it records the release first, so that a process with older rules stops writing, and
--- the time it finished last): a scanner under those rules that finds it null does the work again.
+-- the time it finished last).
+--
+-- One pass per release, whatever the number of scanners: `pass_id` names the pass (a claim gives a
+-- new one), and its scanner renews `lease_until` with each batch, storing in `resume_after` the
+-- schedule id up to which the batches it committed moved every fire (the keyset's position). A
+-- scanner under the same rules that finds the pass under way leaves it to its owner while the lease
+-- holds; once it has run out (no batch for its length: the owner stopped), it takes the pass over,
+-- from `resume_after`.
 create table zone_rules (
-    one         boolean primary key default true check (one),
-    version     text,
-    claimed_at  timestamptz,
-    done_at     timestamptz
+    one           boolean primary key default true check (one),
+    version       text,
+    pass_id       uuid,
+    claimed_at    timestamptz,
+    lease_until   timestamptz,
+    resume_after  uuid,
+    done_at       timestamptz
 );
 
 insert into zone_rules (one) values (true);

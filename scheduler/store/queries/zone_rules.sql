@@ -1,24 +1,41 @@
 -- name: recorded_zone_rules
--- The release of the zone database the stored next fires follow, and whether a scanner finished
--- moving them to it (scheduler/scan/zone_rules.py).
-select version, done_at is not null as done from zone_rules;
+-- The release of the zone database the stored next fires follow, whether a scanner finished moving
+-- them to it, and the pass under way (scheduler/scan/zone_rules.py): whether its owner renewed its
+-- lease in time, and where it stopped.
+select version, done_at is not null as done, pass_id, resume_after,
+       lease_until is not null and lease_until > now() as leased, lease_until
+  from zone_rules;
 
 -- name: claim_zone_rules
 -- Records the release a scanner is about to move the fires to, before it moves them: from then on
 -- a process under older rules, which sees it, writes nothing. Only if the record is still the one
--- the scanner judged (another scanner may have claimed a release since): no row when it is not.
+-- the scanner judged (another scanner may have claimed a release, or finished or renewed the pass,
+-- since), and, for the same release, only a pass that is not done and whose lease has run out (its
+-- owner stopped): no row when not. A pass taken over keeps its position; a new release starts from
+-- the first schedule.
 update zone_rules
-   set version = %(version)s, claimed_at = now(), done_at = null
+   set version = %(version)s, pass_id = %(pass_id)s, claimed_at = now(),
+       lease_until = now() + %(lease_s)s::float8 * interval '1 second',
+       resume_after = case when version = %(version)s then resume_after end,
+       done_at = null
  where version is not distinct from %(seen)s
+   and pass_id is not distinct from %(seen_pass_id)s
+   and (version is distinct from %(version)s
+        or (done_at is null and (lease_until is null or lease_until <= now())))
+returning resume_after;
+
+-- name: renew_zone_rules_pass
+-- A batch's first statement: the pass's lease renewed, with the position of the batches committed
+-- before, only while the pass is still this one's. It holds the record until the batch commits, so
+-- that a claim of a newer release (or a takeover) waits for the batch, and no batch of a pass that
+-- is no longer the record's writes after it. No row: the pass has ended.
+update zone_rules
+   set lease_until = now() + %(lease_s)s::float8 * interval '1 second', resume_after = %(resume_after)s
+ where pass_id = %(pass_id)s and done_at is null
 returning version;
 
 -- name: finish_zone_rules
-update zone_rules set done_at = now() where version = %(version)s and done_at is null;
-
--- name: zone_rules_for_batch
--- A batch's first statement: the record, held (FOR SHARE) until the batch commits, so that a claim
--- of a newer release waits for the batch, and no batch under older rules writes after it.
-select version from zone_rules for share;
+update zone_rules set done_at = now(), lease_until = null where pass_id = %(pass_id)s and done_at is null;
 
 -- name: cron_schedules_after
 -- The next ids of active cron schedules whose next fire is after the horizon (see below), by the
