@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bench.chaos_stack import free_port
+from scheduler.devstack.postgres import LocalPostgres
 from scheduler.domain.run_state import RunState
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
@@ -203,6 +205,43 @@ def stop_all(started: Sequence[Component]) -> None:
         if code != 0:
             failures.append(f"{component.name} exited {code}:\n{component.output()[-3000:]}")
     assert not failures, "\n".join(failures)
+
+
+@contextmanager
+def own_postgres(root: Path) -> Iterator[LocalPostgres]:
+    """A PostgreSQL server of a test's own under ``root``, for tests that stop or freeze one (the
+    shared stack's is never touched); continued first when the test stopped it (SIGSTOP), then
+    shut down and removed."""
+    stack_dir = root / "stack"
+    stack_dir.mkdir()
+    postgres = LocalPostgres(stack_dir, free_port())
+    postgres.up(postgres.preflight())
+    try:
+        yield postgres
+    finally:
+        for pid in server_processes(postgres):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)  # a failed test must not leave it stopped
+        postgres.down()
+        shutil.rmtree(postgres.root, ignore_errors=True)
+
+
+def server_processes(postgres: LocalPostgres) -> list[int]:
+    """The postmaster of ``postgres`` and every process it started (its sessions, its workers)."""
+    root = postgres.pid()
+    if root is None:
+        return []
+    found: list[int] = []
+    pending = [root]
+    while pending:
+        pid = pending.pop()
+        found.append(pid)
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            continue
+        pending += [int(child) for child in children]
+    return found
 
 
 class PostgreSQLPort:

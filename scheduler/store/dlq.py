@@ -63,6 +63,18 @@ class ResendableRun:
     creation_traceparent: str | None = None
     """A one-shot schedule's creation trace, which every attempt of its run continues."""
 
+    @classmethod
+    def of(cls, row: Row) -> ResendableRun:
+        """From a row of dead_runs_for_replay or lost_runs_for_redispatch."""
+        return cls(
+            run=run_from_row(row),
+            job=execution_from_row(row),
+            budget=row["budget"],
+            history=failed_attempts_from_json(row["history"]),
+            now=row["now"],
+            creation_traceparent=row["creation_traceparent"],
+        )
+
 
 def dead_runs_for_replay(
     conn: psycopg.Connection[Row],
@@ -78,17 +90,7 @@ def dead_runs_for_replay(
         query("dead_runs_for_replay"),
         where.params() | {"replayed_since": replayed_since, "max_bytes": max_bytes, "limit": limit},
     ).fetchall()
-    return [
-        ResendableRun(
-            run=run_from_row(row),
-            job=execution_from_row(row),
-            budget=row["budget"],
-            history=failed_attempts_from_json(row["history"]),
-            now=row["now"],
-            creation_traceparent=row["creation_traceparent"],
-        )
-        for row in rows
-    ]
+    return [ResendableRun.of(row) for row in rows]
 
 
 def count_dead_of_cancelled(conn: psycopg.Connection[Row], where: DeadRunFilter) -> int:
@@ -112,17 +114,7 @@ def lost_runs_for_redispatch(
     rows = conn.execute(
         query("lost_runs_for_redispatch"), {"before": before, "app": app, "limit": limit}
     ).fetchall()
-    return [
-        ResendableRun(
-            run=run_from_row(row),
-            job=execution_from_row(row),
-            budget=row["budget"],
-            history=failed_attempts_from_json(row["history"]),
-            now=row["now"],
-            creation_traceparent=row["creation_traceparent"],
-        )
-        for row in rows
-    ]
+    return [ResendableRun.of(row) for row in rows]
 
 
 def replay_runs(

@@ -2,11 +2,11 @@
 the pooler still takes new connections and logs them in, and only their first statement waits on the
 frozen server, for good (PgBouncer's ``query_timeout`` is off by default).
 
-``/live`` now probes PostgreSQL once a loop is overdue, to tell a loop waiting on an outage from a
+``/live`` probes PostgreSQL once a loop is overdue, to tell a loop waiting on an outage from a
 wedged one, and the process's main thread does the same every second. The probe bounds only its
-connect (``connect_timeout``), not its ``select 1``: behind a pooler it never returns, and holds the
-probes' lock while it waits, so ``/live`` gives no answer at all (a kubelet's liveness probe times
-out after 3 s: the pod is restarted for the outage, which is what the change set out to prevent).
+connect (``connect_timeout``), not its ``select 1``: behind a pooler it never returns. Each endpoint
+waits for a probe at most 2.5 s, so ``/live`` answers within a kubelet's 3 s; it once waited on the
+hung probe for good, and the pod was restarted for the outage.
 
 The pooler is stood in for by a port of the test's own in front of the shared PostgreSQL (which is
 never touched): stalled, it holds every statement, on the connections it forwards already and on

@@ -10,7 +10,6 @@ so nothing fails: a statement under way waits for an answer that does not come."
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 import uuid
@@ -23,9 +22,10 @@ from bench.chaos_stack import free_port
 from scheduler.devstack.postgres import LocalPostgres
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.runtime.health import LIVE_TIMEOUT_S
+from tests import support
 from tests.conftest import StackInfo
 from tests.e2e.health import cli, cli_json, get, log_messages, status, wait_for_statuses
-from tests.support import Component, wait_for
+from tests.support import Component, server_processes, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -38,43 +38,18 @@ WAITING = "which does not answer"
 
 @pytest.fixture
 def own_postgres(tmp_path: Path) -> Iterator[LocalPostgres]:
-    stack_dir = tmp_path / "stack"
-    stack_dir.mkdir()
-    postgres = LocalPostgres(stack_dir, free_port())
-    postgres.up(postgres.preflight())
-    try:
+    with support.own_postgres(tmp_path) as postgres:
         yield postgres
-    finally:
-        for pid in server_processes(postgres):
-            os.kill(pid, signal.SIGCONT)  # a failed test must not leave it stopped
-        postgres.down()
-        shutil.rmtree(postgres.root, ignore_errors=True)
-
-
-def server_processes(postgres: LocalPostgres) -> list[int]:
-    """The postmaster of ``postgres`` and every process it started (its sessions, its workers)."""
-    root = postgres.pid()
-    if root is None:
-        return []
-    found, pending = [], [root]
-    while pending:
-        pid = pending.pop()
-        found.append(pid)
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            continue
-        pending += [int(child) for child in children]
-    return found
 
 
 def test_a_postgresql_that_stops_answering_leaves_its_clients_unready_but_live(
     own_postgres: LocalPostgres, stack: StackInfo, tmp_path: Path
 ) -> None:
-    """Each component's step blocks in a statement whose answer never comes, its loop stops
-    turning, and after 90 s ``/live`` answers 503 (``loop:scanner`` "down", no failure counted and
-    nothing logged): the liveness probe restarts every PostgreSQL client for an outage of the
-    database, which a restart cannot cure."""
+    """Each component's step blocks in a statement whose answer never comes and its loop stops
+    turning: ``/ready`` answers 503, ``/live`` stays 200 past the 90 s live timeout, and the wait is
+    logged once per loop, naming PostgreSQL and not its password. (``/live`` once answered 503 after
+    90 s with nothing logged, and the liveness probe restarted every PostgreSQL client for an
+    outage of the database, which a restart cannot cure.)"""
     prefix = f"t{uuid.uuid4().hex[:10]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SCHEDULER_", "OTEL_"))} | {
         "SCHEDULER_DATABASE_URL": own_postgres.url.replace("@", f":{PASSWORD}@", 1),

@@ -8,7 +8,6 @@ running components (the shared stack's server is never touched)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +24,7 @@ from bench.chaos_stack import free_port, free_port_range
 from scheduler import __version__
 from scheduler.devstack.postgres import LocalPostgres
 from scheduler.kafka.transport import TopicAdmin
+from tests import support
 from tests.conftest import StackInfo
 from tests.e2e.health import (
     Child,
@@ -141,15 +141,8 @@ def environment(database_url: str, bootstrap: str) -> Iterator[Environment]:
 
 @pytest.fixture
 def own_postgres(tmp_path: Path) -> Iterator[LocalPostgres]:
-    stack_dir = tmp_path / "stack"
-    stack_dir.mkdir()
-    postgres = LocalPostgres(stack_dir, free_port())
-    postgres.up(postgres.preflight())
-    try:
+    with support.own_postgres(tmp_path) as postgres:
         yield postgres
-    finally:
-        postgres.down()
-        shutil.rmtree(postgres.root, ignore_errors=True)
 
 
 @pytest.fixture
@@ -219,6 +212,9 @@ def check_health_document(
     loops = {name: part for name, part in parts.items() if name.startswith("loop:")}
     if child.name == "reconciler":
         assert set(loops) == {"loop:reconciler", "loop:lease-sweeper", "loop:buffer-release"}, parts
+    elif child.name == "scanner":
+        # The zone-rules pass runs beside the scan (scheduler/scan/zone_rules.py).
+        assert set(loops) == {"loop:scanner", "loop:zone-rules"}, parts
     else:
         role = "worker" if child.name.startswith("worker") else child.name
         assert set(loops) == {f"loop:{role}"}, parts
