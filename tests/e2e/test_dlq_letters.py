@@ -1,10 +1,13 @@
 """What a user finds on the dead-letter topic and in `scheduler dlq list` for jobs that failed: each
-letter's attempt history against the run's attempts in PostgreSQL, through a replay; and the letter
-of a job no worker could decode, found by the error class its worker gave it."""
+letter's attempt history against the run's attempts in PostgreSQL, through a replay; a run replayed
+again and again, whose history a job message carries bounded (the newest 100 attempts), so that it
+stays under what the producers send; and the letter of a job no worker could decode, found by the
+error class its worker gave it."""
 
 from __future__ import annotations
 
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,17 +16,24 @@ import pytest
 from confluent_kafka import Producer as RawProducer
 
 from scheduler.config import Settings
+from scheduler.domain.run_state import RunState
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import JobDeadLetter
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
-from scheduler.store import connect
+from scheduler.store import connect, scan
+from scheduler.store.scan import NewRun
 from tests.integration.test_schedules_cli import Cli
 from tests.support import SCHEDULER, Component, attempts_history, components, read_topic, stop_all, wait_for
 
 pytestmark = pytest.mark.e2e
 
 APP = "payments"
+BUDGET = 100  # the largest max_attempts a schedule takes
+REPLAYS = 40
+# What a failing handler's error typically is: a line and a stack's worth of text. Each attempt
+# keeps it, and a job message carries the first 1,024 characters of each (MAX_HISTORY_ERROR_CHARS).
+ERROR = "ConnectionError: upstream refused the connection; " + "x" * 1100
 
 
 @pytest.fixture
@@ -139,3 +149,53 @@ def test_an_undecodable_job_is_listed_by_the_error_class_its_letter_has(cli: Cli
     assert listed[0]["id"] == str(letter.event_id)
     by_class = cli.json("dlq", "list", "--app", APP, "--error-class", letter.error_class, "--json")
     assert [d["id"] for d in by_class] == [str(letter.event_id)], (letter.error_class, listed)
+
+
+def run_row(settings: Settings, run_id: uuid.UUID) -> dict[str, Any]:
+    with connect(settings.database_url) as conn:
+        row = conn.execute("select state, attempt, error from runs where id = %s", (run_id,)).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+def test_a_run_replayed_many_times_is_still_delivered(cli: Cli, settings: Settings) -> None:
+    """A job that failed its 100 attempts, was replayed, and failed again, 40 times over (an
+    operator replaying a flaky upstream's dead letters each day for a month and more): PostgreSQL
+    holds its 4,000 failed attempts as the reconciler left them, each with its error. The upstream
+    is fixed, the operator replays it once more (the handler now succeeds): the run runs and
+    succeeds. (Its replayed job message once carried all 4,000 attempts' errors, about 4.4 MB, over
+    what the producer sends, 4 MiB: the relay quarantined it and the run died again, RelayRefused,
+    at every replay.)"""
+    with connect(settings.database_url) as conn:
+        spec = ScheduleSpec(app=APP, handler="builtin:noop", kind="immediate", max_attempts=BUDGET)
+        schedule = service.create_schedule(conn, spec, "test")
+        run_id = uuid.uuid4()
+        scan.create_runs(
+            conn, [NewRun(run_id, schedule["id"], APP, schedule["next_fire_at"], RunState.PENDING, BUDGET)]
+        )
+        conn.execute("delete from outbox")
+        attempts = BUDGET * REPLAYS
+        conn.execute(
+            "insert into attempts (run_id, attempt, kind, outcome, worker, started_at, finished_at, error,"
+            " error_class)"
+            " select %(run)s, n, case when n %% %(budget)s = 0 then 'dead' else 'retry' end, 'applied',"
+            "        'payments-worker-7f9c', now() - interval '1 day', now() - interval '1 day', %(error)s,"
+            "        'ConnectionError'"
+            "   from generate_series(1, %(attempts)s) n",
+            {"run": run_id, "budget": BUDGET, "error": ERROR, "attempts": attempts},
+        )
+        conn.execute(
+            "update runs set state = 'dead', attempt = %s, max_attempts = %s, finished_at = now(),"
+            " error = %s where id = %s",
+            (attempts, attempts, ERROR, run_id),
+        )
+        conn.commit()
+
+    replay = cli("dlq", "replay", "--run", str(run_id), "--force")
+    assert replay.returncode == 0, replay
+    ended = wait_for(
+        lambda: (r := run_row(settings, run_id))["state"] in ("succeeded", "dead") and r,
+        120,
+        "the replayed run to end",
+    )
+    assert ended["state"] == "succeeded", ended
