@@ -52,6 +52,11 @@ PROBE_CACHE_S = 1.0
 # good (a PostgreSQL frozen behind a pooler, which accepts the connection, holds its "select 1"):
 # it runs on a thread of its own, one at a time per dependency, so it holds that thread only.
 PROBE_UNDER_WAY_S = 2.5
+# A probe hung this long is left to itself and a new one started, so that a dependency that answers
+# again is seen as such (a probe on a host gone without a word may hang until its keepalives give
+# up); at most ABANDONED_PROBES of one dependency are left hanging at once, so threads stay bounded.
+PROBE_ABANDONED_S = 30.0
+ABANDONED_PROBES = 3
 # A loop that has not turned for this long is wedged. Generous: one step may wait on Kafka's
 # acknowledgement of a batch for most of a relay claim (45 s by default).
 LIVE_TIMEOUT_S = 90.0
@@ -230,17 +235,22 @@ class _Probing:
         self._thread: threading.Thread | None = None
         self._started = 0.0  # when the probe under way, or the last one, began
         self._done: tuple[float, Probe] | None = None  # when the last probe ended, and its result
+        self._abandoned = 0  # probes left hanging (see PROBE_ABANDONED_S) that have not ended
 
     def start(self) -> None:
-        """Starts a probe unless one is under way or the last one is recent."""
+        """Starts a probe unless one is under way (and not hung past PROBE_ABANDONED_S) or the last
+        one is recent."""
         with self._lock:
+            now = time.monotonic()
             if self._thread is not None and self._thread.is_alive():
+                if now - self._started < PROBE_ABANDONED_S or self._abandoned >= ABANDONED_PROBES:
+                    return
+                self._abandoned += 1
+            elif self._done is not None and now - self._done[0] < PROBE_CACHE_S:
                 return
-            if self._done is not None and time.monotonic() - self._done[0] < PROBE_CACHE_S:
-                return
-            self._thread = threading.Thread(target=self._run, name=f"probe-{self.check.name}", daemon=True)
-            self._started = time.monotonic()
-            self._thread.start()
+            thread = threading.Thread(target=self._run, name=f"probe-{self.check.name}", daemon=True)
+            self._thread, self._started = thread, now
+            thread.start()
 
     def result(self, deadline: float) -> Probe:
         """The probe under way once it ends, else the recent one; down if it has not ended by
@@ -258,7 +268,10 @@ class _Probing:
     def _run(self) -> None:
         probe = _probe(self.check)
         with self._lock:
-            self._done = (time.monotonic(), probe)
+            if threading.current_thread() is self._thread:
+                self._done = (time.monotonic(), probe)
+            else:  # an abandoned probe: a newer one stands for the dependency
+                self._abandoned -= 1
 
 
 def _probe(check: Check) -> Probe:

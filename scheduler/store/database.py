@@ -124,7 +124,9 @@ class Database:
         than wedged, which a restart could not cure."""
 
         def probe() -> str | None:
-            with psycopg.connect(self.conninfo, connect_timeout=PROBE_TIMEOUT_S, autocommit=True) as conn:
+            # As every connection (keepalives, tcp_user_timeout): a host gone without a word ends
+            # the probe within a minute, not the system's two hours.
+            with connect(self.conninfo, autocommit=True, connect_timeout=PROBE_TIMEOUT_S) as conn:
                 conn.execute("select 1")
             return None
 

@@ -738,3 +738,40 @@ def test_a_probe_that_hung_up_before_its_answer_is_no_traceback(
         assert "ValueError: a real fault" in capsys.readouterr().err
     finally:
         plain.server_close()
+
+
+def test_a_probe_hung_for_good_is_replaced_and_the_dependency_seen_again(
+    serve: Serve, no_probe_cache: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe that hangs for good (its host gone without a word: the connection waits on
+    keepalives) must not leave the dependency down once it answers again: past
+    PROBE_ABANDONED_S a new probe is started beside it, and /ready follows the new one. At most
+    ABANDONED_PROBES hang at once, so a dependency whose every probe hangs holds a few threads only.
+    (A hung probe once stood for the dependency until it returned, hours on a dead host.)"""
+    monkeypatch.setattr(health_module, "PROBE_UNDER_WAY_S", 0.1)
+    monkeypatch.setattr(health_module, "PROBE_ABANDONED_S", 0.2)
+    monkeypatch.setattr(health_module, "ABANDONED_PROBES", 2)
+    release = threading.Event()
+    hanging = {"on": True}
+    calls = {"n": 0}
+
+    def probe() -> str | None:
+        calls["n"] += 1
+        if hanging["on"]:
+            release.wait(30)
+        return "ok"
+
+    client = serve([started(FakeService("scan", [Check("postgresql", probe)]))])
+    try:
+        assert client.get("/ready").status_code == 503
+        wait_until(
+            lambda: client.get("/ready").status_code == 503 and calls["n"] >= 3, what="probes replaced"
+        )
+        time.sleep(0.5)  # past the bound again: no more than the first and ABANDONED_PROBES hang
+        client.get("/ready")
+        assert calls["n"] == 3, calls
+        hanging["on"] = False
+        release.set()  # the hung probes end; the next one answers
+        wait_until(lambda: client.get("/ready").status_code == 200, what="ready once the dependency answers")
+    finally:
+        release.set()
