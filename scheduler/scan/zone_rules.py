@@ -188,7 +188,9 @@ class ZoneRulesRecompute(Service):
 
     def _batch(self, conn: psycopg.Connection[Row], job: _Pass) -> bool:
         """One batch of the pass; False once the pass has ended (done, taken by newer rules, or
-        taken over after its lease ran out)."""
+        taken over after its lease ran out). The pass's position moves only once the batch has
+        committed: a batch rolled back (a transient error, retried) is made again, never skipped,
+        and the position the next batch records for a takeover is that of committed batches."""
         with conn.transaction():
             if not store.renew_zone_rules_pass(conn, job.pass_id, job.resume_after(), PASS_LEASE_S):
                 recorded = store.recorded_zone_rules(conn)
@@ -200,35 +202,41 @@ class ZoneRulesRecompute(Service):
                 )
                 self._pass = None
                 return False
-            if not job.retrying:
-                ids = store.cron_schedules_after(conn, job.after, BATCH, self.lookahead_s)
-                if ids:
-                    job.after = ids[-1]
-            else:
-                ids, job.held = job.held[:BATCH], job.held[BATCH:]
-            if not ids and not job.retrying:
-                job.retrying = True
-                return True
-            if not ids:
-                store.finish_zone_rules(conn, job.pass_id)
-                self._finished(job)
-                return False
-            fires = store.lock_fires_to_recompute(conn, ids, self.lookahead_s)
-            locked = {fire.schedule_id for fire in fires}
-            held = [schedule_id for schedule_id in ids if schedule_id not in locked]
             if job.retrying:
-                job.held_at_end += len(held)
+                ids = job.held[:BATCH]
             else:
-                job.held.extend(held)
-            moves = self._computed(fires, job)
-            store.move_next_fires(conn, moves)
+                ids = store.cron_schedules_after(conn, job.after, BATCH, self.lookahead_s)
+            if not ids and job.retrying:
+                store.finish_zone_rules(conn, job.pass_id)
+            elif ids:
+                fires = store.lock_fires_to_recompute(conn, ids, self.lookahead_s)
+                locked = {fire.schedule_id for fire in fires}
+                held = [schedule_id for schedule_id in ids if schedule_id not in locked]
+                moves, failed = self._computed(fires)
+                store.move_next_fires(conn, moves)
+        if not ids:
+            if not job.retrying:
+                job.retrying = True  # then the ids other transactions held, once more
+                return True
+            self._finished(job)
+            return False
+        if job.retrying:
+            job.held = job.held[BATCH:]
+            job.held_at_end += len(held)
+        else:
+            job.after = ids[-1]
+            job.held.extend(held)
         job.checked += len(fires)
+        job.failed += failed
         job.moved += sum(1 for move in moves if move.next_fire_at is not None)
         job.completed += sum(1 for move in moves if move.next_fire_at is None)
         return True
 
-    def _computed(self, fires: Sequence[StoredFire], job: _Pass) -> list[MovedFire]:
+    @staticmethod
+    def _computed(fires: Sequence[StoredFire]) -> tuple[list[MovedFire], int]:
+        """The fires that move, and how many could not be computed."""
         moves = []
+        failed = 0
         for fire in fires:
             try:
                 cron = CronSchedule.of(fire.cron, fire.tz, schedule_id=fire.schedule_id)
@@ -236,11 +244,11 @@ class ZoneRulesRecompute(Service):
             except Exception:
                 # Whatever the reason (a zone the new database lacks), the fire stays as it is: the
                 # scanner sets the schedule aside with the reason when that fire comes.
-                job.failed += 1
+                failed += 1
                 continue
             if following != fire.next_fire_at:
                 moves.append(MovedFire(fire, following))
-        return moves
+        return moves, failed
 
     def _finished(self, job: _Pass) -> None:
         self._pass = None

@@ -11,18 +11,24 @@ the new offset by hand, never by the scheduler's functions.
 from __future__ import annotations
 
 import importlib.resources
+import logging
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import psycopg
 import pytest
 
 from scheduler.config import Settings
+from scheduler.domain.zone_rules import LoadedZoneRules, ZoneRulesVersion
+from scheduler.scan.zone_rules import ZoneRulesRecompute
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, schedules
+from scheduler.store import zone_rules as zone_rules_store
+from scheduler.store.database import Database
 from tests.integration.test_schedules_cli import Cli, app, cli  # noqa: F401 (fixtures)
 from tests.support import Component, stop_all, wait_for
 
@@ -260,3 +266,57 @@ def test_a_pass_whose_scanner_stopped_is_taken_over_from_where_it_stopped(
     assert schedule_row(settings, before["id"])["next_fire_at"] == stored
     assert "taking over the pass a scanner left unfinished" in scanner.output(), scanner.output()[-3000:]
     assert "1 active cron schedules checked" in scanner.output(), scanner.output()[-3000:]
+
+
+def test_a_batch_rolled_back_is_made_again_not_skipped(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch of the pass whose transaction fails (a transient error: the connection dropped while
+    it wrote its fires) is rolled back and retried, as every service's step is. The retry makes
+    that batch again: the pass checks every one of the 1,200 schedules. (The pass's position once
+    moved before its batch committed, so the retry went on after the failed batch's 500 schedules,
+    which kept their old-rules fires, and recorded that position for a takeover.)"""
+    with connect(settings.database_url) as conn:
+        conn.execute("insert into apps (name, partitions) values ('zone-batches', 1)")
+        for _ in range(2):
+            batch = [
+                service.NewSchedule(
+                    ScheduleSpec(
+                        app="zone-batches",
+                        handler="builtin:noop",
+                        kind="cron",
+                        cron="0 9 1 12 *",
+                        tz="America/New_York",
+                    )
+                )
+                for _ in range(600)
+            ]
+            service.create_schedules(conn, batch, "test")
+        conn.commit()
+    writes = {"n": 0}
+    move_next_fires = zone_rules_store.move_next_fires
+
+    def fails_once(conn: Any, moves: Any) -> Any:
+        writes["n"] += 1
+        if writes["n"] == 2:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return move_next_fires(conn, moves)
+
+    monkeypatch.setattr(zone_rules_store, "move_next_fires", fails_once)
+    newer = LoadedZoneRules(ZoneRulesVersion.parse("2999a"), "a test's zone database")
+    recompute = ZoneRulesRecompute(Database(settings.database_url, "test"), 60.0, newer)
+    caplog.set_level(logging.INFO, logger="scheduler.zone-rules")
+    try:
+        for _ in range(20):
+            try:
+                if not recompute.step() and recompute._pass is None and writes["n"] > 0:
+                    break
+            except psycopg.OperationalError:
+                recompute.reset()  # as the service's loop does on a transient error
+    finally:
+        recompute.close()
+    [finished] = [
+        r.getMessage() for r in caplog.records if "computed again under zone rules 2999a in" in r.getMessage()
+    ]
+    assert ": 1200 active cron schedules checked" in finished, finished
+    assert writes["n"] == 4, "three batches and the one made again"
