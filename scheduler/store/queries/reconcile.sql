@@ -225,8 +225,9 @@ select (select count(*) from classified where outcome = 'applied') as applied,
 
 -- name: record_undecodable_dead_letters
 -- Dead letters without a run (their job could not be decoded) are kept for the DLQ listing, each
--- under its app with the error class its worker gave it (the listing's filter); one naming no app there is (forged, or its app deleted) is not kept, and its
--- event id is returned for the caller to quarantine.
+-- under its app with the error class its worker gave it (the listing's filter); one naming no app
+-- there is (forged, or its app deleted) is not kept, and its event id is returned for the caller to
+-- quarantine.
 with letters as (
     select l.*, exists (select 1 from apps a where a.name = l.app) as app_exists
       from unnest(%(event_ids)b::text[], %(apps)b::text[], %(causes)b::text[], %(errors)b::text[],
