@@ -213,7 +213,10 @@ class ZoneRulesRecompute(Service):
                 locked = {fire.schedule_id for fire in fires}
                 held = [schedule_id for schedule_id in ids if schedule_id not in locked]
                 moves, failed = self._computed(fires)
-                store.move_next_fires(conn, moves)
+                written = store.move_next_fires(conn, moves)
+                # The log counts what was written: the rows are this transaction's, locked, so today
+                # that is every move computed, but the count must not rest on that.
+                moves = [move for move in moves if move.read.schedule_id in written]
         if not ids:
             if not job.retrying:
                 job.retrying = True  # then the ids other transactions held, once more

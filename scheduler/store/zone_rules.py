@@ -140,10 +140,10 @@ def lock_fires_to_recompute(
     ]
 
 
-def move_next_fires(conn: psycopg.Connection[Row], moves: Sequence[MovedFire]) -> int:
-    """Write the fires computed again where their rows are as read; how many were written."""
+def move_next_fires(conn: psycopg.Connection[Row], moves: Sequence[MovedFire]) -> set[UUID]:
+    """Write the fires computed again where their rows are as read; the schedules written."""
     if not moves:
-        return 0
+        return set()
     rows = conn.execute(
         query("move_next_fires"),
         {
@@ -156,4 +156,4 @@ def move_next_fires(conn: psycopg.Connection[Row], moves: Sequence[MovedFire]) -
             ],
         },
     ).fetchall()
-    return len(rows)
+    return {row["id"] for row in rows}
