@@ -29,6 +29,7 @@ from kubernetes_validate.utils import SchemaNotFoundError, ValidationError  # ty
 from scheduler.cli.init import CORE_TOPIC_PARTITIONS
 from scheduler.config import ConfigError, Settings, load_settings
 from scheduler.kafka.topics import MAX_MESSAGE_BYTES_KEY, TOPIC_MAX_MESSAGE_BYTES
+from scheduler.runtime.health import PROBE_UNDER_WAY_S
 from tests.deploy.crd_schemas import validate_custom_resource
 from tests.deploy.manifests import (
     K8S,
@@ -49,6 +50,10 @@ from tests.deploy.manifests import (
 KUBERNETES_VERSION = "1.30.0"
 _VARIABLE_RE = re.compile(r"\b(SCHEDULER_[A-Z0-9_]*[A-Z0-9])\b")
 HEALTH_PATHS = {"startupProbe": "/startup", "livenessProbe": "/live", "readinessProbe": "/ready"}
+# A health endpoint may wait PROBE_UNDER_WAY_S for a dependency that does not answer, then answer:
+# a kubelet that gives up sooner counts a failure the process did not report (three of them restart
+# a component that only waits on PostgreSQL). Twice that leaves room for a CPU-throttled pod.
+PROBE_TIMEOUT_S = 2 * PROBE_UNDER_WAY_S
 COMPONENTS = ("scanner", "relay", "reconciler", "ingestor", "api")
 # The one component that takes requests (a Service, ingress on its own ports) and the one that has
 # no Kafka client: it writes triggers and replays to the outbox, which the relay publishes.
@@ -302,6 +307,13 @@ def workload_problems(objects: list[Object]) -> list[str]:
             if str(port) != port_setting:
                 problems.append(
                     f"{name}: {kind} probes port {port}, but SCHEDULER_METRICS_PORT is {port_setting}"
+                )
+            # Kubernetes' default is 1 s.
+            timeout = found[kind].get("timeoutSeconds", 1)
+            if timeout < PROBE_TIMEOUT_S:
+                problems.append(
+                    f"{name}: {kind} gives up after {timeout} s, but the process may wait "
+                    f"{PROBE_UNDER_WAY_S} s for a dependency before it answers (allow {PROBE_TIMEOUT_S:g} s)"
                 )
         grace = float(_arg(args, "--grace") or DEFAULT_GRACE_S)
         pre_stop = container.get("lifecycle", {}).get("preStop")

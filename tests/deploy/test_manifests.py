@@ -240,6 +240,10 @@ BROKEN: dict[str, tuple[Callable[[list[Object]], None], str]] = {
         _set(f"{CONTAINER}.readinessProbe.httpGet.path", "/healthz"),
         "/ready",
     ),
+    "liveness probe that gives up before the process answers": (
+        _set(f"{CONTAINER}.livenessProbe.timeoutSeconds", 3),
+        "livenessProbe gives up after 3 s",
+    ),
     "probe on a port the container does not declare": (
         _set(f"{CONTAINER}.livenessProbe.httpGet.port", "http"),
         "http",
