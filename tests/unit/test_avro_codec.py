@@ -133,7 +133,7 @@ def _examples() -> list[Any]:
             started_at=None,
             finished_at=AT,
             error="unknown framing (first byte 0x7b)",
-            error_class="UndecodableMessageError",
+            error_class="UndecodableMessage",
             attempts=(),
             original_bytes=b'{"not": "avro"}',
             source=SOURCE,
