@@ -45,6 +45,15 @@ def test_a_replay_with_json_prints_its_summary_as_json_only(cli: Cli) -> None:
     assert text.stderr == "", text.stderr  # no progress bar off a terminal, nor a line where it was
 
 
+def test_a_dry_run_names_each_runs_time_of_death_as_dlq_list_does(cli: Cli) -> None:
+    """`dlq list --json` calls the instant a run died `dead_at`; the dry run's JSON, listing the
+    same runs, called it `finished_at`: a script reading both found no `dead_at` in the second."""
+    listed = {row["id"]: row["dead_at"] for row in cli.json("dlq", "list", "--app", APP, "--json")}
+    dry = cli.json("dlq", "replay", "--app", APP, "--dry-run", "--json")
+    assert {row["id"]: row.get("dead_at") for row in dry} == listed
+    assert all("finished_at" not in row for row in dry), dry
+
+
 def test_a_replay_says_how_many_runs_it_left_out_as_replayed_before(cli: Cli, settings: Settings) -> None:
     """Runs replayed once that died again are left out of a replay unless --force, and a note on
     stderr says how many; the replay exits 0 (only runs named and all left out fail it)."""
