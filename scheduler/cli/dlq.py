@@ -32,6 +32,7 @@ from scheduler.cli.common import (
     uuid_arg,
     wiring_or_exit,
 )
+from scheduler.domain.run import Run
 from scheduler.reconcile.replay import UNDECODABLE, Replayer, ReplayFilter, first_not_dead
 from scheduler.store import runs as store
 
@@ -187,7 +188,7 @@ def replay(
             click.echo(f"note: {reason}", err=True)
         if dry_run:
             if as_json:
-                echo_json([{k: getattr(dead.run, k) for k in DRY_RUN_FIELDS} for dead in candidates])
+                echo_json([_dry_run_row(dead.run) for dead in candidates])
                 return
             table = DataTable(
                 "run", "app", "attempt", "dead at", "error", title=f"would replay {_runs(len(candidates))}"
@@ -370,4 +371,10 @@ def _runs(count: int) -> str:
     return f"{count} run" if count == 1 else f"{count} runs"
 
 
-DRY_RUN_FIELDS = ("id", "schedule_id", "app", "scheduled_for", "attempt", "error", "finished_at")
+DRY_RUN_FIELDS = ("id", "schedule_id", "app", "scheduled_for", "attempt", "error")
+
+
+def _dry_run_row(run: Run) -> dict[str, Any]:
+    """A run a dry run would replay, its time of death named ``dead_at`` as `dlq list` names it
+    (the run's finished_at): a script reads the same field from either listing."""
+    return {k: getattr(run, k) for k in DRY_RUN_FIELDS} | {"dead_at": run.finished_at}
