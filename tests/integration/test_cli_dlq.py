@@ -105,7 +105,8 @@ def test_a_replay_naming_an_undecodable_letter_says_it_cannot_be_replayed(
     cli: Cli, settings: Settings, settings_env: dict[str, str], tmp_path: Path
 ) -> None:
     """A job no worker could decode is a dead letter without a run: `dlq list` shows it (kind
-    undecodable), and a replay naming its id is told why it cannot take it."""
+    undecodable) with the worker that read it and wrote the letter, and a replay naming its id is
+    told why it cannot take it."""
     assert cli("init").returncode == 0
     producer = RawProducer({"bootstrap.servers": settings.kafka_bootstrap})
     producer.produce(settings.jobs_topic(APP), b"\xff not a job \xfe", partition=0)
@@ -122,6 +123,8 @@ def test_a_replay_naming_an_undecodable_letter_says_it_cannot_be_replayed(
             )
         finally:
             assert worker.stop() == 0, worker.output()[-3000:]
+    # The worker's instance name (as in runs.worker), which the letter carries: it was listed null.
+    assert (letter["worker"] or "").startswith("worker-"), letter
     line = cli.refused("dlq", "replay", "--run", letter["id"])
     assert line.startswith(f"error: {letter['id']} is an undecodable dead letter, not a run"), line
     assert "nothing to replay" in line, line
