@@ -228,6 +228,7 @@ class Reconciler(Service):
                 cause=dead.cause,
                 error=capped_text(dead.error),
                 error_class=capped_text(dead.error_class, NAME_CHARS),
+                worker=None if dead.worker is None else capped_text(dead.worker, NAME_CHARS),
                 original_bytes=dead.original_bytes,
                 topic=None if dead.source is None else storable_text(dead.source.topic),
                 partition=dead.source.partition if dead.source else None,

@@ -51,6 +51,8 @@ class UndecodableLetter:
     cause: str
     error: str
     error_class: str
+    worker: str | None
+    """The worker that read the job and wrote the letter."""
     original_bytes: bytes
     topic: str | None
     partition: int | None
@@ -213,6 +215,7 @@ def record_undecodable(conn: psycopg.Connection[Row], letters: Sequence[Undecoda
             "causes": [x.cause for x in letters],
             "errors": [x.error for x in letters],
             "error_classes": [x.error_class for x in letters],
+            "workers": [x.worker for x in letters],
             "original_bytes": [x.original_bytes for x in letters],
             "topics": [x.topic for x in letters],
             "partitions": [x.partition for x in letters],

@@ -15,7 +15,7 @@ select * from (
        and (%(since)s::timestamptz is null or r.finished_at >= %(since)s::timestamptz)
        and (%(until)s::timestamptz is null or r.finished_at < %(until)s::timestamptz)
     union all
-    select d.event_id, 'undecodable', d.app, null, null, d.error, d.received_at, null
+    select d.event_id, 'undecodable', d.app, null, null, d.error, d.received_at, d.worker
       from dead_letters d
      where %(schedule_id)s::uuid is null
        and (%(error_class)s::text is null or d.error_class = %(error_class)s::text)

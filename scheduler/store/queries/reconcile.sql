@@ -225,21 +225,22 @@ select (select count(*) from classified where outcome = 'applied') as applied,
 
 -- name: record_undecodable_dead_letters
 -- Dead letters without a run (their job could not be decoded) are kept for the DLQ listing, each
--- under its app with the error class its worker gave it (the listing's filter); one naming no app
+-- under its app with the error class and the name its worker gave it (the listing's filter and its
+-- worker column); one naming no app
 -- there is (forged, or its app deleted) is not kept, and its event id is returned for the caller to
 -- quarantine.
 with letters as (
     select l.*, exists (select 1 from apps a where a.name = l.app) as app_exists
       from unnest(%(event_ids)b::text[], %(apps)b::text[], %(causes)b::text[], %(errors)b::text[],
-                  %(error_classes)b::text[], %(original_bytes)b::bytea[], %(topics)b::text[],
-                  %(partitions)b::int[], %(offsets)b::bigint[])
-           as l (event_id, app, cause, error, error_class, original_bytes, source_topic, source_partition,
-                 source_offset)
+                  %(error_classes)b::text[], %(workers)b::text[], %(original_bytes)b::bytea[],
+                  %(topics)b::text[], %(partitions)b::int[], %(offsets)b::bigint[])
+           as l (event_id, app, cause, error, error_class, worker, original_bytes, source_topic,
+                 source_partition, source_offset)
 ), kept as (
-    insert into dead_letters (event_id, app, cause, error, error_class, original_bytes, source_topic,
-                              source_partition, source_offset)
-    select event_id, app, cause, error, error_class, original_bytes, source_topic, source_partition,
-           source_offset
+    insert into dead_letters (event_id, app, cause, error, error_class, worker, original_bytes,
+                              source_topic, source_partition, source_offset)
+    select event_id, app, cause, error, error_class, worker, original_bytes, source_topic,
+           source_partition, source_offset
       from letters where app_exists
     on conflict (event_id) do nothing
 )
