@@ -5,6 +5,11 @@ left moves the run to ``retry_wait`` with ``next_attempt_at`` = failure time + b
 scanner re-dispatches it when due; anything else is dead. Backoff is exponential with full jitter,
 which spreads a burst of failures instead of retrying it in lockstep. The
 random source is injectable so that tests and replays are deterministic.
+
+``attempt`` here is the attempt's place in its budget. A worker passes the run's attempt number,
+which a ``dlq replay`` does not reset (it is the fencing token); the reconciler scales a replayed
+run's wait to the attempt's place in the replay's fresh budget (``apply_outcomes``), so that its
+first failure after the replay waits as a new run's first does.
 """
 
 from __future__ import annotations

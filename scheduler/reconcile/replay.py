@@ -2,8 +2,9 @@
 
 A replayed run is not a new run: it keeps its id and fire time (UNIQUE (schedule_id,
 scheduled_for) stays true), gets the next attempt number as its fencing token and a fresh budget
-of its schedule's ``max_attempts``, and its message goes to the outbox, from where the relay,
-a worker and the reconciler treat it like any other attempt. Each replay is written to
+of its schedule's ``max_attempts`` (whose retries back off afresh: the reconciler counts the
+backoff from the attempt after the run's last death), and its message goes to the outbox, from
+where the relay, a worker and the reconciler treat it like any other attempt. Each replay is written to
 ``audit_log`` with who did it; a run replayed once is not replayed again unless forced. A run of
 a cancelled schedule is replayed only when the operator names its schedule or the run: a job its
 owner cancelled does not run again as part of a replay of everything that failed.
