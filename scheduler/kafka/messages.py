@@ -31,6 +31,13 @@ RejectionCode = Literal["undecodable", "invalid", "not_found", "conflict"]
 # that cannot decode the body can still dead-letter the right attempt of the right run.
 RUN_ID_HEADER = "scheduler-run-id"
 ATTEMPT_HEADER = "scheduler-attempt"
+# When the attempt was due to start (ISO 8601, UTC), what a worker measures its start lag from: the
+# fire's instant for a fire dispatched on time, later for one late by design (a buffered fire let go,
+# a misfire's catch-up). A header rather than a field of the Avro record: a record of a new version is
+# undecodable to workers of an older release (its fingerprint unknown to them), which a rolling update
+# runs beside the new scanners; a header they do not know they ignore. Absent (an older scanner): the
+# start lag counts from scheduled_for.
+DUE_AT_HEADER = "scheduler-due-at"
 
 
 def idempotency_key_for(run_id: UUID) -> str:

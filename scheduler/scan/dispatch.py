@@ -6,6 +6,13 @@ the topic or behind a backlog never counts against it. Its clock starts when a w
 job (the worker enforces the timeout from there, and the reconciler gives the run its lease on the
 worker's start event), so the message's ``deadline`` is informational: when the attempt would end
 had it started at once.
+
+Each message also says when its attempt was due to start (header ``scheduler-due-at``), which the
+worker's start lag is measured from: only the scheduler's own lateness is to count there. A fire
+the scanner dispatches on time is due at its instant (the scan's delay in finding it is lateness);
+anything else is due when it is dispatched: a ``buffer_one`` fire let go as the run before it ended,
+a trigger, a retry, a re-dispatch, a replay. The scanner says when a fire of its own is late by
+design (a misfire's catch-up, a fire a resume made due, its jitter).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from scheduler.domain.storable import MAX_HISTORY_ERROR_CHARS, capped_text
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import (
     ATTEMPT_HEADER,
+    DUE_AT_HEADER,
     RUN_ID_HEADER,
     AttemptSummary,
     JobMessage,
@@ -59,7 +67,12 @@ class JobDispatcher:
         deadline: datetime,
         previous_attempts: Sequence[FailedAttempt] = (),
         traceparent: str | None = None,
+        due_at: datetime | None = None,
     ) -> Message:
+        """The attempt's outbox message. ``due_at``: when it is due to start (see the module's
+        docstring); by default the dispatch instant, which ``deadline`` counts from."""
+        if due_at is None:
+            due_at = deadline - timedelta(milliseconds=job.timeout_ms)
         message = JobMessage(
             run_id=run_id,
             schedule_id=schedule_id,
@@ -89,6 +102,7 @@ class JobDispatcher:
                 HEADER: traceparent or run_traceparent(run_id),
                 RUN_ID_HEADER: str(run_id),
                 ATTEMPT_HEADER: str(attempt),
+                DUE_AT_HEADER: due_at.astimezone(UTC).isoformat(),
             },
         )
 

@@ -262,6 +262,7 @@ class Scanner(Service):
                 continue
             run_id = new_id()
             buffered = action is OverlapAction.BUFFER
+            jitter = self._jitter(leased)
             message = None
             if not buffered:
                 message = self.dispatcher.message(
@@ -273,6 +274,7 @@ class Scanner(Service):
                     # Informational: a fire leased ahead is not dispatched before its instant.
                     deadline=attempt_deadline(max(leased.now, at), schedule.timeout_ms),
                     traceparent=schedule.creation_traceparent,
+                    due_at=_due_at(leased, at, plan.misfired) + jitter,
                 )
             runs.append(
                 NewRun(
@@ -285,7 +287,7 @@ class Scanner(Service):
                     buffered=buffered,
                     guarded=schedule.overlap_policy.guards_runs,
                     message=message,
-                    delay_ms=self._jitter_ms(leased, at),
+                    delay_ms=self._delay_ms(leased, at, jitter),
                 )
             )
             # The run just created is the "previous run" of the next fire in this batch.
@@ -293,14 +295,19 @@ class Scanner(Service):
             waiting += 1 if buffered else 0
         return runs, ScheduleAdvance(schedule.id, plan.next_fire_at, plan.schedule_state)
 
-    def _jitter_ms(self, leased: DueSchedule, at: datetime) -> int:
-        """A fire's random delay, counted from its instant: a fire leased ahead of it has its row
-        held back until then as well, or the jitter would be spent waiting in a worker."""
+    def _jitter(self, leased: DueSchedule) -> timedelta:
+        """A fire's random delay (0 without jitter)."""
         jitter_ms = leased.schedule.jitter_ms
-        if jitter_ms <= 0:
+        return timedelta(milliseconds=self.random.randint(0, jitter_ms)) if jitter_ms > 0 else timedelta(0)
+
+    def _delay_ms(self, leased: DueSchedule, at: datetime, jitter: timedelta) -> int:
+        """How long a fire's outbox row is held back: its jitter, counted from its instant. A fire
+        leased ahead of it has its row held back until then as well, or the jitter would be spent
+        waiting in a worker."""
+        if not jitter:
             return 0
         ahead_ms = max(0, math.ceil((at - leased.now).total_seconds() * 1000))
-        return ahead_ms + self.random.randint(0, jitter_ms)
+        return ahead_ms + round(jitter.total_seconds() * 1000)
 
     def _skipped(self, leased: DueSchedule, at: datetime, reason: SkipReason) -> NewRun:
         return NewRun(
@@ -327,3 +334,15 @@ class Scanner(Service):
             traceparent=retry.creation_traceparent,
         )
         return NextAttempt(run.id, attempt, None, message)
+
+
+def _due_at(leased: DueSchedule, at: datetime, misfired: bool) -> datetime:
+    """When a fire the scan dispatches is due to start, what the worker's start lag counts from
+    (before its jitter): its instant, unless it is late by design. A misfire's catch-up (a fire
+    found later than the catch-up window, run by fire_once or fire_all) is due now: the policy runs
+    it now. Nor is a fire due before its schedule last changed: a resume that made a missed fire its
+    next one (fire_once, fire_all), a one-shot created or updated with an instant already past. The
+    scanner's own advance changes a schedule before the fires it plans, so an ordinary fire keeps its
+    instant, and a scanner that finds it late (within the catch-up window) is late."""
+    due = leased.now if misfired and at <= leased.now else at
+    return max(due, leased.schedule.updated_at)

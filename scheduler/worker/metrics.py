@@ -46,8 +46,11 @@ EXECUTION_DURATION = Histogram(
 )
 START_LAG = Histogram(
     "scheduler_worker_start_lag_seconds",
-    "Time from a job's scheduled_for to its handler's start, first attempts only (a retry, a lease "
-    "expiry's next attempt and a replay keep their run's scheduled_for and start late by design)",
+    "Time from when a job was due to its handler's start, first attempts only: the scheduler's own "
+    "lateness. Due at its scheduled_for when dispatched on time; a fire late by design is due when "
+    "let go (a buffer_one fire as the run before it ends, a misfire's catch-up or a fire a resume "
+    "made due as the scan runs it, after its jitter). Retries, re-dispatches and replays start late "
+    "by design and are not counted",
     ["app"],
     # Fine around the 5 ms target (its p99), wide enough for a backlog of minutes.
     buckets=(

@@ -88,6 +88,7 @@ from scheduler.domain.storable import (
 from scheduler.kafka.avro import AvroCodec, MessageDecodeError
 from scheduler.kafka.messages import (
     ATTEMPT_HEADER,
+    DUE_AT_HEADER,
     RUN_ID_HEADER,
     AttemptSummary,
     JobDeadLetter,
@@ -239,7 +240,8 @@ class Delivery:
     traceparent: str | None
     # The trace context the job's outcome messages carry: the job.execution span once it exists.
     outcome_traceparent: str | None = None
-    # The message's headers, read only when its body cannot be decoded (see _attempt_of).
+    # The message's headers, read when its body cannot be decoded (see _attempt_of) and for when a
+    # first attempt was due (see _due_at).
     headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
@@ -1204,9 +1206,11 @@ class Worker(Service):
         self._enter(fetched)
         if job.attempt == 1:
             # Later attempts keep the run's scheduled_for: their backoff, or the lease that expired,
-            # or the operator's replay, would read as lateness. A start before the instant (a hold
-            # cut short) counts as 0, on time.
-            self._start_lag.observe(max(0.0, time.time() - job.scheduled_for.timestamp()))
+            # or the operator's replay, would read as lateness. A first attempt counts from when it
+            # was due, which is later than its instant when it is late by design (a buffered fire
+            # let go, a misfire's catch-up). A start before that (a hold cut short) counts as 0.
+            due = _due_at(delivery.headers, job.scheduled_for)
+            self._start_lag.observe(max(0.0, time.time() - due.timestamp()))
         position = (delivery.topic, delivery.partition, delivery.offset)
         self._in_handler[position] = None
         try:
@@ -1696,6 +1700,24 @@ def _attempt_of(headers: Sequence[tuple[str, bytes | None]]) -> tuple[uuid.UUID,
     if not text.isdigit() or len(text) > 10 or not 1 <= int(text) <= MAX_ATTEMPT:
         return None
     return run_id, int(text)
+
+
+def _due_at(headers: Sequence[tuple[str, bytes | None]], scheduled_for: datetime) -> datetime:
+    """When a job was due to start, as its headers say (``DUE_AT_HEADER``), never before its
+    instant; its instant when they do not say (a message from an older scanner) or say nothing valid."""
+    for name, value in headers:
+        if name != DUE_AT_HEADER:
+            continue
+        if value is None or len(value) > 64:
+            break
+        try:
+            due = datetime.fromisoformat(value.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            break
+        if due.tzinfo is None:
+            break
+        return max(due, scheduled_for)
+    return scheduled_for
 
 
 async def _until(instant: datetime) -> datetime:

@@ -7,7 +7,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
-from scheduler.kafka.messages import JobResult
+from scheduler.kafka.messages import DUE_AT_HEADER, JobResult
 from scheduler.kafka.transport import (
     Consumer,
     OutgoingMessage,
@@ -199,6 +199,17 @@ def test_buffer_one_keeps_one_waiting_fire_and_dispatches_it_when_the_running_on
         stop.set()
         for thread in threads:
             thread.join(30)
+    with connect(settings.database_url) as conn:
+        released = conn.execute(
+            "select r.dispatched_at, o.headers from runs r join outbox o on o.run_id = r.id where r.id = %s",
+            (runs[1]["id"],),
+        ).fetchone()
+    # It waits for the run before it by design: its start lag counts from its release, not its fire.
+    assert released is not None
+    assert (
+        datetime.fromisoformat(cast(dict[str, str], released["headers"])[DUE_AT_HEADER])
+        == (released["dispatched_at"])
+    )
 
 
 def test_a_worker_whose_clock_is_ahead_is_counted_and_named(

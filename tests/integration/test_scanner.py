@@ -15,7 +15,7 @@ import pytest
 from scheduler.config import Settings
 from scheduler.domain.storable import MAX_ERROR_CHARS, MAX_HISTORY_ERROR_CHARS
 from scheduler.kafka.avro import AvroCodec
-from scheduler.kafka.messages import ATTEMPT_HEADER, RUN_ID_HEADER, JobMessage
+from scheduler.kafka.messages import ATTEMPT_HEADER, DUE_AT_HEADER, RUN_ID_HEADER, JobMessage
 from scheduler.kafka.transport import TopicAdmin
 from scheduler.scan import metrics as scan_metrics
 from scheduler.scan.scanner import LOCKED_DUE_PAUSE_S, Scanner
@@ -409,6 +409,10 @@ def test_jitter_holds_each_fire_back_by_a_random_delay_of_up_to_jitter_ms(
     spread = [delays[j["id"]] for j in jittered]
     assert all(timedelta(0) <= d <= timedelta(seconds=60) for d in spread)
     assert len(set(spread)) > 10, "the delays are drawn per fire"
+    # A fire is due to start after its delay: the worker's start lag does not count the jitter.
+    due = due_at_of(settings)
+    assert due[plain["id"]] == plain["next_fire_at"]
+    assert all(due[j["id"]] == plain["next_fire_at"] + delays[j["id"]] for j in jittered)
 
 
 def test_a_retry_carries_its_run_and_attempt_in_headers_and_each_earlier_error_capped(
@@ -445,6 +449,71 @@ def test_a_retry_carries_its_run_and_attempt_in_headers_and_each_earlier_error_c
     assert earlier.error.startswith("xxx") and earlier.error.endswith(
         f"[truncated {MAX_ERROR_CHARS - MAX_HISTORY_ERROR_CHARS} characters]"
     )
+
+
+def due_at_of(settings: Settings) -> dict[Any, datetime]:
+    """Per schedule, when its queued first attempt is due to start, as its job's headers say."""
+    with connect(settings.database_url) as conn:
+        rows = conn.execute(
+            "select r.schedule_id, o.headers from outbox o join runs r on r.id = o.run_id where o.attempt = 1"
+        ).fetchall()
+    return {r["schedule_id"]: _due(r["headers"]) for r in rows}
+
+
+def _due(headers: object) -> datetime:
+    return datetime.fromisoformat(cast(dict[str, str], headers)[DUE_AT_HEADER])
+
+
+def test_a_fire_found_late_within_the_catch_up_window_is_due_at_its_instant(
+    settings: Settings, app: str
+) -> None:
+    """The scanner late (down, slow) is the scheduler's own lateness: the start lag counts it."""
+    row = create(settings, kind="cron", cron="* * * * *")
+    scan(settings, row["next_fire_at"] + timedelta(seconds=30))
+    assert due_at_of(settings) == {row["id"]: row["next_fire_at"]}
+
+
+@pytest.mark.parametrize("misfire", ["fire_once", "fire_all"])
+def test_a_misfire_catch_up_is_due_when_the_policy_runs_it(
+    settings: Settings, app: str, misfire: str
+) -> None:
+    """Found later than the catch-up window, a fire the misfire policy runs is late by design; the
+    fires after the scan's instant are due at theirs."""
+    row = create(settings, kind="cron", cron="*/10 * * * * *", misfire_policy=misfire)
+    now = row["next_fire_at"] + timedelta(minutes=3)
+    with connect(settings.database_url) as conn:
+        Wiring(replace(settings, lookahead_s=0.0)).scanner().scan_once(conn, now=now)
+        rows = conn.execute(
+            "select r.scheduled_for, o.headers from outbox o join runs r on r.id = o.run_id"
+        ).fetchall()
+    due = {r["scheduled_for"]: _due(r["headers"]) for r in rows}
+    assert len(due) == (1 if misfire == "fire_once" else 19)
+    assert set(due.values()) == {now}
+
+
+def test_a_fire_a_resume_made_due_is_due_from_the_resume(settings: Settings, app: str) -> None:
+    """Paused before a fire and resumed 20 s after it (within the catch-up window), fire_once runs
+    the missed fire at once: late by the pause, not by the scheduler."""
+    row = create(settings, kind="cron", cron="*/10 * * * * *", misfire_policy="fire_once")
+    with connect(settings.database_url) as conn:
+        service.pause(conn, row["id"], "test")
+        conn.execute(
+            "update schedules set next_fire_at = next_fire_at - interval '30 seconds' where id = %s",
+            (row["id"],),
+        )
+        resumed = service.resume(conn, row["id"], "test")
+        now = schedules.db_now(conn)
+    assert resumed["next_fire_at"] < now
+    scan(settings, now)
+    assert due_at_of(settings) == {row["id"]: resumed["updated_at"]}
+
+
+def test_a_one_shot_created_after_its_instant_is_due_from_its_creation(settings: Settings, app: str) -> None:
+    with connect(settings.database_url) as conn:
+        now = schedules.db_now(conn)
+    row = create(settings, kind="delayed", run_at=now - timedelta(seconds=10))
+    scan(settings, row["created_at"] + timedelta(milliseconds=5))
+    assert due_at_of(settings) == {row["id"]: row["created_at"]}
 
 
 def schedule_row(settings: Settings, schedule_id: Any) -> dict[str, Any]:
