@@ -28,6 +28,7 @@ HISTOGRAMS = {
     "scheduler_scanner_fire_lag_seconds",  # scanner
     "scheduler_dispatch_lag_seconds",  # relay
     "job_execution_duration_seconds",  # worker
+    "scheduler_worker_start_lag_seconds",  # worker
     "scheduler_ingestor_batch_seconds",  # ingestor
     "scheduler_api_request_duration_seconds",  # api
 }
