@@ -12,7 +12,9 @@ worker's start lag is measured from: only the scheduler's own lateness is to cou
 the scanner dispatches on time is due at its instant (the scan's delay in finding it is lateness);
 anything else is due when it is dispatched: a ``buffer_one`` fire let go as the run before it ended,
 a trigger, a retry, a re-dispatch, a replay. The scanner says when a fire of its own is late by
-design (a misfire's catch-up, a fire a resume made due, its jitter).
+design (a misfire's catch-up, a fire a resume made due, its jitter). Only a first attempt due at
+least a millisecond after its instant carries the header; the worker reads its absence as "due at
+scheduled_for".
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ from scheduler.store.scan import Message
 
 # An attempt whose `attempts` row has no end yet travels with this one.
 NO_END = datetime.min.replace(tzinfo=UTC)
+# A due instant within this of the fire's is the fire's (the start lag's finest bucket is 1 ms): an
+# immediate job's instant and its schedule's creation differ by the microseconds between them.
+DUE_AT_RESOLUTION = timedelta(milliseconds=1)
 
 
 def attempt_deadline(dispatched_at: datetime, timeout_ms: int) -> datetime:
@@ -73,6 +78,18 @@ class JobDispatcher:
         docstring); by default the dispatch instant, which ``deadline`` counts from."""
         if due_at is None:
             due_at = deadline - timedelta(milliseconds=job.timeout_ms)
+        headers = {
+            # The trace to continue (a one-shot's creation), or the run's own, whose id is the
+            # run's: every attempt of the run is in it.
+            HEADER: traceparent or run_traceparent(run_id),
+            RUN_ID_HEADER: str(run_id),
+            ATTEMPT_HEADER: str(attempt),
+        }
+        # Only a first attempt's start lag is measured, and only one due later than its instant
+        # needs to say so: the fire dispatched on time, nearly every job, carries nothing more
+        # (its row, its message and its worker's reading stay as they were).
+        if attempt == 1 and due_at - scheduled_for >= DUE_AT_RESOLUTION:
+            headers[DUE_AT_HEADER] = due_at.astimezone(UTC).isoformat()
         message = JobMessage(
             run_id=run_id,
             schedule_id=schedule_id,
@@ -96,14 +113,7 @@ class JobDispatcher:
             # Keyed by schedule: the runs of one schedule stay in order on one partition.
             key=str(schedule_id).encode(),
             value=self.codec.encode(message),
-            # The trace to continue (a one-shot's creation), or the run's own, whose id is the
-            # run's: every attempt of the run is in it.
-            headers={
-                HEADER: traceparent or run_traceparent(run_id),
-                RUN_ID_HEADER: str(run_id),
-                ATTEMPT_HEADER: str(attempt),
-                DUE_AT_HEADER: due_at.astimezone(UTC).isoformat(),
-            },
+            headers=headers,
         )
 
 

@@ -168,7 +168,7 @@ def test_buffer_one_keeps_one_waiting_fire_and_dispatches_it_when_the_running_on
         for seconds in range(3):  # three fires while the first run never ends
             scanner.scan_once(conn, now=first + timedelta(seconds=seconds))
         runs = conn.execute(
-            "select r.id, r.schedule_id, r.attempt, r.state, r.buffered, r.skip_reason, "
+            "select r.id, r.schedule_id, r.attempt, r.state, r.buffered, r.skip_reason, r.scheduled_for, "
             "exists (select 1 from outbox o where o.run_id = r.id) as queued "
             "from runs r order by scheduled_for"
         ).fetchall()
@@ -183,6 +183,12 @@ def test_buffer_one_keeps_one_waiting_fire_and_dispatches_it_when_the_running_on
     for thread in threads:
         thread.start()
     try:
+        # Let go after its instant, as a buffered fire is when the run before it overruns: due then.
+        wait_for(
+            lambda: datetime.now(UTC) > cast(datetime, runs[1]["scheduled_for"]) + timedelta(milliseconds=10),
+            10,
+            "the waiting fire's instant to pass",
+        )
         publish(settings, [result(runs[0])])
 
         def buffered_released() -> bool:
