@@ -9,6 +9,7 @@ independent client: no PostgreSQL component runs, so what is seen is the worker'
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -22,7 +23,7 @@ from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
 from scheduler.kafka.messages import JobDeadLetter, JobMessage, JobRetry, RetryPolicy
 from scheduler.kafka.transport import TopicAdmin
-from tests.support import Component, read_records, wait_for
+from tests.support import SCHEDULER, Component, read_records, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -150,3 +151,23 @@ def test_a_handler_exception_whose_text_cannot_be_formatted_fails_its_attempt_as
     assert isinstance(retry, JobRetry)
     assert retry.error_class == "UnprintableError"
     assert "the worker failed on the job" not in worker.output()
+
+
+@pytest.mark.parametrize("command", [["run", "worker", "--app", APP], ["run", "all", "--app", APP]])
+def test_a_handler_module_failing_to_import_stops_with_one_line_that_keeps_its_secret(
+    user_env: dict[str, str], command: list[str]
+) -> None:
+    """Defect: the one error line quotes the import's exception text as it is, so the password in it
+    (a URL's, a `password=` value) reaches the terminal and the pod's log, where the docs say secrets
+    in any text are redacted."""
+    env = user_env | {"SCHEDULER_HANDLERS": "userjobs_broken"}
+    done = subprocess.run([SCHEDULER, *command], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(
+        "error: handler registration 'userjobs_broken' (SCHEDULER_HANDLERS or --handler): "
+        "cannot import 'userjobs_broken': RuntimeError: cannot reach postgresql://billing:"
+    ), lines[0]
+    assert SECRET not in lines[0]
