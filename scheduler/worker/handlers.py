@@ -109,10 +109,43 @@ class Failure:
 
 def describe_failure(exc: BaseException) -> Failure:
     """Classify any exception a handler raised; unknown exceptions are retryable."""
-    message = _one_line(exc) or type(exc).__name__
-    if isinstance(exc, HandlerError):
-        return Failure(exc.retryable, exc.error_class, message)
-    return Failure(True, type(exc).__name__, message)
+    retryable, error_class = classify(exc)
+    return Failure(retryable, error_class, _one_line(exc) or type(exc).__name__)
+
+
+def classify(exc: BaseException) -> tuple[bool, str]:
+    """Whether a handler's exception is worth another attempt, and its error class; never raises.
+
+    A :class:`HandlerError` carries both. What its class broke (an ``__init__`` that never called
+    ours leaves no ``error_class``; a property may raise) is as any unexpected exception's: its
+    class name, retryable.
+    """
+    name = type(exc).__name__
+    if not isinstance(exc, HandlerError):
+        return True, name
+    try:
+        retryable = bool(exc.retryable)
+    except Exception:
+        retryable = True
+    try:
+        error_class = exc.error_class
+    except Exception:
+        error_class = name
+    return retryable, error_class if isinstance(error_class, str) and error_class else name
+
+
+def error_text(exc: BaseException) -> str:
+    """``str(exc)`` of an exception a handler raised, never an exception itself.
+
+    ``str()`` runs the exception class's own ``__str__``, the handler's code: one that raises (or
+    returns no text) would otherwise escape from the worker's description of the failure and be
+    taken for the worker's own fault. Its class still names the failure; the text says why there
+    is no message."""
+    try:
+        # A str subclass (whose methods the class may have changed too) becomes a plain str here.
+        return str.__str__(str(exc))
+    except BaseException as failed:  # the handler's code: whatever it raises, as the handler's own
+        return f"{type(exc).__name__} (its message could not be formatted: {type(failed).__name__})"
 
 
 # --- built-in handlers -------------------------------------------------------------------------
@@ -342,4 +375,4 @@ def _defined_in(ref: str, module: ModuleType, name: str, target: Any) -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
+    return " ".join(error_text(exc).split())

@@ -135,6 +135,8 @@ from scheduler.worker.handlers import (
     HandlerRegistry,
     JobContext,
     NonRetryableError,
+    classify,
+    error_text,
 )
 from scheduler.worker.progress import Key, Progress
 
@@ -1240,15 +1242,18 @@ class Worker(Service):
     def _failed_by(
         self, delivery: Delivery, job: JobMessage, started: datetime, exc: Exception, frames: str | None
     ) -> tuple[str, _Failure]:
-        if isinstance(exc, HandlerError):
-            if isinstance(exc, HandlerNotFound):
-                metrics.REFUSED_HANDLERS.labels(self.app).inc()
-            return self._failed(delivery, job, started, str(exc), exc.error_class, exc.retryable, frames)
         if isinstance(exc, _TimedOut):
             return self._failed(delivery, job, started, str(exc), "Timeout", True)
-        # Stored as "<class>: <error>", so the class is not repeated in the error itself.
-        text = str(exc) or type(exc).__name__
-        return self._failed(delivery, job, started, text, type(exc).__name__, True, frames)
+        if isinstance(exc, HandlerNotFound):
+            metrics.REFUSED_HANDLERS.labels(self.app).inc()
+        # The exception is the handler's, its class too: its text and classification are read
+        # without letting its code (a __str__ that raises) fail the worker rather than the attempt.
+        retryable, error_class = classify(exc)
+        text = error_text(exc)
+        if not isinstance(exc, HandlerError):
+            # Stored as "<class>: <error>", so the class is not repeated in the error itself.
+            text = text or type(exc).__name__
+        return self._failed(delivery, job, started, text, error_class, retryable, frames)
 
     async def _run_handler(self, delivery: Delivery, job: JobMessage, started: datetime) -> Any:
         handler = self.handlers.resolve(job.handler)

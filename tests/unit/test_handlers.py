@@ -324,6 +324,61 @@ def test_errors_carry_their_classification() -> None:
     assert str(HandlerExited(KeyboardInterrupt())) == "the handler raised KeyboardInterrupt"
 
 
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+class _UnprintableExit(SystemExit):
+    def __str__(self) -> str:
+        raise LookupError("no text")
+
+
+class _TextOfItsOwn(str):
+    def split(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a text that cannot be split")
+
+
+class _OddText(Exception):
+    def __str__(self) -> str:
+        return _TextOfItsOwn("odd  text")
+
+
+class _NoInit(NonRetryableError):
+    def __init__(self, message: str) -> None:
+        Exception.__init__(self, message)  # ours never runs: no error_class on the instance
+
+
+class _BadRetryable(NonRetryableError):
+    @property
+    def retryable(self) -> bool:  # type: ignore[override]
+        raise RuntimeError("undecided")
+
+
+def test_an_exception_whose_text_cannot_be_formatted_is_described_by_its_class() -> None:
+    """Its __str__ is the handler's code: whatever it raises, the failure is still the handler's."""
+    assert handlers.error_text(_Unprintable()) == (
+        "_Unprintable (its message could not be formatted: RuntimeError)"
+    )
+    assert describe_failure(_Unprintable()) == handlers.Failure(
+        True, "_Unprintable", "_Unprintable (its message could not be formatted: RuntimeError)"
+    )
+    assert str(HandlerExited(_UnprintableExit())) == (
+        "the handler raised _UnprintableExit("
+        "_UnprintableExit (its message could not be formatted: LookupError))"
+    )
+    # A str subclass's own methods never run.
+    assert type(handlers.error_text(_OddText())) is str
+    assert describe_failure(_OddText()).message == "odd text"
+
+
+def test_a_handler_error_that_broke_its_classification_counts_as_an_unexpected_one() -> None:
+    assert handlers.classify(_NoInit("x")) == (False, "_NoInit")
+    assert handlers.classify(_BadRetryable("x")) == (True, "_BadRetryable")
+    assert handlers.classify(HandlerError("x", retryable=False, error_class="Custom")) == (False, "Custom")
+    assert handlers.classify(ValueError("x")) == (True, "ValueError")
+
+
 # --- which HTTP targets are refused --------------------------------------------------------------
 
 

@@ -258,6 +258,22 @@ def test_an_exception_marks_the_span_failed_without_its_secrets(finished: Finish
     assert "hunter2" not in (span.status.description or "")
 
 
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+def test_an_exception_whose_text_cannot_be_formatted_still_marks_the_span_failed(finished: Finished) -> None:
+    """Its __str__ raising must not replace it with the formatter's own exception."""
+    with pytest.raises(_Unprintable), start_span_from_traceparent(JOB_EXECUTION, PARENT):
+        raise _Unprintable()
+    span = only(finished(), JOB_EXECUTION)
+    assert span.status.status_code is StatusCode.ERROR
+    (event,) = span.events
+    assert event.attributes is not None
+    assert event.attributes["exception.message"] == "(an exception whose text could not be formatted)"
+
+
 def test_a_failure_is_its_own_span_under_the_execution(finished: Finished) -> None:
     run_id = uuid.uuid4()
     with start_span_from_traceparent(JOB_EXECUTION, PARENT, SpanKind.CONSUMER):
