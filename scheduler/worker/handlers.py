@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any
 from uuid import UUID
 
+from scheduler.telemetry.redact import redact_text
 from scheduler.worker.builtin_payloads import fail_problem, sleep_problem
 
 # Long sleeps tell the scheduler they are alive this often, well inside any sensible lease.
@@ -272,9 +273,11 @@ class HandlerRegistry:
         try:
             module = importlib.import_module(module_name)
         except Exception as exc:  # a module may raise anything while it is imported
+            # Its text may quote what the module connects to at import (a URL with its password):
+            # redacted as any log line is, since the line reaches the terminal and the pod's log.
             raise InvalidRegistration(
                 f"handler registration {entry!r} ({origin}): cannot import {module_name!r}: "
-                f"{type(exc).__name__}: {_one_line(exc)}"
+                f"{type(exc).__name__}: {redact_text(_one_line(exc))}"
             ) from exc
         if attribute_path:
             try:

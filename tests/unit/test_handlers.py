@@ -379,6 +379,21 @@ def test_a_handler_error_that_broke_its_classification_counts_as_an_unexpected_o
     assert handlers.classify(ValueError("x")) == (True, "ValueError")
 
 
+def test_a_module_failing_on_import_keeps_the_secrets_of_its_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "secret_handlers_mod.py").write_text(
+        "raise RuntimeError('cannot reach postgresql://app:hunter22@db/app (password=hunter22)')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(InvalidRegistration) as invalid:
+        HandlerRegistry(registered=["secret_handlers_mod"], entry_points=())
+    assert str(invalid.value).endswith(
+        "cannot import 'secret_handlers_mod': "
+        "RuntimeError: cannot reach postgresql://app:***@db/app (password=***)"
+    )
+
+
 # --- which HTTP targets are refused --------------------------------------------------------------
 
 
