@@ -1815,14 +1815,21 @@ async def _awaited(work: Callable[[], Awaitable[Any]]) -> Any:
 
 
 def _result_json(result: Any) -> str | None:
-    """A handler's result as JSON text (what PostgreSQL's jsonb takes: no NaN), or its repr when it
-    is not JSON-able."""
+    """A handler's result as JSON text (what PostgreSQL's jsonb takes: no NaN), each value JSON has
+    no form for as its text, or its repr when it is not JSON-able at all."""
     if result is None:
         return None
     try:
         return json.dumps(result, default=str, allow_nan=False)
+    except ValueError:
+        # NaN or an infinity somewhere (or a cycle, which fails here again): each such number
+        # becomes its text ("NaN", "Infinity", "-Infinity"), as a datetime does, the rest of the
+        # result kept. Read back as the reconciler reads a result's JSON; only such results pay.
+        with contextlib.suppress(Exception):
+            return json.dumps(json.loads(json.dumps(result, default=str), parse_constant=str))
     except Exception:
-        try:
-            return json.dumps(repr(result))
-        except Exception:
-            return json.dumps(f"<a {type(result).__name__} that cannot be shown>")
+        pass
+    try:
+        return json.dumps(repr(result))
+    except Exception:
+        return json.dumps(f"<a {type(result).__name__} that cannot be shown>")
