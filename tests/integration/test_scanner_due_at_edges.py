@@ -100,3 +100,28 @@ def test_a_payload_update_of_a_schedule_whose_fire_the_scanner_missed_leaves_the
     due = due_at_by_fire(settings)
     assert instant in due, due
     assert due[instant] == instant, f"due at the payload update ({due[instant] - instant} after the fire)"
+
+
+def test_fires_past_the_first_hundred_of_a_late_scan_stay_due_at_their_instants(
+    settings: Settings, app: str
+) -> None:
+    """A scan plans at most MAX_CATCHUP_FIRES (100) fires of a schedule; its advance sets the
+    schedule's updated_at, and the next scan plans the rest. With a catch-up window longer than a
+    hundred of a schedule's periods (SCHEDULER_CATCHUP_WINDOW may be a day), a scanner back after
+    150 s finds a one-second cron's 150 fires late within the window: each is due at its instant
+    and late by the scheduler. The first 100 say so; the other 50, planned by the next scan, read
+    the first scan's advance as the moment they became due, and their 50 s to 1 s of lateness are
+    not counted in the start lag."""
+    late = replace(settings, lookahead_s=0.0, catchup_window_s=3600.0)
+    row = create(settings, kind="cron", cron="* * * * * *")
+    first = missed_since(settings, row["id"], 150)
+    with connect(settings.database_url) as conn:
+        scanner = Wiring(late).scanner()
+        while scanner.scan_once(conn).created:
+            pass
+    due = due_at_by_fire(settings)
+    assert len(due) >= 150, len(due)
+    later = {at: said for at, said in due.items() if at >= first + timedelta(seconds=100)}
+    assert later, due
+    hidden = {at: said - at for at, said in later.items() if said != at}
+    assert hidden == {}, f"{len(hidden)} fires due after their instants, up to {max(hidden.values())}"
