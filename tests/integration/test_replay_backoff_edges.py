@@ -1,4 +1,4 @@
-"""The reconciler's scaling of a replayed run's retry backoff (``replay_waits`` in apply_outcomes),
+"""The reconciler's scaling of a replayed run's retry backoff (in apply_outcomes),
 at its edges: long backoffs on high attempt numbers, and batches as large as the prepared plan
 takes.
 
@@ -46,8 +46,9 @@ def retry_after(run: Run, backoff_ms: int) -> OutcomeEvent:
 def test_a_replayed_run_on_a_high_attempt_with_a_day_long_backoff_gets_its_retry(settings: Settings) -> None:
     """A schedule may back off up to a day (backoff_base_ms = backoff_max_ms = 86,400,000), and a
     run's attempt numbers only grow: each replay adds its schedule's max_attempts (up to 100), each
-    redispatch one more. `replay_waits` computes ``backoff_base_ms * power(2, least(attempt - 1,
-    1000))`` before capping it at backoff_max_ms: past attempt 998 that product exceeds a float8,
+    redispatch one more. The scaling's first version (a CTE, replay_waits) computed
+    ``backoff_base_ms * power(2, least(attempt - 1, 1000))`` before capping it at backoff_max_ms:
+    past attempt 998 that product exceeds a float8,
     and PostgreSQL refuses the whole statement ("value out of range: overflow"). The worker's retry
     of such a replayed run is then refused (the reconciler quarantines it, the run stays running
     until its lease expires), where the worker's own maths caps the exponent and the product is
@@ -98,7 +99,7 @@ def _timed(settings: Settings, runs: Sequence[Run], generic: bool) -> float:
 def test_a_full_batch_of_retries_costs_the_prepared_plan_no_more_than_a_planned_one(
     settings: Settings,
 ) -> None:
-    """`applied` joins `decisive` with `replay_waits`, which PostgreSQL inlines (it is used once):
+    """The scaling's first version joined `decisive` with a CTE, replay_waits, which PostgreSQL inlined:
     under the prepared (generic) plan, which takes the batch for a row or two, that join is a nested
     loop whose inner side scans `decisive` again, with runs, schedules and attempts, for every event
     of the batch: the batch's size squared. A batch of 500 retries (the largest the reconciler runs

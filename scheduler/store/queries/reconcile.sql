@@ -130,38 +130,6 @@ with received as (
      order by a.run_id,
               case a.kind when 'succeeded' then 0 when 'dead' then 0 when 'retry' then 1 else 2 end,
               a.ord desc
-), replay_waits as (
-    -- A replay grants a fresh attempt budget, and its retries back off afresh, while the attempt
-    -- numbers go on from before it (the fencing token only grows). The worker draws the wait after
-    -- attempt n from [0, C(n)], C(n) = min(backoff_max, backoff_base * 2^(n-1)) (domain/retry.py),
-    -- so a run replayed after 5 attempts waited up to C(6) = 32 base delays on its first failure.
-    -- That draw is scaled to the attempt's place k in the budget, [0, C(k)]: the same uniform draw
-    -- on the budget's range. The budget began after the run's last death (only a replay takes a run
-    -- back from dead, and every death is on record in `attempts`); a run that never died keeps the
-    -- worker's draw as it is. An older worker's not_before alone is taken as it comes.
-    select d.run_id,
-           case when c.top_n > 0
-                then least(greatest(d.backoff_ms, 0)::float8, c.top_n) * c.top_k / c.top_n
-                else 0 end as backoff_ms
-      from decisive d
-      -- The table, by its key, not the `run` CTE: a loop over two CTEs is the batch's size squared
-      -- under the prepared plan (test_the_prepared_plan_never_loops_over_the_batch_twice).
-      join runs r on r.id = d.run_id
-      join schedules s on s.id = r.schedule_id
-     cross join lateral (select max(a.attempt) as died_at
-                           from attempts a
-                          where a.run_id = d.run_id and a.attempt < d.attempt and a.kind = 'dead'
-                            and a.outcome = 'applied') b
-     cross join lateral (
-               select least(s.backoff_max_ms::float8,
-                            s.backoff_base_ms * power(2::float8, least(d.attempt - 1, 1000))) as top_n,
-                      least(s.backoff_max_ms::float8,
-                            s.backoff_base_ms * power(2::float8, least(d.attempt - b.died_at - 1, 1000)))
-                          as top_k
-           ) c
-     where d.kind = 'retry'
-       and d.backoff_ms is not null
-       and b.died_at is not null
 ), applied as (
     update runs r
        set state = case d.kind when 'succeeded' then 'succeeded' when 'dead' then 'dead'
@@ -179,10 +147,40 @@ with received as (
            -- The database's clock, never the worker's: the worker says how long to wait (older
            -- workers only say until when), at most the longest backoff a schedule can hold (a
            -- day, MAX_DELAY_MS): an event saying more is junk, and must not park the run for years.
+           -- A replay grants a fresh attempt budget, and its retries back off afresh, while the
+           -- attempt numbers go on from before it (the fencing token only grows). The worker draws
+           -- the wait after attempt n from [0, C(n)], C(n) = min(backoff_max, backoff_base *
+           -- 2^(n-1)) (domain/retry.py), so a run replayed after 5 attempts waited up to C(6) = 32
+           -- base delays on its first failure. Its draw is scaled to the attempt's place k in the
+           -- budget, [0, C(k)]: the same uniform draw on the budget's range. The budget began after
+           -- the run's last death (only a replay takes a run back from dead, and every death is on
+           -- record in `attempts`); a run that never died keeps the worker's draw. A subquery of
+           -- this branch alone, run for a retry's row only: as a CTE joined to the batch, the
+           -- prepared plan looped over the batch for every event (41 s for 4,000 retries). The
+           -- exponent stops at 62: base (at most a day, 8.64e7 ms) * 2^62 is far past any max and
+           -- still a float8, where 2^1000 overflowed.
            next_attempt_at = case when d.kind <> 'retry' then null
                                   when d.backoff_ms is null then least(d.not_before, now() + interval '1 day')
-                                  else now() + least(greatest(coalesce(w.backoff_ms, d.backoff_ms), 0),
-                                                     86400000) * interval '1 millisecond' end,
+                                  else now() + least(greatest(coalesce(
+                                      (select case when c.top_n > 0
+                                                   then least(greatest(d.backoff_ms, 0)::float8, c.top_n)
+                                                        * c.top_k / c.top_n
+                                                   else 0 end
+                                         from (select max(a.attempt) as died_at
+                                                 from attempts a
+                                                where a.run_id = r.id and a.attempt < d.attempt
+                                                  and a.kind = 'dead' and a.outcome = 'applied') b
+                                         join schedules s on s.id = r.schedule_id
+                                        cross join lateral (
+                                              select least(s.backoff_max_ms::float8, s.backoff_base_ms
+                                                           * power(2::float8, least(d.attempt - 1, 62)))
+                                                         as top_n,
+                                                     least(s.backoff_max_ms::float8, s.backoff_base_ms
+                                                           * power(2::float8,
+                                                                   least(d.attempt - b.died_at - 1, 62)))
+                                                         as top_k) c
+                                        where b.died_at is not null),
+                                      d.backoff_ms), 0), 86400000) * interval '1 millisecond' end,
            -- Only a started job holds a lease, renewed by each start and heartbeat; a job that
            -- stopped running holds none.
            lease_expires_at = case when d.kind in ('started', 'heartbeat')
@@ -190,7 +188,6 @@ with received as (
            reconciled_at = now(),
            version = r.version + 1
       from decisive d
-      left join replay_waits w using (run_id)
      where r.id = d.run_id
        -- A start or heartbeat arriving after a retry decision of the same attempt changes nothing.
        and not (d.kind in ('started', 'heartbeat') and r.state = 'retry_wait')
