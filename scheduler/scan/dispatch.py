@@ -12,7 +12,7 @@ worker's start lag is measured from: only the scheduler's own lateness is to cou
 the scanner dispatches on time is due at its instant (the scan's delay in finding it is lateness);
 anything else is due when it is dispatched: a ``buffer_one`` fire let go as the run before it ended,
 a trigger, a retry, a re-dispatch, a replay. The scanner says when a fire of its own is late by
-design (a misfire's catch-up, a fire a resume made due, its jitter). Only a first attempt due at
+design (a misfire's catch-up, a one-shot created after its instant, its jitter). Only a first attempt due at
 least a millisecond after its instant carries the header; the worker reads its absence as "due at
 scheduled_for".
 """

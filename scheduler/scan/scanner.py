@@ -340,9 +340,12 @@ def _due_at(leased: DueSchedule, at: datetime, misfired: bool) -> datetime:
     """When a fire the scan dispatches is due to start, what the worker's start lag counts from
     (before its jitter): its instant, unless it is late by design. A misfire's catch-up (a fire
     found later than the catch-up window, run by fire_once or fire_all) is due now: the policy runs
-    it now. Nor is a fire due before its schedule last changed: a resume that made a missed fire its
-    next one (fire_once, fire_all), a one-shot created or updated with an instant already past. The
-    scanner's own advance changes a schedule before the fires it plans, so an ordinary fire keeps its
-    instant, and a scanner that finds it late (within the catch-up window) is late."""
+    it now. A one-shot created with an instant already past is due from its creation (a cron's
+    fires all come after its creation). Not from a schedule's last change (updated_at): a user's
+    change of a payload, or the scanner's own advance of a schedule with more fires than one scan
+    plans, would hide the scanner's lateness; so a fire a resume made due within the catch-up
+    window counts the pause (at most that window) as late."""
     due = leased.now if misfired and at <= leased.now else at
-    return max(due, leased.schedule.updated_at)
+    if leased.schedule.kind is ScheduleKind.CRON:
+        return due
+    return max(due, leased.schedule.created_at)
