@@ -315,56 +315,57 @@ def mask_payload_values(text: str, payload: str) -> str:
 class PayloadMask:
     """The values of one JSON payload that a text may quote, indexed by their first characters:
     made once (a job's log lines share it), it masks a text in time that grows with the text and
-    the few values it could hold, not with the payload, which may be a megabyte."""
+    the quotes of values it holds, not with the payload, which may be a megabyte (and a line that
+    quotes the payload whole, ``log.info("got %s", payload)``, holds every value of it)."""
 
     def __init__(self, payload: str) -> None:
         try:
             decoded = json.loads(payload)
         except (ValueError, RecursionError):
             decoded = None
-        # First four characters -> last four -> the values (and whether each is a number).
-        self._by_ends: dict[str, dict[str, dict[str, bool]]] = {}
+        # First four characters -> length -> the values (and whether each is a number): what a
+        # quote starting with those four characters can be, each length one lookup.
+        self._by_head: dict[str, dict[int, dict[str, bool]]] = {}
+        # First four characters -> how many values start with them.
+        self._counts: dict[str, int] = {}
         # The longest value's length: a text cut short must be masked with this much more of it,
         # or a value the cut splits keeps its first part unmasked.
         self.longest = 0
         for value, number in _quotable_values(decoded, sys.maxsize):
-            tails = self._by_ends.setdefault(value[:MIN_MASKED_CHARS], {})
-            tails.setdefault(value[-MIN_MASKED_CHARS:], {})[value] = number
-            self.longest = max(self.longest, len(value))
+            head, size = value[:MIN_MASKED_CHARS], len(value)
+            values = self._by_head.setdefault(head, {}).setdefault(size, {})
+            if value not in values:
+                self._counts[head] = self._counts.get(head, 0) + 1
+            values[value] = number
+            self.longest = max(self.longest, size)
 
     def mask(self, text: str) -> str:
         """``text`` with the payload's values it quotes masked, as :func:`mask_payload_values`."""
-        if len(text) < MIN_MASKED_CHARS or not self._by_ends:
+        if len(text) < MIN_MASKED_CHARS or not self._by_head:
             return text
-        # Only a value whose first and last four characters the text holds can be in it: two
-        # lookups by them leave out almost every value before any search.
-        grams = {text[i : i + MIN_MASKED_CHARS] for i in range(len(text) - MIN_MASKED_CHARS + 1)}
-        candidates: list[tuple[str, bool]] = []
-        for head in grams:
-            tails = self._by_ends.get(head)
-            if tails is None:
-                continue
-            # Whichever is shorter is walked: a payload may have thousands of values alike in
-            # their first four characters (SKU-0001, SKU-0002, ...).
-            shared = (
-                [t for t in grams if t in tails]
-                if len(grams) < len(tails)
-                else [t for t in tails if t in grams]
-            )
-            for tail in shared:
-                candidates.extend(tails[tail].items())
+        # One read of the text finds where a value could start: at its first four characters.
+        # Most lines hold none (a few microseconds, and about 0.1 s for a megabyte).
+        by_head = self._by_head
+        hits = [
+            at
+            for at in range(len(text) - MIN_MASKED_CHARS + 1)
+            if text[at : at + MIN_MASKED_CHARS] in by_head
+        ]
+        if not hits:
+            return text
+        starts: dict[str, list[int]] = {}
+        for at in hits:
+            starts.setdefault(text[at : at + MIN_MASKED_CHARS], []).append(at)
         spans: list[tuple[int, int]] = []
-        for value, number in candidates:
-            if len(value) > len(text):
-                continue
-            at = text.find(value)
-            while at >= 0:
-                end = at + len(value)
-                if not number or not (_digit_at(text, at - 1) or _digit_at(text, end)):
-                    spans.append((at, end))
-                # Past this quote, not one character on: the spans of one value stay fewer than
-                # len(text) / len(value), however repetitive the text.
-                at = text.find(value, end)
+        for head, where in starts.items():
+            by_size = by_head[head]
+            # The cheaper way for this head: a lookup of the text at each of its starts for each
+            # length its values have, or (a few values, a short text, or a head at every position
+            # of a text such as "aaaa..." with values of a hundred lengths) a search for each value.
+            if len(where) * len(by_size) * _CHARS_PER_LOOKUP <= self._counts[head] * len(text):
+                _looked_up(text, where, by_size, spans)
+            else:
+                _searched(text, by_size, spans)
         if not spans:
             return text
         pieces: list[str] = []
@@ -377,6 +378,45 @@ class PayloadMask:
             kept_from = max(kept_from, end)
         pieces.append(text[kept_from:])
         return "".join(pieces)
+
+
+# About how many characters str.find reads in the time of one slice of a text and a dict lookup of it.
+_CHARS_PER_LOOKUP: Final = 256
+
+
+def _looked_up(
+    text: str, starts: list[int], by_size: Mapping[int, Mapping[str, bool]], spans: list[tuple[int, int]]
+) -> None:
+    """Add to ``spans`` the quotes of ``by_size``'s values at ``starts`` (in order), as
+    :func:`_searched` finds them."""
+    # Where each value found ends: a value is looked for past its last quote, not one character
+    # on, as a search from there finds it (its quotes stay fewer than len(text) / its length,
+    # however repetitive the text, and are the ones a search masks).
+    found_to: dict[str, int] = {}
+    for at in starts:
+        for size, values in by_size.items():
+            end = at + size
+            value = text[at:end]
+            number = values.get(value)
+            if number is None or found_to.get(value, 0) > at:
+                continue
+            found_to[value] = end
+            if not number or not (_digit_at(text, at - 1) or _digit_at(text, end)):
+                spans.append((at, end))
+
+
+def _searched(text: str, by_size: Mapping[int, Mapping[str, bool]], spans: list[tuple[int, int]]) -> None:
+    """Add to ``spans`` the quotes in ``text`` of ``by_size``'s values, one search of it for each."""
+    for values in by_size.values():
+        for value, number in values.items():
+            at = text.find(value)
+            while at >= 0:
+                end = at + len(value)
+                if not number or not (_digit_at(text, at - 1) or _digit_at(text, end)):
+                    spans.append((at, end))
+                # Past this quote, not one character on: the spans of one value stay fewer than
+                # len(text) / len(value), however repetitive the text.
+                at = text.find(value, end)
 
 
 def _quotable_values(decoded: object, longest: int) -> Iterator[tuple[str, bool]]:
