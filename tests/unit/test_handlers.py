@@ -394,6 +394,26 @@ def test_a_module_failing_on_import_keeps_the_secrets_of_its_text(
     )
 
 
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        # A module that parses the process's arguments at import (argparse) exits on the worker's.
+        ("import sys\nsys.exit(0)\n", "SystemExit: 0 (the module called sys.exit while imported)"),
+        ("import sys\nsys.exit('usage: tool [--x]')\n", "SystemExit: usage: tool [--x] (the module"),
+    ],
+)
+def test_a_module_that_exits_on_import_is_a_registration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, said: str
+) -> None:
+    """Not the worker's exit: a worker whose handler module ran sys.exit(0) at import exited 0
+    before it ever started, saying nothing, and its supervisor took it for a clean stop."""
+    (tmp_path / "exiting_handlers_mod.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(InvalidRegistration) as invalid:
+        HandlerRegistry(registered=["exiting_handlers_mod"], entry_points=())
+    assert f"cannot import 'exiting_handlers_mod': {said}" in str(invalid.value)
+
+
 # --- which HTTP targets are refused --------------------------------------------------------------
 
 
