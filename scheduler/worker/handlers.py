@@ -272,12 +272,16 @@ class HandlerRegistry:
         module_name, _, attribute_path = entry.partition(":")
         try:
             module = importlib.import_module(module_name)
-        except Exception as exc:  # a module may raise anything while it is imported
+        except (Exception, SystemExit) as exc:  # a module may raise anything while it is imported
             # Its text may quote what the module connects to at import (a URL with its password):
             # redacted as any log line is, since the line reaches the terminal and the pod's log.
+            # A sys.exit (argparse reading the worker's arguments at import) would end the worker
+            # there, with exit 0 and nothing said: a registration that failed, as any other.
+            exited = " (the module called sys.exit while imported)" if isinstance(exc, SystemExit) else ""
+            detail = redact_text(_one_line(exc))
             raise InvalidRegistration(
                 f"handler registration {entry!r} ({origin}): cannot import {module_name!r}: "
-                f"{type(exc).__name__}: {redact_text(_one_line(exc))}"
+                f"{type(exc).__name__}{': ' + detail if detail else ''}{exited}"
             ) from exc
         if attribute_path:
             try:

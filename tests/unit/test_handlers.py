@@ -400,6 +400,7 @@ def test_a_module_failing_on_import_keeps_the_secrets_of_its_text(
         # A module that parses the process's arguments at import (argparse) exits on the worker's.
         ("import sys\nsys.exit(0)\n", "SystemExit: 0 (the module called sys.exit while imported)"),
         ("import sys\nsys.exit('usage: tool [--x]')\n", "SystemExit: usage: tool [--x] (the module"),
+        ("raise SystemExit\n", "SystemExit (the module called sys.exit while imported)"),
     ],
 )
 def test_a_module_that_exits_on_import_is_a_registration_error(
