@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -25,6 +26,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from bench.chaos_stack import free_port
 from scheduler.devstack.postgres import LocalPostgres
 from scheduler.domain.run_state import RunState
+from scheduler.kafka.messages import JobMessage, RetryPolicy
 from scheduler.schedule import service
 from scheduler.schedule.spec import ScheduleSpec
 from scheduler.store import connect, scan
@@ -361,3 +363,26 @@ def make_dead_runs(conn: Any, app: str, count: int, error: str) -> None:
     conn.execute("delete from outbox")
     conn.execute("update runs set state = 'dead', finished_at = now(), error = %s", (error,))
     conn.commit()
+
+
+def job_message(
+    app: str, handler: str, payload: Any = None, *, max_attempts: int = 1, timeout_ms: int = 30_000
+) -> JobMessage:
+    """A first attempt of a new run of ``app``, as a scanner would dispatch it, for tests that produce
+    jobs straight onto a worker's topic (no PostgreSQL component runs)."""
+    run_id = uuid.uuid4()
+    now = datetime.now(UTC)
+    return JobMessage(
+        run_id=run_id,
+        schedule_id=uuid.uuid4(),
+        app=app,
+        attempt=1,
+        idempotency_key=str(run_id),
+        scheduled_for=now,
+        handler=handler,
+        payload=json.dumps(payload),
+        timeout_ms=timeout_ms,
+        # Long past: the worker runs a job whatever its message's deadline says.
+        deadline=now - timedelta(hours=1),
+        retry=RetryPolicy(max_attempts=max_attempts, backoff_base_ms=100, backoff_max_ms=1000),
+    )

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry
 from scheduler.config import Settings
 from scheduler.domain.storable import MAX_ERROR_CHARS, MAX_HISTORY_ERROR_CHARS, MAX_RESULT_BYTES
 from scheduler.kafka.avro import AvroCodec
-from scheduler.kafka.messages import JobDeadLetter, JobMessage, JobResult, JobRetry, RetryPolicy
+from scheduler.kafka.messages import JobDeadLetter, JobMessage, JobResult, JobRetry
 from scheduler.kafka.transport import Consumer, TopicAdmin, consumer_config
 from scheduler.runtime.health import Health
 from scheduler.runtime.service import Check
@@ -39,7 +39,7 @@ from scheduler.wiring import Wiring
 from scheduler.worker.handlers import HandlerRegistry, JobContext
 from scheduler.worker.metrics import REGISTRY
 from scheduler.worker.worker import LOOP_STALL_S, Worker, WorkerTopics
-from tests.support import Component, read_records, wait_for, watermarks
+from tests.support import Component, job_message, read_records, wait_for, watermarks
 from tests.unit.handler_fixtures import EXECUTED
 
 pytestmark = pytest.mark.integration
@@ -85,22 +85,7 @@ def read_outcomes(settings: Settings) -> Outcomes:
 
 
 def job(handler: str, payload: Any = None, *, max_attempts: int = 1, timeout_ms: int = 30_000) -> JobMessage:
-    run_id = uuid.uuid4()
-    now = datetime.now(UTC)
-    return JobMessage(
-        run_id=run_id,
-        schedule_id=uuid.uuid4(),
-        app=APP,
-        attempt=1,
-        idempotency_key=str(run_id),
-        scheduled_for=now,
-        handler=handler,
-        payload=json.dumps(payload),
-        timeout_ms=timeout_ms,
-        # Long past: the worker runs a job whatever its message's deadline says.
-        deadline=now - timedelta(hours=1),
-        retry=RetryPolicy(max_attempts=max_attempts, backoff_base_ms=100, backoff_max_ms=1000),
-    )
+    return job_message(APP, handler, payload, max_attempts=max_attempts, timeout_ms=timeout_ms)
 
 
 def publish(settings: Settings, jobs: Sequence[JobMessage], partition: int | None = None) -> None:

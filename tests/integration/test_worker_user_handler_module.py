@@ -8,11 +8,9 @@ independent client: no PostgreSQL component runs, so what is seen is the worker'
 
 from __future__ import annotations
 
-import json
 import subprocess
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +19,9 @@ from confluent_kafka import Producer as RawProducer
 
 from scheduler.config import Settings
 from scheduler.kafka.avro import AvroCodec
-from scheduler.kafka.messages import JobDeadLetter, JobMessage, JobRetry, RetryPolicy
+from scheduler.kafka.messages import JobDeadLetter, JobMessage, JobRetry
 from scheduler.kafka.transport import TopicAdmin
-from tests.support import SCHEDULER, Component, read_records, wait_for
+from tests.support import SCHEDULER, Component, job_message, read_records, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -86,21 +84,7 @@ def worker(user_env: dict[str, str], tmp_path: Path) -> Iterator[Component]:
 
 
 def job(handler: str, *, max_attempts: int) -> JobMessage:
-    run_id = uuid.uuid4()
-    now = datetime.now(UTC)
-    return JobMessage(
-        run_id=run_id,
-        schedule_id=uuid.uuid4(),
-        app=APP,
-        attempt=1,
-        idempotency_key=str(run_id),
-        scheduled_for=now,
-        handler=handler,
-        payload=json.dumps({"card": "4111222233334444"}),
-        timeout_ms=30_000,
-        deadline=now + timedelta(minutes=5),
-        retry=RetryPolicy(max_attempts=max_attempts, backoff_base_ms=100, backoff_max_ms=1000),
-    )
+    return job_message(APP, handler, {"card": "4111222233334444"}, max_attempts=max_attempts)
 
 
 def publish(settings: Settings, *jobs: JobMessage) -> None:
