@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from bench.scale import hourly_spread, max_overlap, plan_scans, plateau, small_spread
@@ -48,3 +52,21 @@ def test_a_plan_lists_every_scan_with_its_index() -> None:
 def test_a_scan_that_never_ran_says_so() -> None:
     plan = {"Node Type": "Seq Scan", "Relation Name": "schedules", "Actual Loops": 0}
     assert list(plan_scans(plan)) == ["Seq Scan on schedules (never executed)"]
+
+
+def test_a_cron_period_that_does_not_divide_an_hour_is_refused_before_any_step_runs() -> None:
+    # The address points nowhere: a step that started would fail on it (exit status 1, a traceback).
+    nowhere = {
+        "SCHEDULER_DATABASE_URL": "postgresql://bench@127.0.0.1:1/none",
+        "SCHEDULER_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.scale", "--cron-every", "7"],
+        env=os.environ | nowhere,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "--cron-every" in done.stderr.strip().splitlines()[-1]
