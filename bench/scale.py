@@ -372,6 +372,17 @@ def hourly_spread(every_minutes: int) -> Spread:
     return Spread(expression, every_minutes * 60, offset)
 
 
+def minutes_dividing_an_hour(text: str) -> int:
+    """``--cron-every``: minutes that divide 60, refused on the command line rather than once the
+    steps before the cron step have run."""
+    minutes = positive_int(text)
+    if 60 % minutes:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: must divide 60 (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30 or 60)"
+        )
+    return minutes
+
+
 def seconds_spread(every_seconds: int) -> Spread:
     """``H/S * * * * *``: every S seconds from a hashed second in 0-(S-1)."""
     return Spread(f"H/{every_seconds} * * * * *", every_seconds, hashed_sql("second", every_seconds))
@@ -1061,7 +1072,10 @@ def main() -> None:
     )
     parser.add_argument("--cron", type=positive_int, default=1_000_000, help="active cron schedules")
     parser.add_argument(
-        "--cron-every", type=positive_int, default=60, help="minutes between a schedule's fires (dividing 60)"
+        "--cron-every",
+        type=minutes_dividing_an_hour,
+        default=60,
+        help="minutes between a schedule's fires (dividing 60)",
     )
     parser.add_argument("--runs", type=positive_int, default=10_000_000, help="historic runs")
     parser.add_argument("--workers", type=positive_int, default=4)
