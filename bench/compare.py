@@ -170,18 +170,20 @@ def ours(
     that size with its cost) measured now."""
     known = {} if fresh else latest()
     e2e = known.get("e2e", {})
-    # A run recorded before the watcher's CPU was left out of the cost is measured again.
-    if (
-        e2e.get("jobs") != jobs
-        or e2e.get("workers") != workers
-        or "watcher_cpu_ms" not in e2e.get("cost", {})
+    setup = {"workers": workers, "concurrency": concurrency, "partitions": partitions}
+    # Taken as ours only when measured as it is measured here: one scanner and one relay (as
+    # ``run_e2e`` runs by default), the same workers, concurrency and partitions. A run recorded
+    # before the watcher's CPU was left out of the cost is measured again.
+    if not _measured_as(e2e, setup | {"jobs": jobs, "scanners": 1, "relays": 1}) or "watcher_cpu_ms" not in (
+        e2e.get("cost") or {}
     ):
         from bench.e2e import run_e2e
 
         e2e = run_e2e(jobs, partitions, workers, concurrency)
         record("e2e", e2e)
     lag = known.get("lag", {}).get(str(rate), {})
-    if lag.get("window_s") != window_s or lag.get("workers") != workers:
+    # Nor a lag run that tried a PostgreSQL setting (``--pg-options``).
+    if not _measured_as(lag, setup | {"window_s": window_s, "idle_schedules": 0, "pg_options": None}):
         from bench.lag import run_lag
 
         lag = run_lag(rate, window_s, workers, concurrency, partitions)
@@ -198,6 +200,15 @@ def ours(
         "lag_stalled": lag.get("stalled", False),
         "cost": e2e.get("cost"),
     }
+
+
+def _measured_as(figures: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Whether recorded figures were measured with every one of these settings (figures recorded
+    before a setting was, such as ``scanners``, had it at what is now its default)."""
+    defaults = {"scanners": 1, "relays": 1, "idle_schedules": 0, "pg_options": None}
+    return bool(figures) and all(
+        figures.get(key, defaults.get(key)) == value for key, value in wanted.items()
+    )
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
