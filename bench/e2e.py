@@ -33,6 +33,7 @@ from bench.common import (
 from bench.cost import (
     ComponentCpu,
     CostProbe,
+    Watcher,
     component_groups,
     local_kafka_data,
     show_component_cpu,
@@ -68,11 +69,12 @@ def run_e2e(
             settings.database_url, kafka_data=local_kafka_data(), topic_prefix=settings.topic_prefix + "."
         )
         # The insert on one connection, the polling for the end on another (the watcher), whose
-        # backend's CPU the probe reports apart: it is the benchmark's, not the scheduler's.
+        # statements, transactions and backend's CPU the probe leaves out: they are the
+        # benchmark's, not the scheduler's.
         with (
             running(commands, env, RESULTS / "logs" / "e2e") as procs,
             wiring.database.connect() as conn,
-            wiring.database.connect() as watch,
+            Watcher(settings.database_url) as watch,
         ):
             time.sleep(3)  # let the workers join their group before the burst
             cpu = ComponentCpu(component_groups(commands, [p.pid for p in procs]))
@@ -90,17 +92,14 @@ def run_e2e(
             conn.commit()
 
             def all_done() -> bool:
-                row: dict[str, Any] | None = watch.execute(
-                    "select count(*) as n from runs where state = 'succeeded'"
-                ).fetchone()
-                watch.commit()
+                row = watch.fetchone("select count(*) as n from runs where state = 'succeeded'")
                 return row is not None and row["n"] >= jobs
 
             finished = wait_until(all_done, timeout_s=600, interval_s=0.05)
             elapsed = finished - started
             # Read before the components stop, so their shutdown is not counted.
             component_cpu = cpu.finish(jobs)
-            cost = probe.finish(jobs, watcher=watch.info.backend_pid)
+            cost = probe.finish(jobs, watcher=watch)
             rows: list[dict[str, Any]] = conn.execute(
                 "select scheduled_for, created_at, dispatched_at, started_at, finished_at, reconciled_at "
                 "  from runs"

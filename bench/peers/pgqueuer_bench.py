@@ -32,7 +32,7 @@ import psycopg
 from pgqueuer import AsyncpgDriver, Job, Queries, QueueManager
 
 if TYPE_CHECKING:
-    from bench.cost import CostProbe
+    from bench.cost import CostProbe, Watcher
 
 ENTRYPOINT = "noop"
 QUEUE_TABLE = "pgqueuer"
@@ -69,22 +69,34 @@ def enqueue(dsn: str, keys: list[str], delays: list[timedelta] | None) -> None:
     asyncio.run(main())
 
 
+def left(watch: Watcher) -> int:
+    """Jobs in the queue, counted by the probe's watcher."""
+    row = watch.fetchone(f"select count(*) as n from {QUEUE_TABLE}")
+    return int(row["n"]) if row else 0
+
+
 def queued(conn: psycopg.Connection) -> int:
-    row = conn.execute(f"select count(*) from {QUEUE_TABLE}").fetchone()
+    """Jobs in the queue, marked as the benchmark's own as the watcher's polls are (the same
+    statement: ``pg_stat_statements`` keeps the text it first came with)."""
+    from bench.cost import observed
+
+    row = conn.execute(observed(f"select count(*) as n from {QUEUE_TABLE}")).fetchone()
     return int(row[0]) if row else 0
 
 
-def cost_probe(dsn: str) -> CostProbe:
-    """The probe our e2e run is measured with, so both are read the same way. This script runs from
-    ``bench/peers`` in another virtualenv, so the repository root goes on the path first."""
-    if str(REPOSITORY) not in sys.path:
-        sys.path.insert(0, str(REPOSITORY))
-    from bench.cost import CostProbe
+def cost_probe(dsn: str) -> tuple[CostProbe, Watcher]:
+    """The probe our e2e run is measured with, so both are read the same way, and the connection
+    that polls for the end, whose statements, transactions and CPU the probe leaves out, as ours."""
+    from bench.cost import CostProbe, Watcher
 
-    return CostProbe(dsn)
+    return CostProbe(dsn), Watcher(dsn)
 
 
 def main() -> None:
+    # ``bench.cost`` is imported from the repository: this script runs from ``bench/peers`` in
+    # another virtualenv, so the repository's root goes on the path first.
+    if str(REPOSITORY) not in sys.path:
+        sys.path.insert(0, str(REPOSITORY))
     args = harness.arguments(__doc__.splitlines()[0])
     dsn_arg = sys.argv[sys.argv.index("--dsn") + 1]
     batch_size = int(sys.argv[sys.argv.index("--batch-size") + 1]) if "--batch-size" in sys.argv else 10
@@ -116,15 +128,16 @@ def main() -> None:
             enqueue(dsn, [f"w{i}" for i in range(200)], None)
             harness.wait_until(lambda: queued(conn) == 0, 120)
 
-            probe = cost_probe(dsn)
-            probe.start()
-            started = time.monotonic()
-            enqueue(dsn, [f"t{i}" for i in range(args.jobs)], None)
-            enqueued = time.monotonic()
-            finished = harness.wait_until(lambda: queued(conn) == 0, 600)
-            # Read while the workers still run, as ours is read before its components stop; the
-            # count(*) polling above is this connection's, reported apart as our e2e run's is.
-            cost = probe.finish(args.jobs, watcher=conn.info.backend_pid)
+            probe, watch = cost_probe(dsn)
+            with watch:
+                probe.start()
+                started = time.monotonic()
+                enqueue(dsn, [f"t{i}" for i in range(args.jobs)], None)
+                enqueued = time.monotonic()
+                finished = harness.wait_until(lambda: left(watch) == 0, 600)
+                # Read while the workers still run, as ours is read before its components stop; the
+                # count(*) polling above is the watcher's, left out as our e2e run's is.
+                cost = probe.finish(args.jobs, watcher=watch)
 
             fires = max(1, round(args.rate * args.window))
             lead_s = 2.0 + fires / 20_000
