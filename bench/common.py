@@ -87,10 +87,32 @@ def component_env(settings: Settings, extra: dict[str, str] | None = None) -> di
     )
 
 
+class ComponentExited(RuntimeError):
+    """A component that a benchmark started (``running``) ended before the benchmark was done."""
+
+
+# The components of the ``running`` blocks open now: the command after ``scheduler run``, the log.
+_RUNNING: list[tuple[subprocess.Popen[bytes], str, Path | None]] = []
+
+
+def check_components() -> None:
+    """Raise :class:`ComponentExited` when a component of an open ``running`` block has ended: a
+    wait for the work it was to do would wait out its limit (600 s for e2e) for nothing."""
+    for proc, command, log in _RUNNING:
+        code = proc.poll()
+        if code is not None:
+            where = f"; its log: {log}" if log else ""
+            raise ComponentExited(
+                f"`scheduler run {command}` (pid {proc.pid}) exited with status {code}{where}"
+            )
+
+
 def wait_until(condition: Any, timeout_s: float, interval_s: float = 0.05) -> float:
-    """Poll until true; returns the monotonic time it became true."""
+    """Poll until true; returns the monotonic time it became true. Inside ``running``, a component
+    that has exited ends the wait (:class:`ComponentExited`)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        check_components()
         if condition():
             return time.monotonic()
         time.sleep(interval_s)
@@ -224,20 +246,27 @@ def running(
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
     procs = []
-    for index, args in enumerate(commands):
-        name = "-".join(a for a in args if not a.startswith("-") and not a.isdigit())
-        with open(log_dir / f"{index:02d}-{name}.log" if log_dir else os.devnull, "wb") as log:
-            procs.append(
-                subprocess.Popen(
+    entries: list[tuple[subprocess.Popen[bytes], str, Path | None]] = []
+    try:
+        for index, args in enumerate(commands):
+            name = "-".join(a for a in args if not a.startswith("-") and not a.isdigit())
+            path = log_dir / f"{index:02d}-{name}.log" if log_dir else None
+            with open(path or os.devnull, "wb") as log:
+                proc = subprocess.Popen(
                     [sys.executable, "-m", "scheduler", "run", *args],
                     env=env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                 )
-            )
-    try:
+            procs.append(proc)
+            entries.append((proc, " ".join(args), path))
+        _RUNNING.extend(entries)
         yield procs
     finally:
+        # Stopped on purpose from here on: no longer a reason for a wait to end.
+        for entry in entries:
+            if entry in _RUNNING:
+                _RUNNING.remove(entry)
         stop_processes(procs, grace_s)
 
 
@@ -269,6 +298,10 @@ def run_main(main: Callable[[], object]) -> None:
     except KeyboardInterrupt as stop:
         print("interrupted; cleaned up", file=sys.stderr)
         raise SystemExit(interrupted_exit_code(stop)) from None
+    except ComponentExited as exited:
+        # Cleaned up as for an interruption, on the way out of the context managers.
+        print(f"error: {exited}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 # argparse types for the command lines: a count, a rate or a duration that is zero or negative

@@ -52,6 +52,7 @@ from bench.chaos_stack import free_port_range
 from bench.common import (
     BENCH_APP,
     RESULTS,
+    check_components,
     component_env,
     console,
     create_bench_app,
@@ -288,6 +289,7 @@ def run_inflight(jobs: int, seconds: float, partitions: int) -> dict[str, Any]:
             deadline = time.monotonic() + seconds + max(300.0, jobs / 20)
             succeeded = 0
             while time.monotonic() < deadline:
+                check_components()
                 row = conn.execute(
                     "select count(*) filter (where state = 'running') as running, "
                     "       count(*) filter (where state = 'succeeded') as succeeded "
@@ -486,6 +488,7 @@ def run_cron(spread: Spread, count: int, workers: int, concurrency: int, partiti
             load_before = load_average()
             gauge: list[float] = []
             while db_epoch(conn) < window_end:
+                check_components()
                 value = scan_lag_gauge(metrics_url)
                 if value is not None:
                     gauge.append(value)
