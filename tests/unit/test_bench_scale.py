@@ -70,3 +70,22 @@ def test_a_cron_period_that_does_not_divide_an_hour_is_refused_before_any_step_r
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert "--cron-every" in done.stderr.strip().splitlines()[-1]
+
+
+def test_a_history_too_short_for_a_second_page_of_runs_is_refused_before_any_step_runs() -> None:
+    # A schedule's runs are read a page of 50 and then the next: with fewer, the step failed on an
+    # assertion once the 10,000-run comparison had run.
+    nowhere = {
+        "SCHEDULER_DATABASE_URL": "postgresql://bench@127.0.0.1:1/none",
+        "SCHEDULER_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.scale", "--only", "history", "--runs", "10"],
+        env=os.environ | nowhere,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "--runs" in done.stderr.strip().splitlines()[-1]
