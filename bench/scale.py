@@ -96,6 +96,8 @@ RETENTION_DAYS = 15.0
 RETENTION_SWEEP_S = 60.0
 API_CALLS = 50
 CLI_CALLS = 5
+# The runs a page holds where the step reads a schedule's runs, and the page after it.
+API_PAGE = 50
 
 
 # --- what every step shares ----------------------------------------------------------------------
@@ -383,6 +385,17 @@ def minutes_dividing_an_hour(text: str) -> int:
             f"{text!r}: must divide 60 (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30 or 60)"
         )
     return minutes
+
+
+def history_runs(text: str) -> int:
+    """``--runs``: at least a page of a schedule's runs (50), which the step reads and then the
+    page after it; refused on the command line rather than once the 10,000-run comparison has run."""
+    runs = positive_int(text)
+    if runs < API_PAGE:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: must be {API_PAGE} or more (a page of a schedule's runs)"
+        )
+    return runs
 
 
 def seconds_spread(every_seconds: int) -> Spread:
@@ -870,8 +883,8 @@ def run_history(runs: int, workers: int, concurrency: int, partitions: int) -> d
             schedule_id = str(row["id"])
             newest = conn.execute(
                 "select scheduled_for from runs where schedule_id = %s "
-                " order by scheduled_for desc offset 49 limit 1",
-                (schedule_id,),
+                " order by scheduled_for desc offset %s limit 1",
+                (schedule_id, API_PAGE - 1),
             ).fetchone()
             conn.commit()
             assert newest is not None
@@ -1080,7 +1093,7 @@ def main() -> None:
         default=60,
         help="minutes between a schedule's fires (dividing 60)",
     )
-    parser.add_argument("--runs", type=positive_int, default=10_000_000, help="historic runs")
+    parser.add_argument("--runs", type=history_runs, default=10_000_000, help="historic runs (50 or more)")
     parser.add_argument("--workers", type=positive_int, default=4)
     parser.add_argument("--concurrency", type=positive_int, default=64)
     parser.add_argument("--partitions", type=positive_int, default=12)
