@@ -124,7 +124,8 @@ def percentiles(values_ms: Sequence[float]) -> dict[str, float]:
         return {}
     ordered = sorted(values_ms)
     if len(ordered) == 1:
-        return {"p50": ordered[0], "p90": ordered[0], "p99": ordered[0], "max": ordered[0]}
+        only = round(ordered[0], 1)
+        return {"p50": only, "p90": only, "p99": only, "max": only}
     q = statistics.quantiles(ordered, n=100, method="inclusive")
     return {
         "p50": round(q[49], 1),
