@@ -24,6 +24,7 @@ import psycopg
 from scheduler.cli.common import interrupted_exit_code, sigterm_as_interrupt
 from scheduler.config import Settings, load_settings
 from scheduler.devstack import LocalStack
+from scheduler.kafka.transport import KafkaUnavailable
 from scheduler.runtime.supervisor import stop_processes
 from scheduler.store.migrate import migrate
 from scheduler.wiring import Wiring
@@ -303,6 +304,18 @@ def run_main(main: Callable[[], object]) -> None:
         # Cleaned up as for an interruption, on the way out of the context managers.
         print(f"error: {exited}", file=sys.stderr)
         raise SystemExit(1) from None
+    except psycopg.OperationalError as exc:
+        # A stack that is not there (or went away): one line, as the CLI says it. libpq's message
+        # names the host and port, never the password.
+        print(f"error: PostgreSQL (SCHEDULER_DATABASE_URL): {_first_line(exc)}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except KafkaUnavailable as exc:
+        print(f"error: Kafka (SCHEDULER_KAFKA_BOOTSTRAP): {_first_line(exc)}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 # argparse types for the command lines: a count, a rate or a duration that is zero or negative
