@@ -96,6 +96,8 @@ class Snapshot:
     updates: dict[str, tuple[int, int]] = field(default_factory=dict)
     # The CPU of the probe's own backend when pg_cpu_s was read
     probe_cpu_s: float | None = None
+    # pg_stat_statements' evictions so far (pg_stat_statements_info.dealloc)
+    statement_evictions: int | None = None
     at: float = field(default_factory=time.monotonic)
 
 
@@ -291,7 +293,13 @@ class CostProbe:
         row = self._run(conn, "select pg_current_wal_lsn()::text as lsn").fetchone()
         assert row is not None
         statements: dict[int, dict[str, Any]] = {}
+        evictions = None
         if self._statements:
+            # When the server's pg_stat_statements is full (pg_stat_statements.max, 5,000 by
+            # default, which a server of many test databases reaches), it drops its least used
+            # entries: a run's statements among them would go uncounted.
+            info = self._run(conn, "select dealloc from pg_stat_statements_info").fetchone()
+            evictions = None if info is None else int(info["dealloc"])
             for stat in self._run(
                 conn,
                 "select queryid, calls, total_exec_time, rows, wal_bytes, wal_fpi, query "
@@ -321,6 +329,7 @@ class CostProbe:
             transactions=transactions,
             kafka_bytes=kafka,
             probe_cpu_s=probe,
+            statement_evictions=evictions,
         )
 
     def _updates(self, conn: psycopg.Connection[dict[str, Any]]) -> dict[str, tuple[int, int]]:
@@ -468,6 +477,9 @@ class CostProbe:
             figures["updates_per_job"] = updated
         if self._statements:
             figures |= _statement_figures(before.statements, after.statements, per)
+            if before.statement_evictions is not None and after.statement_evictions is not None:
+                # Not 0: entries were dropped meanwhile, and the statements may be undercounted.
+                figures["statement_evictions"] = after.statement_evictions - before.statement_evictions
         return figures
 
 
@@ -554,6 +566,12 @@ def show_cost(title: str, cost: dict[str, Any]) -> None:
         summary.add_column(key.removesuffix("_per_job"))
     summary.add_row(*(str(cost.get(key, "-")) for key in SUMMARY))
     out.print(summary)
+    if cost.get("statement_evictions"):
+        out.print(
+            f"[bold red]pg_stat_statements dropped entries {cost['statement_evictions']} times in the run[/] "
+            "(it was full): the statements may be undercounted; its pg_stat_statements.max is too small "
+            "for this server"
+        )
     if cost.get("hot_update_share"):
         updated = cost.get("updates_per_job", {})
         shares = ", ".join(
