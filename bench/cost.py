@@ -554,14 +554,15 @@ def _local_stack() -> LocalStack:
     return LocalStack(load_settings())
 
 
-def show_cost(title: str, cost: dict[str, Any]) -> None:
-    """The per-job figures and the top statements as two tables."""
+def show_cost(title: str, cost: dict[str, Any], unit: str = "job") -> None:
+    """The per-job figures (per ``unit``: what the run's count counted) and the top statements as
+    two tables."""
     from rich.table import Table
 
     from bench.common import console
 
     out = console()
-    summary = Table(title=f"{title}: cost per job")
+    summary = Table(title=f"{title}: cost per {unit}")
     for key in SUMMARY:
         summary.add_column(key.removesuffix("_per_job"))
     summary.add_row(*(str(cost.get(key, "-")) for key in SUMMARY))
@@ -581,7 +582,7 @@ def show_cost(title: str, cost: dict[str, Any]) -> None:
         out.print(f"HOT updates: {shares}")
     if cost.get("top_statements"):
         top = Table(
-            "calls", "exec ms", "rows", "WAL B", "FPI", "statement", title="per job, by execution time"
+            "calls", "exec ms", "rows", "WAL B", "FPI", "statement", title=f"per {unit}, by execution time"
         )
         for row in cost["top_statements"]:
             top.add_row(

@@ -295,7 +295,7 @@ def show(figures: dict[str, Any]) -> None:
         )
     console().print(table)
     if figures.get("cost"):
-        show_cost("Avro commands", figures["cost"])
+        show_cost("Avro commands", figures["cost"], unit="command")
 
 
 def main() -> None:

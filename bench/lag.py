@@ -196,8 +196,10 @@ def run_lag(
             component_cpu = cpu.finish(fires)
             server = probe.finish(fires, settle_s=0, watcher=conn.info.backend_pid).get("pg_cpu_ms_per_job")
             if server is not None:
+                # Before ``all``, which it is part of: the line reads as a sum.
+                components = component_cpu.pop("all")
                 component_cpu["postgresql"] = server
-                component_cpu["all"] = round(component_cpu["all"] + server, 4)
+                component_cpu["all"] = round(components + server, 4)
             # The measurement is over: fresh statistics keep the planner honest on the query below.
             conn.execute("analyze schedules, runs")
             # A fire that never started counts with the lag it had when the wait ended: a lower bound.
