@@ -46,7 +46,13 @@ HEALTH_EVERY_S = 2.0
 def listen(host: str, port: int) -> socket.socket:
     """The HTTP socket, bound before anything starts, so a taken port is one clear error."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=1024)
+    server = socket.create_server((host, port), family=family, backlog=1024)
+    # Every connection accepted from it sends at once (Linux hands the option on): asyncio sets
+    # TCP_NODELAY only on a socket made with IPPROTO_TCP, which create_server's is not, so an
+    # answer's second send waited for the client's delayed acknowledgement, about 40 ms a call
+    # (GET /v1/health on a kept-alive connection 48 ms, 2.2 ms without the wait).
+    server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return server
 
 
 class ApiServer(Service):
