@@ -361,6 +361,13 @@ def _walk(ref: str, module: ModuleType, attribute_path: str, *, public_only: boo
             target = getattr(target, name)
         except AttributeError:
             raise HandlerNotFound(f"handler {ref!r}: {walked!r} has no attribute {name!r}") from None
+        except Exception as exc:
+            # A module's lazy __getattr__ (an optional import) or a property may raise anything: the
+            # reference names no handler, said in one line, redacted as an import's error is.
+            raise HandlerNotFound(
+                f"handler {ref!r}: looking up {name!r} in {walked!r} raised "
+                f"{type(exc).__name__}: {redact_text(_one_line(exc))}"
+            ) from None
         if public_only and isinstance(target, ModuleType):
             raise HandlerNotFound(f"handler {ref!r}: {name!r} is a module, not a handler of {walked!r}")
         if public_only and isinstance(target, type):
