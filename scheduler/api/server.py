@@ -46,7 +46,10 @@ HEALTH_EVERY_S = 2.0
 def listen(host: str, port: int) -> socket.socket:
     """The HTTP socket, bound before anything starts, so a taken port is one clear error."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    server = socket.create_server((host, port), family=family, backlog=1024)
+    # IPv6's any-address takes IPv4 too, as deploy.md offers it beside 0.0.0.0: create_server sets
+    # IPV6_V6ONLY unless told otherwise, and a pod addressed by IPv4 refused every probe and call.
+    dualstack = host == "::" and socket.has_dualstack_ipv6()
+    server = socket.create_server((host, port), family=family, backlog=1024, dualstack_ipv6=dualstack)
     # Every connection accepted from it sends at once (Linux hands the option on): asyncio sets
     # TCP_NODELAY only on a socket made with IPPROTO_TCP, which create_server's is not, so an
     # answer's second send waited for the client's delayed acknowledgement, about 40 ms a call
