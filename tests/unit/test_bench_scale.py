@@ -54,38 +54,31 @@ def test_a_scan_that_never_ran_says_so() -> None:
     assert list(plan_scans(plan)) == ["Seq Scan on schedules (never executed)"]
 
 
-def test_a_cron_period_that_does_not_divide_an_hour_is_refused_before_any_step_runs() -> None:
-    # The address points nowhere: a step that started would fail on it (exit status 1, a traceback).
-    nowhere = {
-        "SCHEDULER_DATABASE_URL": "postgresql://bench@127.0.0.1:1/none",
-        "SCHEDULER_KAFKA_BOOTSTRAP": "127.0.0.1:1",
-    }
+# The address points nowhere: a step that started would fail on it (exit status 1, a traceback).
+NOWHERE = {
+    "SCHEDULER_DATABASE_URL": "postgresql://bench@127.0.0.1:1/none",
+    "SCHEDULER_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+}
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        # A cron period that does not divide an hour.
+        (["--cron-every", "7"], "--cron-every"),
+        # A schedule's runs are read a page of 50 and then the next: with fewer, the step failed on
+        # an assertion once the 10,000-run comparison had run.
+        (["--only", "history", "--runs", "10"], "--runs"),
+    ],
+)
+def test_a_flag_no_step_can_run_with_is_refused_before_any_step_runs(args: list[str], flag: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "bench.scale", "--cron-every", "7"],
-        env=os.environ | nowhere,
+        [sys.executable, "-m", "bench.scale", *args],
+        env=os.environ | NOWHERE,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
-    assert "--cron-every" in done.stderr.strip().splitlines()[-1]
-
-
-def test_a_history_too_short_for_a_second_page_of_runs_is_refused_before_any_step_runs() -> None:
-    # A schedule's runs are read a page of 50 and then the next: with fewer, the step failed on an
-    # assertion once the 10,000-run comparison had run.
-    nowhere = {
-        "SCHEDULER_DATABASE_URL": "postgresql://bench@127.0.0.1:1/none",
-        "SCHEDULER_KAFKA_BOOTSTRAP": "127.0.0.1:1",
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.scale", "--only", "history", "--runs", "10"],
-        env=os.environ | nowhere,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr
-    assert "--runs" in done.stderr.strip().splitlines()[-1]
+    assert flag in done.stderr.strip().splitlines()[-1]
