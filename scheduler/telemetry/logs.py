@@ -48,7 +48,7 @@ from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 
 from scheduler.telemetry import redact
-from scheduler.telemetry.redact import MASK, PayloadMask, Redactor, describe_payload
+from scheduler.telemetry.redact import MASK, PayloadMask, Redactor, describe_payload, exception_text
 from scheduler.telemetry.terminal import shown
 
 __all__ = [
@@ -241,7 +241,7 @@ def _mask_record(record: logging.LogRecord, payload: _JobPayload) -> None:
         # log.exception("charge failed") inside a job: the exception's text (and the traceback's
         # last line, and any chained exception's) may quote the payload as an error does.
         record._masked_exception = _MaskedException(
-            payload.mask(_text_of(record.exc_info[1])),
+            payload.mask(exception_text(record.exc_info[1])),
             payload.mask("".join(traceback.format_exception(*record.exc_info)).rstrip("\n")),
         )
 
@@ -254,13 +254,6 @@ class _MaskedException:
     message: str
     text: str
     """The formatted traceback."""
-
-
-def _text_of(error: BaseException) -> str:
-    try:
-        return str(error)
-    except Exception:
-        return "(an exception whose text could not be formatted)"
 
 
 def _masked_exception(record: logging.LogRecord) -> _MaskedException | None:
@@ -344,7 +337,7 @@ class _Fields:
         masked = _masked_exception(record)
         return {
             "type": name,
-            "message": self.redactor.text(masked.message if masked else _text_of(exc)),
+            "message": self.redactor.text(masked.message if masked else exception_text(exc)),
             "stack_trace": self.redactor.text(masked.text if masked else stack_trace),
         }
 

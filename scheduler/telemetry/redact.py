@@ -297,6 +297,15 @@ def redact_text(text: str) -> str:
 MIN_MASKED_CHARS: Final = 4
 
 
+def exception_text(error: BaseException) -> str:
+    """``str(error)``, or a note that it has none: an exception's ``__str__`` is its class's code (a
+    handler's, perhaps), which may raise, and a log line or a span must still say what failed."""
+    try:
+        return str(error)
+    except Exception:
+        return "(an exception whose text could not be formatted)"
+
+
 def mask_payload_values(text: str, payload: str) -> str:
     """``text`` with each string or number of the JSON ``payload`` that it quotes (one of at least
     :data:`MIN_MASKED_CHARS` characters) masked: a handler's error may quote its job's payload

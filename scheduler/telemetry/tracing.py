@@ -61,7 +61,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.util.types import Attributes, AttributeValue
 
 import scheduler
-from scheduler.telemetry.redact import redact_text
+from scheduler.telemetry.redact import exception_text, redact_text
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
@@ -643,7 +643,7 @@ def mark_span_failed(
     if not span.is_recording():
         return
     error_type = error if isinstance(error, str) else _qualified_name(type(error))
-    text = message if message is not None or isinstance(error, str) else _text_of(error)
+    text = message if message is not None or isinstance(error, str) else exception_text(error)
     event: dict[str, AttributeValue] = {"exception.type": error_type}
     if text:
         event["exception.message"] = redact_text(text)
@@ -694,14 +694,6 @@ def _ns(instant: datetime | int | None) -> int | None:
         return instant
     aware = instant if instant.tzinfo is not None else instant.replace(tzinfo=UTC)
     return (aware - _EPOCH) // timedelta(microseconds=1) * 1000
-
-
-def _text_of(error: BaseException) -> str:
-    # An exception's __str__ is its class's code, which may raise: the span still says it failed.
-    try:
-        return str(error)
-    except Exception:
-        return "(an exception whose text could not be formatted)"
 
 
 def _qualified_name(cls: type) -> str:
